@@ -1,0 +1,96 @@
+"""Build and install tf_commlib.
+
+All ``ops/**/*.cc`` are compiled with TensorFlow's flags into one shared library,
+``tf_commlib/_tf_commlib_ops*.so``. CUDA sources (``*.cu.cc``) are compiled with nvcc and linked in
+only when the installed TensorFlow is a CUDA build, so a CPU install never needs a GPU toolchain.
+"""
+import hashlib
+import json
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+OPS = ROOT / "ops"
+
+
+def op_sources():
+    return sorted(p for p in OPS.rglob("*.cc") if not p.name.endswith(".cu.cc"))
+
+
+def cuda_sources():
+    return sorted(OPS.rglob("*.cu.cc"))
+
+
+def source_hash():
+    """Hash of every op source and header; the loader compares it to detect a stale library."""
+    h = hashlib.sha256()
+    for p in sorted(list(OPS.rglob("*.cc")) + list(OPS.rglob("*.h"))):
+        h.update(str(p.relative_to(OPS)).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+class BuildOps(build_ext):
+    """Compiles the op library with g++ (and nvcc for a CUDA TensorFlow) instead of distutils."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.force = True  # the extension lists no sources for distutils to compare dates with
+
+    def build_extension(self, ext):
+        import tensorflow as tf
+
+        out = Path(self.get_ext_fullpath(ext.name)).resolve()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        objdir = ROOT / "build" / "ops"
+        objdir.mkdir(parents=True, exist_ok=True)
+        cuda = bool(tf.sysconfig.get_build_info().get("is_cuda_build"))
+        cflags = tf.sysconfig.get_compile_flags() + [f"-I{OPS}", "-O3", "-fPIC", "-std=c++17",
+                                                  "-Wno-deprecated-declarations"]
+        if cuda:
+            cflags += ["-DGOOGLE_CUDA=1"]
+        jobs = []
+        for src in op_sources():
+            obj = objdir / (str(src.relative_to(OPS)).replace("/", "__") + ".o")
+            jobs.append(["g++", *cflags, "-march=x86-64-v2", "-c", str(src), "-o", str(obj)])
+        if cuda:
+            nvflags = [f for f in cflags if f not in ("-fPIC", "-O3", "--std=c++17")]
+            for src in cuda_sources():
+                obj = objdir / (str(src.relative_to(OPS)).replace("/", "__") + ".o")
+                jobs.append(["nvcc", *nvflags, "-x", "cu", "-Xcompiler", "-fPIC", "-O3",
+                             "--expt-relaxed-constexpr", "-c", str(src), "-o", str(obj)])
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            for cmd, rc in zip(jobs, pool.map(lambda c: subprocess.call(c), jobs)):
+                if rc != 0:
+                    raise RuntimeError("op library build failed: " + " ".join(cmd))
+        objs = [j[j.index("-o") + 1] for j in jobs]
+        link = ["g++", "-shared", "-o", str(out), *objs, *tf.sysconfig.get_link_flags()]
+        if cuda:
+            link += ["-lcudart"]
+        subprocess.check_call(link)
+        info = {"tensorflow": tf.__version__, "cuda": cuda, "sources": source_hash(),
+                "library": out.name}
+        (out.parent / "_build_info.json").write_text(json.dumps(info, indent=1) + "\n")
+
+    def copy_extensions_to_source(self):
+        super().copy_extensions_to_source()  # --inplace / editable: the library goes beside the code
+        info = Path(self.build_lib) / "tf_commlib" / "_build_info.json"
+        (ROOT / "tf_commlib" / "_build_info.json").write_text(info.read_text())
+
+
+setup(
+    name="tf_commlib",
+    version="0.1.0",
+    description="Communication-efficient data-parallel training for TensorFlow + Horovod "
+                "(MSTopK, HiTopKComm, DGC, RedSync, SparCML)",
+    packages=find_packages(include=["tf_commlib", "tf_commlib.*"]),
+    python_requires=">=3.11",
+    ext_modules=[Extension("tf_commlib._tf_commlib_ops", sources=[])],
+    cmdclass={"build_ext": BuildOps},
+    package_data={"tf_commlib": ["_build_info.json", "_tf_commlib_ops*.so"]},
+)

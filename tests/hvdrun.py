@@ -1,0 +1,47 @@
+"""Runs a worker script on N local ranks with horovodrun (Gloo) and collects each rank's JSON.
+
+A worker calls ``report(obj)`` to write ``rank<R>.json`` into $HVD_TEST_OUT. A run that exceeds its
+timeout is killed with its whole process group and fails the test; it never hangs CI.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "workers"
+
+
+def run(worker, np_, tmp_path, args=(), topology=None, timeout=240, env=None, expect_fail=False):
+    """Runs tests/workers/<worker> on np_ ranks; returns the list of per-rank reports (rank order)."""
+    out = Path(tmp_path) / f"hvd_{worker.replace('.py', '')}"
+    out.mkdir(parents=True, exist_ok=True)
+    horovodrun = Path(sys.executable).parent / "horovodrun"
+    cmd = [str(horovodrun), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
+           sys.executable, str(WORKERS / worker), *map(str, args)]
+    full_env = dict(os.environ, HVD_TEST_OUT=str(out), PYTHONPATH=str(ROOT),
+                    TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    full_env.pop("TF_COMMLIB_TOPOLOGY", None)
+    if topology:
+        full_env["TF_COMMLIB_TOPOLOGY"] = topology
+    full_env.update(env or {})
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env,
+                            start_new_session=True, text=True)
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        raise AssertionError(f"{worker} on {np_} ranks timed out after {timeout}s:\n{log[-4000:]}")
+    if expect_fail:
+        assert proc.returncode != 0, f"{worker} was expected to fail:\n{log[-4000:]}"
+        return log
+    assert proc.returncode == 0, f"{worker} failed (exit {proc.returncode}):\n{log[-6000:]}"
+    reports = []
+    for r in range(np_):
+        path = out / f"rank{r}.json"
+        assert path.exists(), f"rank {r} wrote no report:\n{log[-4000:]}"
+        reports.append(json.loads(path.read_text()))
+    return reports

@@ -1,0 +1,47 @@
+"""Topology and process sets under horovodrun, for the 2x2, 1x4 and 4x1 layouts."""
+import numpy as np
+import pytest
+
+from tests import hvdrun
+from tf_commlib.topology import layout_sets, parse_layout
+
+
+@pytest.mark.parametrize("layout", ["2x2", "1x4", "4x1"])
+def test_process_sets_and_hierarchical_allreduce(layout, tmp_path):
+    m, n = map(int, layout.split("x"))
+    reports = hvdrun.run("topology_worker.py", 4, tmp_path, topology=layout)
+    inputs = np.array([r["input"] for r in reports], dtype=np.float32)
+    for rank, r in enumerate(reports):
+        node, local = divmod(rank, n)
+        assert (r["m"], r["n"], r["node"], r["local"]) == (m, n, node, local)
+        assert r["intra_ranks"] == [node * n + j for j in range(n)]
+        assert r["inter_ranks"] == [i * n + local for i in range(m)]
+        # The process sets really contain those ranks, in that order.
+        assert r["intra_members"] == r["intra_ranks"]
+        assert r["inter_members"] == r["inter_ranks"]
+        # Sum per node in float32 first, then across nodes: what the hierarchy computes.
+        expect = inputs.reshape(m, n, -1).sum(axis=1, dtype=np.float32).sum(axis=0, dtype=np.float32)
+        np.testing.assert_allclose(r["hier"], inputs.sum(axis=0), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(r["hier"], expect, rtol=1e-6, atol=1e-6)
+        assert r["hier_graph"] == r["hier"]
+    # Identical on every rank, bit for bit.
+    assert all(r["hier"] == reports[0]["hier"] for r in reports)
+
+
+def test_default_layout_is_one_node(tmp_path):
+    reports = hvdrun.run("topology_worker.py", 2, tmp_path)
+    assert [(r["m"], r["n"]) for r in reports] == [(1, 2), (1, 2)]
+
+
+def test_override_must_match_world_size(tmp_path):
+    log = hvdrun.run("topology_worker.py", 2, tmp_path, topology="2x2", expect_fail=True)
+    assert "2x2=4 ranks but the world size is 2" in log
+
+
+def test_parse_layout_and_sets():
+    assert parse_layout("3x1", 3) == (3, 1)
+    with pytest.raises(ValueError, match="MxN"):
+        parse_layout("four", 4)
+    with pytest.raises(ValueError, match="world size is 6"):
+        parse_layout("2x2", 6)
+    assert layout_sets(2, 3) == ([[0, 1, 2], [3, 4, 5]], [[0, 3], [1, 4], [2, 5]])

@@ -1,0 +1,33 @@
+"""Reports this rank's topology, the members of its process sets as seen by a real allgather on
+each set, and a hierarchical allreduce (intra reduce-scatter, inter allreduce, intra allgather)."""
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import tf_commlib  # noqa: E402
+from _report import report  # noqa: E402
+from tf_commlib import primitives as P  # noqa: E402
+from tf_commlib.collectives.two_d_tar import two_d_tar  # noqa: E402
+
+topo = tf_commlib.init()
+me = tf.constant([topo.rank], tf.int32)
+d = 1001  # not a multiple of any n used in the tests
+x = np.random.default_rng(100 + topo.rank).standard_normal(d).astype(np.float32)
+
+
+@tf.function
+def in_graph(v):
+    return two_d_tar(v, topo)
+
+
+report(topo.rank, {
+    "m": topo.m, "n": topo.n, "node": topo.node, "local": topo.local,
+    "intra_ranks": list(topo.intra_ranks), "inter_ranks": list(topo.inter_ranks),
+    "intra_members": P.allgather(me, topo.intra).numpy().tolist(),
+    "inter_members": P.allgather(me, topo.inter).numpy().tolist(),
+    "input": x.tolist(),
+    "hier": two_d_tar(tf.constant(x), topo).numpy().tolist(),
+    "hier_graph": in_graph(tf.constant(x)).numpy().tolist(),
+})

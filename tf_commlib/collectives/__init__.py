@@ -1,0 +1,1 @@
+"""Gradient aggregation collectives, one module each, written with tf_commlib.primitives."""

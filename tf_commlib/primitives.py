@@ -1,0 +1,51 @@
+"""Group primitives on a Horovod process set: every collective in tf_commlib is written with these.
+
+Each works eagerly and inside tf.function. A one-rank set needs no communication and returns the
+input (reduce-scatter and all-gather of one rank are the identity).
+"""
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+
+def _alone(process_set):
+    return process_set.size() == 1
+
+
+def allreduce(x, process_set, average=False, name=None):
+    """Element-wise sum (or average) of x over the set."""
+    if _alone(process_set):
+        return tf.identity(x)
+    return hvd.allreduce(x, op=hvd.Average if average else hvd.Sum, process_set=process_set,
+                         name=name)
+
+
+def allgather(x, process_set, name=None):
+    """Concatenation along axis 0 of every rank's x, in rank order; lengths may differ by rank."""
+    if _alone(process_set):
+        return tf.identity(x)
+    return hvd.allgather(x, process_set=process_set, name=name)
+
+
+def reducescatter(x, process_set, name=None):
+    """Sum over the set, then rank i of the set keeps the i-th of size() equal slices of axis 0.
+
+    len(x) must be a multiple of the set size (callers pad); Horovod would otherwise split unevenly.
+    """
+    if _alone(process_set):
+        return tf.identity(x)
+    return hvd.reducescatter(x, op=hvd.Sum, process_set=process_set, name=name)
+
+
+def alltoall(x, splits, process_set, name=None):
+    """Sends splits[i] consecutive rows of x to set rank i; returns the rows received, in rank order."""
+    if _alone(process_set):
+        return tf.identity(x)
+    received, _ = hvd.alltoall(x, splits=splits, process_set=process_set, name=name)
+    return received
+
+
+def broadcast(x, root_rank, process_set, name=None):
+    """x of the set's root_rank (a global rank) on every rank of the set."""
+    if _alone(process_set):
+        return tf.identity(x)
+    return hvd.broadcast(x, root_rank, process_set=process_set, name=name)

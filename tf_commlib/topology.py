@@ -1,0 +1,103 @@
+"""Cluster layout (m nodes x n ranks per node) and the Horovod process sets that go with it.
+
+Ranks are numbered node-major: rank = node * n + local. Each node has an intra-node set (its n
+ranks) and each local index j an inter-node set (rank j of every node), as HiTopKComm needs.
+The real layout comes from Horovod's local/cross sizes; ``topology="2x2"`` or the environment
+variable TF_COMMLIB_TOPOLOGY overrides it so that one machine can emulate several nodes.
+"""
+import dataclasses
+import os
+import re
+
+ENV_VAR = "TF_COMMLIB_TOPOLOGY"
+_current = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    m: int                 # nodes
+    n: int                 # ranks per node
+    rank: int
+    node: int              # this rank's node index, 0..m-1
+    local: int             # this rank's index inside its node, 0..n-1
+    intra_ranks: tuple     # the ranks of this rank's node
+    inter_ranks: tuple     # the ranks with this rank's local index, one per node
+    intra: object = dataclasses.field(repr=False, default=None)   # hvd ProcessSet
+    inter: object = dataclasses.field(repr=False, default=None)   # hvd ProcessSet
+    world: object = dataclasses.field(repr=False, default=None)   # hvd global process set
+
+    @property
+    def size(self):
+        return self.m * self.n
+
+
+def parse_layout(spec, size):
+    """Parses 'MxN' and checks that M*N equals the world size."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(spec))
+    if not match:
+        raise ValueError(f"topology must look like 'MxN' (nodes x ranks per node), got {spec!r}")
+    m, n = int(match.group(1)), int(match.group(2))
+    if m < 1 or n < 1 or m * n != size:
+        raise ValueError(f"topology {spec!r} has {m}x{n}={m * n} ranks but the world size is {size}")
+    return m, n
+
+
+def layout_sets(m, n):
+    """Rank lists of the intra-node sets (one per node) and inter-node sets (one per local index)."""
+    intra = [list(range(i * n, (i + 1) * n)) for i in range(m)]
+    inter = [list(range(j, m * n, n)) for j in range(n)]
+    return intra, inter
+
+
+def _env_int(names, default):
+    for name in names:
+        if os.environ.get(name):
+            return int(os.environ[name])
+    return default
+
+
+def init(topology=None):
+    """Initialises Horovod with the process sets of the layout and returns the Topology."""
+    global _current
+    import horovod.tensorflow as hvd
+
+    size = _env_int(["HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE"], 1)
+    spec = topology if topology is not None else os.environ.get(ENV_VAR)
+    if spec:
+        m, n = parse_layout(spec, size)
+    else:
+        n = _env_int(["HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"], size)
+        if size % n:
+            raise ValueError(f"world size {size} is not a multiple of the local size {n}: "
+                             "tf_commlib needs the same number of ranks on every node")
+        m = size // n
+    intra_lists, inter_lists = layout_sets(m, n)
+    # A set that spans the whole world is Horovod's global set; a one-rank set needs no collective
+    # partner but is kept so that code paths are the same on every layout.
+    extra = [r for r in intra_lists + inter_lists if len(r) != size]
+    sets = [hvd.ProcessSet(r) for r in extra]
+    hvd.init(process_sets=sets)
+    if hvd.size() != size:
+        raise RuntimeError(f"Horovod reports {hvd.size()} ranks, expected {size}")
+    rank = hvd.rank()
+    if not spec and (hvd.local_rank() != rank % n or hvd.cross_rank() != rank // n):
+        raise RuntimeError("tf_commlib needs node-major rank numbering (rank = node * n + local); "
+                           f"rank {rank} has local rank {hvd.local_rank()}, cross rank {hvd.cross_rank()}")
+    node, local = divmod(rank, n)
+    by_ranks = {tuple(r): s for r, s in zip(extra, sets)}
+
+    def as_set(ranks):
+        return by_ranks.get(tuple(ranks), hvd.global_process_set)
+
+    _current = Topology(m=m, n=n, rank=rank, node=node, local=local,
+                        intra_ranks=tuple(intra_lists[node]), inter_ranks=tuple(inter_lists[local]),
+                        intra=as_set(intra_lists[node]), inter=as_set(inter_lists[local]),
+                        world=hvd.global_process_set)
+    return _current
+
+
+def topology():
+    """The Topology set up by init(); raises if init() has not been called."""
+    if _current is None:
+        raise RuntimeError("tf_commlib.init() has not been called")
+    return _current
