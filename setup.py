@@ -51,7 +51,7 @@ class BuildOps(build_ext):
         objdir.mkdir(parents=True, exist_ok=True)
         cuda = bool(tf.sysconfig.get_build_info().get("is_cuda_build"))
         cflags = tf.sysconfig.get_compile_flags() + [f"-I{OPS}", "-O3", "-fPIC", "-std=c++17",
-                                                  "-Wno-deprecated-declarations"]
+                                                  "-Wno-deprecated-declarations", "-ffp-contract=off"]
         if cuda:
             cflags += ["-DGOOGLE_CUDA=1"]
         jobs = []

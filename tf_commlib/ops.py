@@ -29,3 +29,130 @@ def scatter_add(indices, values, size):
     if indices.dtype not in (tf.int32, tf.int64):
         raise _invalid(f"indices must be int32 or int64, got {indices.dtype.name}")
     return _ops.commlib_scatter_add(indices, values, tf.cast(size, tf.int64))
+
+
+def _prepare(x, k, name):
+    """Flattens x, checks its dtype and k, and picks the index dtype."""
+    x = check_float(x, "x")
+    if isinstance(k, int) and k <= 0:
+        raise _invalid(f"{name}: k must be positive, got {k}")
+    size = x.shape.num_elements()
+    tidx = tf.int64 if size is not None and size >= 2**31 else tf.int32
+    if x.shape.rank == 0 and isinstance(k, int) and k > 1:
+        raise _invalid(f"{name}: x is a scalar (rank 0) but k = {k}")
+    return x, tf.cast(k, tf.int64), tidx
+
+
+def _seed(seed):
+    return tf.constant(-1, tf.int64) if seed is None else tf.cast(seed, tf.int64)
+
+
+def mstopk(x, k, num_samplings=30, seed=None, allow_nan=False):
+    """MSTopK (shi2021 Alg. 1): exactly min(k, size) entries of flat x, as (values, indices).
+
+    All entries with |x| >= thres1 come first (index order), then a contiguous run, starting at a
+    random position (reproducible with ``seed``), of the band thres2 <= |x| < thres1.
+    ±Inf count as the largest; NaN raises unless ``allow_nan``, which reads it as 0.
+    """
+    return mstopk_with_stats(x, k, num_samplings, seed, allow_nan)[:2]
+
+
+def mstopk_with_stats(x, k, num_samplings=30, seed=None, allow_nan=False):
+    """mstopk plus its internals: (values, indices, thresholds, counts) where
+    thresholds = [thres1, thres2, mean, max] (float64) and counts = [k1, k2, band_start, n_inf]."""
+    x, k, tidx = _prepare(x, k, "mstopk")
+    return _ops.commlib_mstopk(x, k, _seed(seed), Tidx=tidx, num_samplings=num_samplings,
+                               allow_nan=allow_nan)
+
+
+def threshold_search(x, k, allow_nan=False):
+    """RedSync Alg. 3 (corrected): (values, indices, threshold) with k <= count < 2k where ties allow."""
+    x, k, tidx = _prepare(x, k, "threshold_search")
+    return _ops.commlib_threshold_search(x, k, Tidx=tidx, allow_nan=allow_nan)
+
+
+def threshold_select(x, threshold, allow_nan=False):
+    """Every entry with |x| >= threshold, as (values, indices) in index order."""
+    x = check_float(x, "x")
+    tidx = tf.int64 if (x.shape.num_elements() or 0) >= 2**31 else tf.int32
+    return _ops.commlib_threshold_select(x, tf.cast(threshold, tf.float64), Tidx=tidx,
+                                         allow_nan=allow_nan)
+
+
+def exact_topk(x, k):
+    """The exact k largest |x| (reference selector), as (values, indices)."""
+    x, k, tidx = _prepare(x, k, "exact_topk")
+    flat = tf.reshape(x, [-1])
+    if flat.dtype != tf.float32:  # top_k on half types is slow or missing on some builds
+        mags = tf.abs(tf.cast(flat, tf.float32))
+    else:
+        mags = tf.abs(flat)
+    k = tf.minimum(k, tf.size(flat, out_type=tf.int64))
+    _, idx = tf.math.top_k(mags, tf.cast(k, tf.int32), sorted=False)
+    return tf.gather(flat, idx), tf.cast(idx, tidx)
+
+
+def trimmed_topk(x, k, allow_nan=False):
+    """RedSync Alg. 2 (corrected): threshold mean + ratio*(max - mean) for ratio 0.8, 0.6, ... 0
+    (the first that at least k entries pass), then the exact top-k of those; exactly k out."""
+    x, k, tidx = _prepare(x, k, "trimmed_topk")
+    ratios = tf.constant([0.8, 0.6, 0.4, 0.2, 0.0], tf.float64)
+    stats, counts = _ops.commlib_ratio_counts(x, ratios, allow_nan=allow_nan)
+    ok = counts >= k
+    first = tf.argmax(tf.cast(ok, tf.int32))  # first ratio with enough entries
+    ratio = tf.where(tf.reduce_any(ok), tf.gather(ratios, first), tf.constant(-1.0, tf.float64))
+    threshold = tf.where(ratio >= 0, stats[0] + ratio * (stats[1] - stats[0]), 0.0)
+    values, indices = _ops.commlib_threshold_select(x, threshold, Tidx=tidx, allow_nan=allow_nan)
+    return _exact_among(values, indices, k)
+
+
+def _exact_among(values, indices, k):
+    """The k largest |values| among already selected candidates."""
+    k = tf.minimum(k, tf.size(values, out_type=tf.int64))
+    _, pos = tf.math.top_k(tf.abs(tf.cast(values, tf.float32)), tf.cast(k, tf.int32), sorted=False)
+    return tf.gather(values, pos), tf.gather(indices, pos)
+
+
+def dgc_topk(x, k, sample_ratio=0.01, seed=None, allow_nan=False):
+    """DGC §5 selection: the top-k threshold of a random sample of |x|, the entries above it,
+    and the exact top-k of those when more than k pass; exactly k out."""
+    x, k, tidx = _prepare(x, k, "dgc_topk")
+    if not 0.0 < sample_ratio <= 1.0:
+        raise _invalid(f"dgc_topk: sample_ratio must be in (0, 1], got {sample_ratio}")
+    flat = tf.reshape(x, [-1])
+    d = tf.size(flat, out_type=tf.int64)
+    k = tf.minimum(k, d)
+    n = tf.minimum(d, tf.maximum(tf.cast(tf.cast(d, tf.float64) * sample_ratio, tf.int64), 1000))
+    seeds = tf.stack([_seed(seed), tf.constant(0x5EED, tf.int64)])
+    if seed is None:
+        seeds = tf.random.uniform([2], 0, 2**31, tf.int64)
+    pick = tf.random.stateless_uniform([n], seeds, 0, d, tf.int64)
+    sample = tf.abs(tf.cast(tf.gather(flat, pick), tf.float32))
+    ks = tf.maximum(tf.cast(tf.math.ceil(tf.cast(k * n, tf.float64) / tf.cast(d, tf.float64)), tf.int32), 1)
+    threshold = tf.cast(tf.reduce_min(tf.math.top_k(sample, ks, sorted=False).values), tf.float64)
+    values, indices = _ops.commlib_threshold_select(x, threshold, Tidx=tidx, allow_nan=allow_nan)
+    enough = tf.size(values, out_type=tf.int64) >= k
+    return tf.cond(enough, lambda: _exact_among(values, indices, k), lambda: exact_topk(x, k))
+
+
+def randomk(x, k, seed=None):
+    """k distinct uniformly random entries of flat x (baseline), as (values, indices) sorted by index."""
+    x, k, tidx = _prepare(x, k, "randomk")
+    flat = tf.reshape(x, [-1])
+    d = tf.size(flat, out_type=tf.int64)
+    k = tf.minimum(k, d)
+    key = tf.stack([_seed(seed), tf.constant(0x4A4D, tf.int64)])
+    if seed is None:
+        key = tf.random.uniform([2], 0, 2**31, tf.int64)
+    idx = tf.sort(tf.random.experimental.index_shuffle(tf.range(k), tf.cast(key, tf.int64), d - 1))
+    return tf.gather(flat, idx), tf.cast(idx, tidx)
+
+
+SELECTORS = {
+    "mstopk": mstopk,
+    "exact_topk": exact_topk,
+    "dgc_topk": dgc_topk,
+    "trimmed_topk": trimmed_topk,
+    "threshold_search": lambda x, k: threshold_search(x, k)[:2],
+    "randomk": randomk,
+}

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Emulates M nodes x N ranks on one machine: one network namespace per node (tfc-node0..), all
+# joined to the bridge tfc-br0 through veth pairs, with the inter-node link shaped by tbf.
+#
+#   scripts/emulate_cluster.sh up M N --inter-mbit X   # create (replaces an existing emulation)
+#   scripts/emulate_cluster.sh down                    # remove everything we created (idempotent)
+#   scripts/emulate_cluster.sh status                  # print the state file and the live objects
+#
+# Ranks inside one namespace talk over its loopback (unshaped); traffic between namespaces leaves
+# through the namespace-side veth (tfc-nI, tbf at X Mbit/s) and enters the other namespace through
+# the bridge-side veth (tfc-bI, tbf at X Mbit/s), so each direction is limited to X Mbit/s.
+# Addresses come from 198.18.0.0/15 (benchmarking range): bridge .254, node I = 198.18.0.(I+1).
+# tf_commlib.cluster_launch reads the state file to start Horovod ranks inside the namespaces.
+set -eEuo pipefail
+
+STATE=${TF_COMMLIB_CLUSTER_STATE:-/run/tf_commlib_cluster.env}
+BR=tfc-br0
+SUBNET=198.18.0
+BR_ADDR=$SUBNET.254
+
+die() { echo "emulate_cluster.sh: $*" >&2; exit 1; }
+usage() { die "usage: $0 up M N --inter-mbit X | down | status"; }
+
+need_root() {
+  [ "$(id -u)" = 0 ] || die "must run as root (network namespaces, veths and qdiscs need CAP_NET_ADMIN); try: sudo $0 $*"
+  command -v ip >/dev/null && command -v tc >/dev/null || die "ip/tc not found: run scripts/install_apt.sh (iproute2)"
+}
+
+down() {
+  local ns dev
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^tfc-' || true); do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true   # our ranks only
+    ip netns del "$ns"
+  done
+  # Deleting the bridge-side veth removes its peer and qdiscs; the bridge goes last.
+  for dev in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep '^tfc-' || true); do
+    ip link del "$dev" 2>/dev/null || true
+  done
+  rm -f "$STATE"
+}
+
+up() {
+  [ $# -ge 2 ] || usage
+  local m=$1 n=$2 mbit=""; shift 2
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --inter-mbit) mbit=${2:-}; shift 2 || usage ;;
+      --inter-mbit=*) mbit=${1#*=}; shift ;;
+      *) usage ;;
+    esac
+  done
+  [[ $m =~ ^[0-9]+$ && $n =~ ^[0-9]+$ && $mbit =~ ^[0-9]+$ ]] || usage
+  [ "$m" -ge 1 ] && [ "$m" -le 253 ] && [ "$n" -ge 1 ] && [ "$mbit" -ge 1 ] || die "need 1<=M<=253, N>=1, X>=1"
+  # tbf bucket: 4 ms worth of traffic, at least 64 KiB so that a GSO super-packet of a veth fits.
+  local burst=$(( mbit * 500 > 65536 ? mbit * 500 : 65536 ))
+  local shape="tbf rate ${mbit}mbit burst $burst latency 50ms"
+  down
+  trap 'echo "emulate_cluster.sh: setup failed, cleaning up" >&2; down' ERR
+  ip link add "$BR" type bridge
+  ip addr add "$BR_ADDR/24" dev "$BR"
+  ip link set "$BR" up
+  {
+    echo "# written by scripts/emulate_cluster.sh up $m $n --inter-mbit $mbit"
+    echo "M=$m"; echo "N=$n"; echo "INTER_MBIT=$mbit"
+    echo "BRIDGE=$BR"; echo "BRIDGE_ADDR=$BR_ADDR"
+  } > "$STATE.tmp"
+  local i ns addr
+  for ((i = 0; i < m; i++)); do
+    ns=tfc-node$i addr=$SUBNET.$((i + 1))
+    ip netns add "$ns"
+    ip link add "tfc-b$i" type veth peer name "tfc-n$i" netns "$ns"
+    ip link set "tfc-b$i" master "$BR" up
+    ip -n "$ns" link set lo up
+    ip -n "$ns" addr add "$addr/24" dev "tfc-n$i"
+    ip -n "$ns" link set "tfc-n$i" up
+    tc -n "$ns" qdisc add dev "tfc-n$i" root $shape
+    tc qdisc add dev "tfc-b$i" root $shape
+    echo "NODE${i}_NS=$ns"; echo "NODE${i}_IFACE=tfc-n$i"; echo "NODE${i}_ADDR=$addr"
+  done >> "$STATE.tmp"
+  mv "$STATE.tmp" "$STATE"
+  trap - ERR
+  echo "emulated cluster: $m nodes x $n ranks, inter-node $mbit Mbit/s each way; state in $STATE"
+}
+
+status() {
+  if [ -f "$STATE" ]; then cat "$STATE"; else echo "no emulated cluster (no $STATE)"; fi
+  local ns
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^tfc-' || true); do
+    echo "$ns: $(ip -n "$ns" -br addr show | grep tfc- || true)"
+    tc -n "$ns" qdisc show | grep tbf || true
+  done
+  ip -br link show master "$BR" 2>/dev/null || true
+}
+
+cmd=${1:-}; [ $# -gt 0 ] && shift
+case $cmd in
+  up) need_root "$@"; up "$@" ;;
+  down) need_root; down; echo "emulated cluster removed" ;;
+  status) status ;;
+  *) usage ;;
+esac
