@@ -35,6 +35,15 @@ def source_hash():
     return h.hexdigest()
 
 
+def cpu_level():
+    """x86-64-v3 (AVX2) when the building machine has it: the library is built where it runs."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "x86-64-v2"
+    return "x86-64-v3" if " avx2" in flags and " fma" in flags else "x86-64-v2"
+
+
 class BuildOps(build_ext):
     """Compiles the op library with g++ (and nvcc for a CUDA TensorFlow) instead of distutils."""
 
@@ -57,7 +66,7 @@ class BuildOps(build_ext):
         jobs = []
         for src in op_sources():
             obj = objdir / (str(src.relative_to(OPS)).replace("/", "__") + ".o")
-            jobs.append(["g++", *cflags, "-march=x86-64-v2", "-c", str(src), "-o", str(obj)])
+            jobs.append(["g++", *cflags, f"-march={cpu_level()}", "-c", str(src), "-o", str(obj)])
         if cuda:
             nvflags = [f for f in cflags if f not in ("-fPIC", "-O3", "--std=c++17")]
             for src in cuda_sources():

@@ -11,6 +11,10 @@
 # the bridge-side veth (tfc-bI, tbf at X Mbit/s), so each direction is limited to X Mbit/s.
 # Addresses come from 198.18.0.0/15 (benchmarking range): bridge .254, node I = 198.18.0.(I+1).
 # tf_commlib.cluster_launch reads the state file to start Horovod ranks inside the namespaces.
+# Horovod 0.28.1 creates the Gloo devices of its process sets without HOROVOD_GLOO_IFACE and binds
+# them to whatever this machine's hostname resolves to (127.0.0.1 here), so each namespace gets an
+# /etc/netns/tfc-nodeI/hosts (which `ip netns exec` mounts over /etc/hosts) mapping the hostname
+# to the node's address.
 set -eEuo pipefail
 
 STATE=${TF_COMMLIB_CLUSTER_STATE:-/run/tf_commlib_cluster.env}
@@ -22,7 +26,7 @@ die() { echo "emulate_cluster.sh: $*" >&2; exit 1; }
 usage() { die "usage: $0 up M N --inter-mbit X | down | status"; }
 
 need_root() {
-  [ "$(id -u)" = 0 ] || die "must run as root (network namespaces, veths and qdiscs need CAP_NET_ADMIN); try: sudo $0 $*"
+  [ "$(id -u)" = 0 ] || die "must run as root (namespaces, veths, qdiscs need CAP_NET_ADMIN): sudo $0 $cmd $*"
   command -v ip >/dev/null && command -v tc >/dev/null || die "ip/tc not found: run scripts/install_apt.sh (iproute2)"
 }
 
@@ -36,7 +40,9 @@ down() {
   for dev in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep '^tfc-' || true); do
     ip link del "$dev" 2>/dev/null || true
   done
-  rm -f "$STATE"
+  rm -rf /etc/netns/tfc-node*
+  rmdir /etc/netns 2>/dev/null || true
+  rm -f "$STATE" "$STATE.tmp"
 }
 
 up() {
@@ -74,6 +80,8 @@ up() {
     ip -n "$ns" addr add "$addr/24" dev "tfc-n$i"
     ip -n "$ns" link set "tfc-n$i" up
     tc -n "$ns" qdisc add dev "tfc-n$i" root $shape
+    mkdir -p "/etc/netns/$ns"
+    printf '127.0.0.1 localhost\n%s %s %s\n' "$addr" "$(hostname)" "$ns" > "/etc/netns/$ns/hosts"
     tc qdisc add dev "tfc-b$i" root $shape
     echo "NODE${i}_NS=$ns"; echo "NODE${i}_IFACE=tfc-n$i"; echo "NODE${i}_ADDR=$addr"
   done >> "$STATE.tmp"

@@ -45,3 +45,30 @@ def run(worker, np_, tmp_path, args=(), topology=None, timeout=240, env=None, ex
         assert path.exists(), f"rank {r} wrote no report:\n{log[-4000:]}"
         reports.append(json.loads(path.read_text()))
     return reports
+
+
+def run_cluster(worker, tmp_path, args=(), local=None, np_per_node=None, timeout=240, env=None):
+    """Runs tests/workers/<worker> through tf_commlib.cluster_launch: on the namespaces made by
+    scripts/emulate_cluster.sh, or with ``local=M`` on 127.0.0.1. Returns (reports, log)."""
+    out = Path(tmp_path) / f"cluster_{worker.replace('.py', '')}"
+    out.mkdir(parents=True, exist_ok=True)
+    opts = (["--local", str(local)] if local else []) + \
+        (["--np-per-node", str(np_per_node)] if np_per_node else [])
+    cmd = [sys.executable, "-m", "tf_commlib.cluster_launch", *opts, "--timeout", str(timeout), "--",
+           sys.executable, str(WORKERS / worker), *map(str, args)]
+    full_env = dict(os.environ, HVD_TEST_OUT=str(out), PYTHONPATH=str(ROOT),
+                    TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    full_env.update(env or {})
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env,
+                            text=True, cwd=ROOT)
+    try:   # the launcher enforces the timeout itself; this is a backstop that lets it clean up
+        log, _ = proc.communicate(timeout=timeout + 30)
+    except subprocess.TimeoutExpired:
+        proc.terminate()   # SIGTERM: the launcher kills its ranks and stops its rendezvous server
+        log, _ = proc.communicate()
+        raise AssertionError(f"cluster_launch of {worker} hung:\n{log[-4000:]}")
+    assert proc.returncode == 0, f"{worker} failed (exit {proc.returncode}):\n{log[-6000:]}"
+    ranks = sorted(int(p.stem[4:]) for p in out.glob("rank*.json"))
+    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in ranks]
+    assert ranks == list(range(len(ranks))) and ranks, f"missing rank reports {ranks}:\n{log[-4000:]}"
+    return reports, log

@@ -1,16 +1,21 @@
-// Exact answers to the probes count(a >= thres(ratio)) of a binary search over dyadic ratios,
-// in few passes (NOTES.md: every probe is a dyadic point of [mean, u]):
-//  * one histogram pass with 2^kHistBits buckets bounded by the exact probe thresholds answers
-//    every probe of the first kHistBits levels;
-//  * deeper probes lie inside one bucket; the entries at or above that bucket's lower threshold
-//    (a few more than k) are collected once and answer the rest from a sorted copy.
-// The collection is fused into the histogram pass when a sample (taken in the statistics pass)
-// predicts a low enough threshold; otherwise it costs one more pass.
+// Exact answers to the probes count(a >= thres(ratio)) of a binary search over dyadic ratios
+// (MSTopK, RedSync's threshold search), in as few passes over x as possible. NOTES.md: every
+// probe is a dyadic point of [mean, u], so few passes can answer many probes.
+//
+//  * Pass 1 computes mean and max and, using a small pre-sample of x, collects every entry above
+//    a threshold that about 4x the expected number of entries pass.
+//  * A probe whose threshold is at or above the collection threshold is answered from the
+//    collected entries: they are bucketed at 2^kRefineBits exact probe thresholds, and the bucket
+//    of the search path again, and so on (a chain of nested intervals).
+//  * A probe below it (a dense selection, or a misleading pre-sample) costs one more pass: exact
+//    counts at the 9 thresholds that split the search's current interval in 8, fused with
+//    collecting the entries above the split point that the full sample predicts.
 #ifndef TF_COMMLIB_OPS_TOPK_PROBE_ENGINE_H_
 #define TF_COMMLIB_OPS_TOPK_PROBE_ENGINE_H_
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <vector>
 
 #include "topk/abs_passes.h"
@@ -20,116 +25,149 @@ namespace tf_commlib {
 template <typename T>
 class ProbeEngine {
  public:
-  static constexpr int kHistBits = 12;
-  static constexpr int64_t kBuckets = int64_t{1} << kHistBits;
+  static constexpr int kSplitBits = 3;  // levels counted by a fallback pass
+  static constexpr int kRefineBits = 8;
+  static constexpr int64_t kRefine = int64_t{1} << kRefineBits;
 
-  // expected: about how many entries the caller will end up selecting (sizes the fused collection).
+  // expected: about how many entries the caller will end up selecting.
   ProbeEngine(tensorflow::OpKernelContext* ctx, const T* x, int64_t d, int64_t expected)
-      : ctx_(ctx), x_(x), d_(d) {
-    const int64_t stride = std::max<int64_t>(1, d / 65536);
-    std::vector<float> sample;
-    stats_ = ComputeAbsStats(ctx, x, d, stride, &sample);
+      : ctx_(ctx), x_(x), d_(d), expected_(expected) {
+    std::vector<float> pre;  // strided pre-sample, 4096 reads
+    const int64_t pre_n = std::min<int64_t>(d, 4096);
+    for (int64_t s = 0; s < pre_n; ++s) pre.push_back(AbsOf(x[s * d / pre_n]));
+    const double lo = Predict(&pre, 4 * expected_, 16);
+    stats_ = ComputeAbsStats(ctx, x, d, std::max<int64_t>(1, d / 65536), &sample_, lo, &cand_);
+    cand_lo_ = std::isinf(lo) ? kNoUpper : lo;  // an infinite lo collected nothing useful
+    if (std::isnan(cand_lo_)) cand_.clear();
     mean_ = stats_.mean;
     u_ = stats_.max;
-    // Sample guess of a threshold that about 4x `expected` entries pass.
-    const int64_t want = 4 * expected * static_cast<int64_t>(sample.size()) / std::max<int64_t>(d, 1) + 8;
-    double guess = std::numeric_limits<double>::infinity();
-    if (want < static_cast<int64_t>(sample.size())) {
-      std::nth_element(sample.begin(), sample.begin() + want, sample.end(), std::greater<float>());
-      guess = sample[want];
-    }
-    if (!(guess > mean_)) guess = std::numeric_limits<double>::infinity();  // would collect too much
-    Histogram(guess);
   }
 
   const AbsStats& stats() const { return stats_; }
   double mean() const { return mean_; }
   double u() const { return u_; }
 
-  // count(a >= thres(ratio)) for a dyadic ratio in (0, 1) with at most kMaxSamplings bits.
+  // count(a >= thres(ratio)) for a dyadic ratio in [0, 1) with at most kMaxSamplings bits,
+  // asked as the midpoint of the binary search's current interval.
   int64_t Count(double ratio) {
-    if (!(u_ > mean_)) return top_;  // every entry equals the mean (or is infinite)
-    const double scaled = ratio * kBuckets;
-    const int64_t j = static_cast<int64_t>(scaled);
-    if (static_cast<double>(j) == scaled) return suffix_[j];
-    EnsureCandidates(edges_[j]);
+    const auto hit = counted_.find(ratio);
+    if (hit != counted_.end()) return hit->second;
     const double t = Threshold(mean_, u_, ratio);
-    // cand_a_ is sorted descending: count the entries >= t.
-    return std::upper_bound(cand_a_.begin(), cand_a_.end(), t, std::greater<double>()) -
-           cand_a_.begin();
+    if (!(t >= cand_lo_)) Split(ratio);
+    if (counted_.count(ratio)) return counted_[ratio];
+    if (chain_.empty()) {
+      Interval root{0.0, 0, {}, 0, {}, {}};
+      for (const Entry& e : cand_) root.vals.push_back(e.a);
+      Bucket(&root);
+      chain_.push_back(std::move(root));
+    }
+    for (size_t depth = 0;; ++depth) {
+      const Interval& in = chain_[depth];
+      const double p = std::ldexp(ratio - in.rl, in.level + kRefineBits);
+      const int64_t q = static_cast<int64_t>(p);
+      if (static_cast<double>(q) == p) return in.above + in.suffix[q];
+      const double child_rl = in.rl + std::ldexp(static_cast<double>(q), -(in.level + kRefineBits));
+      if (depth + 1 < chain_.size() && chain_[depth + 1].rl == child_rl) continue;
+      chain_.resize(depth + 1);
+      Interval child{child_rl, in.level + kRefineBits, {}, in.above + in.suffix[q + 1], {}, {}};
+      const float lo = in.edges[q], hi = in.edges[q + 1];
+      for (float a : in.vals)
+        if (a >= lo && a < hi) child.vals.push_back(a);
+      Bucket(&child);
+      chain_.push_back(std::move(child));
+    }
   }
 
   // Indices, in index order, of the entries with lo <= a < hi (hi = kNoUpper: no bound).
   std::vector<int64_t> Collect(double lo, double hi) {
-    if (lo >= cand_lo_) {
-      std::vector<int64_t> out;
-      for (int64_t i : cand_) {
-        const double a = AbsOf(x_[i]);
-        if (a >= lo && !(a >= hi)) out.push_back(i);
-      }
+    std::vector<int64_t> out;
+    if (!(lo >= cand_lo_)) {
+      for (const Entry& e : CollectRange(ctx_, x_, d_, lo, hi)) out.push_back(e.index);
       return out;
     }
-    return CollectRange(ctx_, x_, d_, lo, hi);
+    const float lo_f = CeilToFloat(lo), hi_f = CeilToFloat(hi);
+    for (const Entry& e : cand_)
+      if (e.a >= lo_f && !(e.a >= hi_f)) out.push_back(e.index);
+    return out;
   }
 
  private:
-  void Histogram(double guess) {
-    edges_.resize(kBuckets + 1);
-    for (int64_t j = 0; j <= kBuckets; ++j)
-      edges_[j] = Threshold(mean_, u_, static_cast<double>(j) / kBuckets);
-    const bool flat = !(u_ > mean_);
-    const double lo = edges_[0], hi = edges_[kBuckets];
-    const double scale = flat ? 0.0 : kBuckets / (u_ - mean_);
-    const int64_t blocks = NumBlocks(d_);
-    std::vector<std::vector<int64_t>> hist(blocks), cand(blocks);
-    ForEachBlock(ctx_, d_, blocks, [&](int64_t b, int64_t i0, int64_t i1) {
-      std::vector<int64_t>& h = hist[b];
-      h.assign(kBuckets + 1, 0);  // h[kBuckets] counts a >= thres(1)
-      for (int64_t i = i0; i < i1; ++i) {
-        const double a = AbsOf(x_[i]);
-        if (a < lo) continue;
-        if (a >= guess) cand[b].push_back(i);
-        if (flat || a >= hi) { h[kBuckets]++; continue; }
-        int64_t j = std::min<int64_t>(kBuckets - 1, static_cast<int64_t>((a - mean_) * scale));
-        while (j + 1 < kBuckets && a >= edges_[j + 1]) ++j;
-        while (j > 0 && a < edges_[j]) --j;
-        h[j]++;
-      }
-    });
-    suffix_.assign(kBuckets + 1, 0);
-    for (const auto& h : hist)
-      for (int64_t j = 0; j <= kBuckets; ++j) suffix_[j] += h[j];
-    top_ = suffix_[kBuckets];
-    for (int64_t j = kBuckets - 1; j >= 0; --j) suffix_[j] += suffix_[j + 1];
-    for (auto& c : cand) cand_.insert(cand_.end(), c.begin(), c.end());
-    cand_lo_ = guess;
-    SortCandidates();
+  struct Interval {
+    double rl;                    // ratio of its lower end; its width is 2^-level
+    int level;
+    std::vector<float> vals;      // a of the collected entries inside it
+    int64_t above;                // entries at or above its upper end
+    std::vector<int64_t> suffix;  // suffix[s]: vals >= edges[s]
+    std::vector<float> edges;     // CeilToFloat of the kRefine + 1 sub-thresholds
+  };
+
+  // The a that about `want` of d entries reach, judged from a sample (+inf: too few to judge;
+  // the mean is never predicted, so a dense selection does not collect half of x).
+  double Predict(std::vector<float>* sample, int64_t want, int64_t min_hits) {
+    const int64_t n = sample->size();
+    const int64_t hits = std::max(min_hits, want * n / std::max<int64_t>(d_, 1) + 8);
+    if (hits >= n / 4) return std::numeric_limits<double>::infinity();
+    std::nth_element(sample->begin(), sample->begin() + hits, sample->end(), std::greater<float>());
+    const float v = (*sample)[hits];
+    return v > 0 ? v : std::numeric_limits<double>::infinity();
   }
 
-  void EnsureCandidates(double lo) {
-    if (lo >= cand_lo_) return;
-    cand_ = CollectRange(ctx_, x_, d_, lo, kNoUpper);
-    cand_lo_ = lo;
-    SortCandidates();
+  // One pass for a probe below the collected range: exact counts at the 9 thresholds that cut
+  // the search's current interval (the probe's parent) in 8, and the entries above the cut the
+  // full sample predicts for 1.5x the expected selection.
+  void Split(double ratio) {
+    int level = 0;
+    while (std::ldexp(ratio, level) != std::floor(std::ldexp(ratio, level))) ++level;
+    const double l = ratio - std::ldexp(1.0, -level), w = std::ldexp(1.0, -(level - 1 + kSplitBits));
+    std::vector<double> ratios, t;
+    for (int j = 0; j <= (1 << kSplitBits); ++j) {
+      ratios.push_back(l + w * j);
+      t.push_back(Threshold(mean_, u_, ratios.back()));
+    }
+    std::vector<float> sample = sample_;
+    const double predicted = Predict(&sample, 3 * expected_ / 2, 8);
+    double collect = t[0];
+    for (int j = (1 << kSplitBits) - 1; j >= 1; --j)
+      if (t[j] <= predicted) { collect = t[j]; break; }
+    cand_.clear();
+    const std::vector<int64_t> counts = CountAndCollect(ctx_, x_, d_, t, collect, &cand_);
+    for (size_t j = 0; j < ratios.size(); ++j) counted_[ratios[j]] = counts[j];
+    cand_lo_ = collect;
+    chain_.clear();
   }
 
-  void SortCandidates() {
-    cand_a_.clear();
-    for (int64_t i : cand_) cand_a_.push_back(AbsOf(x_[i]));
-    std::sort(cand_a_.begin(), cand_a_.end(), std::greater<double>());
+  // Buckets in->vals at the kRefine sub-thresholds of the interval; counts what lies above it.
+  void Bucket(Interval* in) {
+    const double w = std::ldexp(1.0, -(in->level + kRefineBits));
+    in->edges.resize(kRefine + 1);
+    for (int64_t s = 0; s <= kRefine; ++s)
+      in->edges[s] = CeilToFloat(Threshold(mean_, u_, in->rl + w * static_cast<double>(s)));
+    std::vector<int64_t> hist(kRefine + 1, 0);
+    const float g0 = in->edges[0], top = in->edges[kRefine], span = top - g0;
+    const float scale = span > 0 ? kRefine / span : 0.0f;
+    for (float a : in->vals) {
+      if (a < g0) continue;
+      if (a >= top) { hist[kRefine]++; continue; }
+      int64_t s = std::min<int64_t>(kRefine - 1, static_cast<int64_t>((a - g0) * scale));
+      while (s + 1 < kRefine && a >= in->edges[s + 1]) ++s;
+      while (s > 0 && a < in->edges[s]) --s;
+      hist[s]++;
+    }
+    in->above += hist[kRefine];  // the root's entries at or above thres(1)
+    in->suffix.assign(kRefine + 1, 0);
+    for (int64_t s = kRefine - 1; s >= 0; --s) in->suffix[s] = in->suffix[s + 1] + hist[s];
   }
 
   tensorflow::OpKernelContext* ctx_;
   const T* x_;
-  int64_t d_;
+  int64_t d_, expected_;
   AbsStats stats_;
+  std::vector<float> sample_;
   double mean_ = 0, u_ = 0;
-  std::vector<double> edges_;
-  std::vector<int64_t> suffix_;
-  int64_t top_ = 0;
-  std::vector<int64_t> cand_;     // every index with a >= cand_lo_, in index order
-  double cand_lo_ = std::numeric_limits<double>::infinity();
-  std::vector<double> cand_a_;    // their a, descending
+  std::map<double, int64_t> counted_;  // probes answered exactly by a Split pass
+  std::vector<Entry> cand_;            // every entry with a >= cand_lo_, in index order
+  double cand_lo_ = kNoUpper;          // NaN: nothing collected
+  std::vector<Interval> chain_;        // nested intervals of the current search path
 };
 
 }  // namespace tf_commlib

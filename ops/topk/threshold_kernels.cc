@@ -82,7 +82,9 @@ class ThresholdSelectOp : public OpKernel {
       const int64_t n_nan = CountNan(ctx, x, d);
       OP_REQUIRES_OK(ctx, CheckNan("threshold_select", n_nan, false));
     }
-    OP_REQUIRES_OK(ctx, WriteSelection<T, Tidx>(ctx, x, CollectRange(ctx, x, d, threshold, kNoUpper)));
+    std::vector<int64_t> idx;
+    for (const Entry& e : CollectRange(ctx, x, d, threshold, kNoUpper)) idx.push_back(e.index);
+    OP_REQUIRES_OK(ctx, WriteSelection<T, Tidx>(ctx, x, idx));
   }
 
  private:
@@ -119,17 +121,17 @@ class RatioCountsOp : public OpKernel {
     std::vector<double> thresholds(ratios.size());
     for (int64_t j = 0; j < ratios.size(); ++j)
       thresholds[j] = Threshold(st.mean, st.max, ratios(j));
-    std::vector<double> sorted = thresholds;
-    std::sort(sorted.begin(), sorted.end());
-    const std::vector<int64_t> counts = CountAbove(ctx, x, d, sorted);
+    OP_REQUIRES(ctx, ratios.size() <= kMaxCounted,
+                errors::InvalidArgument("ratio_counts: at most ", kMaxCounted, " ratios"));
+    const std::vector<int64_t> counts =
+        CountAndCollect(ctx, x, d, thresholds, std::numeric_limits<double>::infinity(), nullptr);
     Tensor *stats = nullptr, *out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {2}, &stats));
     stats->vec<double>()(0) = st.mean;
     stats->vec<double>()(1) = st.max;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, {ratios.size()}, &out));
     for (int64_t j = 0; j < ratios.size(); ++j)
-      out->vec<int64_t>()(j) =
-          counts[std::lower_bound(sorted.begin(), sorted.end(), thresholds[j]) - sorted.begin()];
+      out->vec<int64_t>()(j) = counts[j];
   }
 
  private:

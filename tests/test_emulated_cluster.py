@@ -1,0 +1,84 @@
+"""The emulated public-cloud cluster: 2 network namespaces x 2 ranks behind a tbf-shaped link.
+
+scripts/emulate_cluster.sh builds it (root only) and tf_commlib.cluster_launch starts Horovod ranks
+in it; tf_commlib.init() must see the 2x2 layout from Horovod's local/cross ranks alone, and data
+between nodes must cross the slow link while data inside a node does not.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests import hvdrun
+
+SCRIPT = hvdrun.ROOT / "scripts" / "emulate_cluster.sh"
+M, N, MBIT = 2, 2, 200
+
+
+def _sh(*args):
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+
+
+def _netns():
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if os.geteuid() != 0:
+        pytest.fail("test_emulated_cluster needs root: it creates network namespaces, veths, a "
+                    "bridge and tbf qdiscs (run the tests as root, as CI does)", pytrace=False)
+    try:
+        up = _sh("up", str(M), str(N), "--inter-mbit", str(MBIT))
+        if up.returncode != 0:
+            pytest.fail(f"could not build the emulated cluster (`ip netns add` impossible here?):\n"
+                        f"{up.stdout}{up.stderr}", pytrace=False)
+        yield
+    finally:
+        down = _sh("down")
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert "tfc-" not in _netns(), _netns()
+
+
+def _check_layout(reports, m, n):
+    assert len(reports) == m * n
+    inputs = np.array([r["input"] for r in reports], dtype=np.float32)
+    expect = inputs.reshape(m, n, -1).sum(axis=1, dtype=np.float32).sum(axis=0, dtype=np.float32)
+    for rank, r in enumerate(reports):
+        node, local = divmod(rank, n)
+        assert (r["m"], r["n"], r["node"], r["local"]) == (m, n, node, local)
+        assert r["intra_ranks"] == r["intra_members"] == [node * n + j for j in range(n)]
+        assert r["inter_ranks"] == r["inter_members"] == [i * n + local for i in range(m)]
+        np.testing.assert_allclose(r["hier"], inputs.sum(axis=0), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(r["hier"], expect, rtol=1e-6, atol=1e-6)
+        assert r["hier_graph"] == r["hier"]
+    assert all(r["hier"] == reports[0]["hier"] for r in reports)
+
+
+def test_layout_comes_from_horovod_ranks(cluster, tmp_path):
+    # No TF_COMMLIB_TOPOLOGY: the launcher removes it, the layout is Horovod's local/cross ranks.
+    reports, _ = hvdrun.run_cluster("topology_worker.py", tmp_path, timeout=120)
+    _check_layout(reports, M, N)
+
+
+def test_inter_node_link_is_shaped(cluster):
+    cmd = [sys.executable, "-m", "tf_commlib.cluster_launch", "--check-link", "--timeout", "120"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=hvdrun.ROOT,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    found = re.search(r"intra-node ([\d.]+) Mbit/s .* inter-node ([\d.]+) Mbit/s", log)
+    assert found, log[-4000:]
+    intra, inter = map(float, found.groups())
+    print(f"intra-node {intra:.0f} Mbit/s, inter-node {inter:.0f} Mbit/s, link {MBIT} Mbit/s")
+    assert inter < 1.15 * MBIT, f"the inter-node link is not shaped: {inter} Mbit/s"
+    assert inter > 0.3 * MBIT, f"the inter-node link is far below its rate: {inter} Mbit/s"
+    assert intra > 2 * inter, f"intra-node {intra} Mbit/s is not faster than inter-node {inter}"
+
+
+def test_local_mode_without_namespaces(tmp_path):
+    reports, _ = hvdrun.run_cluster("topology_worker.py", tmp_path, local=M, np_per_node=N, timeout=120)
+    _check_layout(reports, M, N)
