@@ -5,7 +5,7 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 NP ?= 4
-OP_SOURCES := $(shell find ops -name '*.cc' -o -name '*.h')
+OP_SOURCES := $(shell find ops -name "*.cc" -o -name "*.h")
 
 .PHONY: install test demo cuda-check bench-topk clean
 

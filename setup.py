@@ -4,7 +4,6 @@ All ``ops/**/*.cc`` are compiled with TensorFlow's flags into one shared library
 ``tf_commlib/_tf_commlib_ops*.so``. CUDA sources (``*.cu.cc``) are compiled with nvcc and linked in
 only when the installed TensorFlow is a CUDA build, so a CPU install never needs a GPU toolchain.
 """
-import hashlib
 import json
 import os
 import subprocess
@@ -13,6 +12,8 @@ from pathlib import Path
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
+
+from tf_commlib._sources import source_hash
 
 ROOT = Path(__file__).resolve().parent
 OPS = ROOT / "ops"
@@ -24,15 +25,6 @@ def op_sources():
 
 def cuda_sources():
     return sorted(OPS.rglob("*.cu.cc"))
-
-
-def source_hash():
-    """Hash of every op source and header; the loader compares it to detect a stale library."""
-    h = hashlib.sha256()
-    for p in sorted(list(OPS.rglob("*.cc")) + list(OPS.rglob("*.h"))):
-        h.update(str(p.relative_to(OPS)).encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 def cpu_level():
@@ -82,7 +74,7 @@ class BuildOps(build_ext):
         if cuda:
             link += ["-lcudart"]
         subprocess.check_call(link)
-        info = {"tensorflow": tf.__version__, "cuda": cuda, "sources": source_hash(),
+        info = {"tensorflow": tf.__version__, "cuda": cuda, "sources": source_hash(OPS, cuda),
                 "library": out.name}
         (out.parent / "_build_info.json").write_text(json.dumps(info, indent=1) + "\n")
 

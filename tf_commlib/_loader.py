@@ -1,21 +1,14 @@
 """Loads the op library built by setup.py, refusing a missing or stale one with a clear ImportError."""
-import hashlib
 import json
 from pathlib import Path
 
 import tensorflow as tf
 
+from tf_commlib._sources import source_hash
+
 _HERE = Path(__file__).resolve().parent
 _OPS_SRC = _HERE.parent / "ops"  # present in a source checkout (editable install)
 _REBUILD = "rebuild it with `make install` (or `python setup.py build_ext --inplace`) in the repo root"
-
-
-def _source_hash(ops_dir):
-    h = hashlib.sha256()
-    for p in sorted(list(ops_dir.rglob("*.cc")) + list(ops_dir.rglob("*.h"))):
-        h.update(str(p.relative_to(ops_dir)).encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 def _load():
@@ -27,7 +20,7 @@ def _load():
     if info.get("tensorflow") != tf.__version__:
         raise ImportError(f"tf_commlib op library was built against TensorFlow {info.get('tensorflow')}"
                           f" but {tf.__version__} is installed; {_REBUILD}")
-    if _OPS_SRC.is_dir() and info.get("sources") != _source_hash(_OPS_SRC):
+    if _OPS_SRC.is_dir() and info.get("sources") != source_hash(_OPS_SRC, info.get("cuda", False)):
         raise ImportError(f"tf_commlib op library is stale (ops/ changed since it was built); {_REBUILD}")
     return tf.load_op_library(str(_HERE / info["library"]))
 

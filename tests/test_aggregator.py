@@ -1,0 +1,42 @@
+"""GradientAggregator: round trip of shapes/dtypes/None, sums, tf.function, errors."""
+import numpy as np
+import pytest
+
+from tests import hvdrun
+from tf_commlib.aggregator import GradientAggregator
+
+
+def test_aggregator_under_horovod(tmp_path):
+    reports = hvdrun.run("aggregator_worker.py", 4, tmp_path, topology="2x2")
+    for name in reports[0]["cases"]:
+        ins = [r["cases"][name]["inputs"] for r in reports]
+        divisor = 1 if name.endswith("_sum") else 4
+        for r in reports:
+            case = r["cases"][name]
+            assert case["dtypes"] == [None if i is None else d for i, d in
+                                      zip(case["inputs"], ["float32", None, "float32", "float16", "float32"])]
+            for pos, out in enumerate(case["outputs"]):
+                if ins[0][pos] is None:
+                    assert out is None
+                    continue
+                want = np.sum([np.array(x[pos]) for x in ins], axis=0) / divisor
+                assert case["shapes"][pos] == list(np.shape(want))
+                np.testing.assert_array_equal(np.array(out), want, err_msg=f"{name} tensor {pos}")
+            assert case["outputs"] == reports[0]["cases"][name]["outputs"]
+    for r in reports:
+        assert r["eager_equals_graph"]
+        assert r["mismatch"] is not None and "different shapes or dtypes" in r["mismatch"]
+    # float32 bucket of 12 + 7 + 5000 entries split in shards of 2: residual of 2510; float16 bucket 6 -> 3
+    assert reports[0]["residual_sizes"] == [2510, 3]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(algorithm="bogus"), "algorithm must be one of"),
+    (dict(selector="nope"), "selector must be one of"),
+    (dict(density=0.0), r"density must be in \(0, 1\], got 0.0"),
+    (dict(density=1.5), r"density must be in \(0, 1\], got 1.5"),
+    (dict(op="max"), "op must be one of"),
+])
+def test_bad_configuration_raises_before_anything_runs(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GradientAggregator(**kwargs)

@@ -1,0 +1,90 @@
+"""Every collective against a numpy reference of itself, on every rank, for 2x2, 1x4 and 3x1."""
+import math
+
+import numpy as np
+import pytest
+
+from tests import hvdrun
+from tests import reference as ref
+
+D, STEPS = 1001, 3
+
+
+def seed(step, rank):
+    return 100 * step + rank
+
+
+def naive_ag_ref(inputs, density):
+    """inputs[step][rank] -> (results per step, residual per rank)."""
+    size = len(inputs[0])
+    res = [np.zeros(D, np.float32) for _ in range(size)]
+    k = max(1, math.ceil(density * D))
+    results = []
+    for step, xs in enumerate(inputs):
+        agg = np.zeros(D, np.float32)
+        for r in range(size):
+            comp = xs[r] + res[r]
+            idx = ref.mstopk(comp, k, seed=seed(step, r))[0]
+            np.add.at(agg, idx, comp[idx])
+            res[r] = comp.copy()
+            res[r][idx] = 0
+        results.append(agg)
+    return results, res
+
+
+def hitopk_ref(inputs, density, m, n):
+    s = math.ceil(D / n)
+    res = {(i, j): np.zeros(s, np.float32) for i in range(m) for j in range(n)}
+    k = max(1, math.ceil(density * D / n))
+    results = []
+    for step, xs in enumerate(inputs):
+        padded = [np.concatenate([x, np.zeros(n * s - D, np.float32)]) for x in xs]
+        full = np.zeros(n * s, np.float32)
+        for j in range(n):
+            real = max(0, min(s, D - j * s))
+            summed = np.zeros(s, np.float32)
+            for i in range(m):
+                shard = sum(padded[i * n + q][j * s:(j + 1) * s] for q in range(n)) + res[(i, j)]
+                idx = ref.mstopk(shard[:real], k, seed=seed(step, i * n + j))[0] if real else []
+                np.add.at(summed, idx, shard[idx])
+                res[(i, j)] = shard.copy()
+                res[(i, j)][idx] = 0
+            full[j * s:(j + 1) * s] = summed
+        results.append(full[:D])
+    return results, res
+
+
+@pytest.mark.parametrize("layout", ["2x2", "1x4", "3x1"])
+def test_collectives_match_numpy_on_every_rank(layout, tmp_path):
+    m, n = map(int, layout.split("x"))
+    reports = hvdrun.run("collectives_worker.py", m * n, tmp_path, topology=layout)
+    inputs = [[np.array(r["inputs"][step], np.float32) for r in reports] for step in range(STEPS)]
+    dense = [np.sum(xs, axis=0) for xs in inputs]
+    for density in (0.05, 1.0):
+        nag, nag_res = naive_ag_ref(inputs, density)
+        hit, hit_res = hitopk_ref(inputs, density, m, n)
+        expected = {"dense": dense, "2dtar": dense, "naive_ag": nag, "hitopk": hit}
+        for name, want in expected.items():
+            for r in reports:  # bit-identical on every rank
+                got = np.array(r[f"{name}@{density}"]["results"], np.float32)
+                np.testing.assert_array_equal(got, np.array(want), err_msg=f"{name}@{density} rank {r['rank']}")
+        for r in reports:
+            rank = r["rank"]
+            np.testing.assert_array_equal(r[f"naive_ag@{density}"]["residual"], nag_res[rank])
+            np.testing.assert_array_equal(r[f"hitopk@{density}"]["residual"], hit_res[divmod(rank, n)])
+        if density == 1.0:  # everything is sent: sparse equals dense, nothing is left behind
+            np.testing.assert_array_equal(np.array(nag), np.array(dense))
+            np.testing.assert_array_equal(np.array(hit), np.array(dense))
+        # error feedback conserves mass: what was aggregated + what is left = what went in
+        total_in = np.sum([np.sum(xs, axis=0) for xs in inputs], axis=0)
+        np.testing.assert_array_equal(np.sum(nag, axis=0) + np.sum(list(nag_res), axis=0), total_in)
+        s = math.ceil(D / n)
+        left = np.zeros(n * s, np.float32)
+        for (i, j), rv in hit_res.items():
+            left[j * s:(j + 1) * s] += rv
+        np.testing.assert_array_equal(np.sum(hit, axis=0) + left[:D], total_in)
+        for r in reports:
+            got_res = np.zeros(n * s, np.float32)
+            assert len(r[f"hitopk@{density}"]["residual"]) == s
+    for r in reports:
+        np.testing.assert_array_equal(r["hitopk_graph"], hitopk_ref(inputs[:1], 0.05, m, n)[0][0])
