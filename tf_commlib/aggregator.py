@@ -4,6 +4,7 @@ import zlib
 import tensorflow as tf
 
 from tf_commlib import fusion, ops
+from tf_commlib import primitives as P
 from tf_commlib.collectives import ALGORITHMS
 from tf_commlib.topology import topology as current_topology
 
@@ -12,14 +13,22 @@ OPS = ("average", "sum")
 
 def check_config(algorithm, density, selector, op="average"):
     """Raises ValueError for an unknown algorithm/selector/op or a density outside (0, 1]."""
-    if algorithm != "auto" and algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {sorted(ALGORITHMS) + ['auto']}, got {algorithm!r}")
+    names = [algorithm] if isinstance(algorithm, str) else list(algorithm)
+    for name in names:
+        if name != "auto" and name not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {sorted(ALGORITHMS) + ['auto']}, got {name!r}")
+    if not names:
+        raise ValueError("algorithm: give at least one")
     if selector not in ops.SELECTORS:
         raise ValueError(f"selector must be one of {sorted(ops.SELECTORS)}, got {selector!r}")
-    if not isinstance(density, (int, float)) or not 0.0 < density <= 1.0:
+    if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0.0 < density <= 1.0:
         raise ValueError(f"density must be in (0, 1], got {density!r}")
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
+
+
+def _tf_variable(shape, dtype, name):
+    return tf.Variable(tf.zeros(shape, dtype), trainable=False, name=name)
 
 
 class GradientAggregator:
@@ -30,62 +39,77 @@ class GradientAggregator:
     cheapest by the cost model). Sparse algorithms select ``density`` of each bucket with
     ``selector`` and keep what they did not send in a residual (error feedback) that is added
     back at the next call. Works eagerly and inside tf.function.
+
+    ``algorithm`` may also be a list of names: ``set_algorithm`` then switches between them at
+    run time (schedules); the residual of a sparse algorithm that is not running is flushed into
+    the next aggregation, so nothing is lost. ``set_density`` changes the density (warm-up).
+    State variables come from ``variable_factory(shape, dtype, name)`` (default tf.Variable).
     """
 
     def __init__(self, algorithm="hitopk", density=0.01, selector="mstopk", op="average",
                  fusion_threshold_bytes=64 << 20, topology=None, seed=None, cost_params=None,
-                 check_consistency=True):
+                 check_consistency=True, variable_factory=None):
         check_config(algorithm, density, selector, op)
-        self.algorithm, self.density, self.selector, self.op = algorithm, density, selector, op
+        self.candidates = [algorithm] if isinstance(algorithm, str) else list(algorithm)
+        self.initial_density, self.selector, self.op = float(density), selector, op
         self.fusion_threshold_bytes = int(fusion_threshold_bytes)
         self.topo = topology or current_topology()
-        self.seed = seed
-        self.cost_params = cost_params
+        self.seed, self.cost_params = seed, cost_params
         self.check_consistency = check_consistency
-        self._plan_key = None
-        self._residuals = {}   # bucket index -> tf.Variable
+        self.variable_factory = variable_factory or _tf_variable
+        self.buckets = None
+        self.residuals = {}  # (bucket index, algorithm name) -> variable
         self._checked = set()
-        self.step = None       # tf.Variable, created with the residuals
 
     # -- state -----------------------------------------------------------------------------
-    def residual_variables(self):
-        return [self._residuals[i] for i in sorted(self._residuals)]
+    def build(self, shapes_dtypes):
+        """Creates the state for gradients of these (shape, dtype) (None for absent ones)."""
+        if self.buckets is not None:
+            return
+        specs = [None if s is None else tf.TensorSpec(s[0], s[1]) for s in shapes_dtypes]
+        self.buckets = fusion.plan(specs, self.fusion_threshold_bytes)
+        with tf.init_scope():
+            make = self.variable_factory
+            self.step = make((), tf.int64, "aggregator_step")
+            self.density = make((), tf.float64, "aggregator_density")
+            self.density.assign(self.initial_density)
+            self.active = make((), tf.int32, "aggregator_algorithm")
+            for i, bucket in enumerate(self.buckets):
+                d = sum(bucket.sizes)
+                for name in sorted({self._resolve(c, d) for c in self.candidates}):
+                    coll = ALGORITHMS[name]
+                    if coll.sparse:
+                        self.residuals[(i, name)] = make([coll.residual_size(d, self.topo)],
+                                                         bucket.dtype, f"residual_{i}_{name}")
 
-    def _algorithm_for(self, bucket, d):
-        if self.algorithm != "auto":
-            return self.algorithm
+    def variables(self):
+        return [self.step, self.density, self.active] + [self.residuals[k] for k in sorted(self.residuals)]
+
+    def set_algorithm(self, name):
+        self.active.assign(self.candidates.index(name))
+
+    def set_density(self, density):
+        check_config(self.candidates[0], density, self.selector, self.op)
+        self.density.assign(density)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _resolve(self, name, d):
+        if name != "auto":
+            return name
         from tf_commlib import costmodel
         params = self.cost_params or costmodel.LinkParams()
-        return costmodel.choose(d, self.topo.m, self.topo.n, self.density, params)
+        return costmodel.choose(d, self.topo.m, self.topo.n, self.initial_density, params)
 
-    def _select(self, k_seed):
-        fn = ops.SELECTORS[self.selector]
-        if self.selector in ("mstopk", "dgc_topk", "randomk") and self.seed is not None:
-            base = {"mstopk": ops.mstopk, "dgc_topk": ops.dgc_topk, "randomk": ops.randomk}[self.selector]
-            return lambda x, k: base(x, k, seed=k_seed)
-        return fn
-
-    def _make_state(self, buckets, dtypes_sizes):
-        with tf.init_scope():
-            if self.step is None:
-                self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="aggregator_step")
-            for i, (bucket, name) in enumerate(zip(buckets, dtypes_sizes)):
-                coll = ALGORITHMS[name]
-                if coll.sparse and i not in self._residuals:
-                    d = sum(bucket.sizes)
-                    self._residuals[i] = tf.Variable(
-                        tf.zeros([coll.residual_size(d, self.topo)], bucket.dtype),
-                        trainable=False, name=f"residual_{i}")
-
-    def _fingerprint(self, grads):
-        sig = repr([(None if g is None else (tuple(g.shape), g.dtype.name)) for g in grads])
-        sig += f"|{self.algorithm}|{self.density}|{self.selector}|{self.op}"
-        return zlib.crc32(sig.encode()) & 0x7FFFFFFF
+    def _select(self, seed):
+        if seed is None or self.selector not in ("mstopk", "dgc_topk", "randomk"):
+            return ops.SELECTORS[self.selector]
+        base = getattr(ops, self.selector)
+        return lambda x, k: base(x, k, seed=seed)
 
     def _check(self, grads):
         """All ranks must pass the same shapes and dtypes; a mismatch raises on every rank."""
-        from tf_commlib import primitives as P
-        fp = self._fingerprint(grads)
+        sig = repr([(None if g is None else (tuple(g.shape), g.dtype.name)) for g in grads])
+        fp = zlib.crc32((sig + repr(self.candidates)).encode()) & 0x7FFFFFFF
         if tf.executing_eagerly():
             if fp in self._checked:
                 return
@@ -99,33 +123,52 @@ class GradientAggregator:
             tf.debugging.assert_equal(seen, tf.fill(tf.shape(seen), tf.constant(fp, tf.int64)),
                                       message="ranks passed gradients of different shapes or dtypes")
 
+    def _run(self, i, name, flat):
+        """One bucket through one algorithm: (aggregated sum, mask of the entries sent sparsely)."""
+        d = flat.shape[0]
+        for (j, other), var in self.residuals.items():  # flush residuals of idle algorithms
+            if j == i and other != name:
+                flat = flat + ALGORITHMS[other].residual_to_input(var, d, self.topo)
+                var.assign(tf.zeros_like(var))
+        coll = ALGORITHMS[name]
+        if not coll.sparse:
+            return coll.fn(flat, self.topo), tf.zeros_like(flat)
+        seed = None if self.seed is None else \
+            (self.seed + self.step * 1_000_003 + i * 7919) * self.topo.size + self.topo.rank
+        residual = self.residuals[(i, name)]
+        agg, new_residual, sent = coll.fn(flat, self.topo, self.density, self._select(seed), residual)
+        residual.assign(new_residual)
+        mask = tf.scatter_nd(tf.cast(sent[:, None], tf.int64), tf.ones_like(sent, flat.dtype), [d])
+        return agg, tf.minimum(mask, 1)
+
     # -- the call ----------------------------------------------------------------------------
-    def __call__(self, grads):
+    def aggregate(self, grads):
+        """Returns (aggregated grads, masks): masks[p] is 1 where grads[p] was sent sparsely."""
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
         if self.check_consistency and self.topo.size > 1:
             self._check(grads)
-        buckets = fusion.plan(grads, self.fusion_threshold_bytes)
-        key = tuple(buckets)
-        if self._plan_key is not None and key != self._plan_key:
+        self.build([None if g is None else (g.shape, g.dtype) for g in grads])
+        if fusion.plan(grads, self.fusion_threshold_bytes) != self.buckets:
             raise ValueError("the gradient list changed shape since the first call; "
                              "create a new GradientAggregator for a new model")
-        self._plan_key = key
-        names = [self._algorithm_for(b, sum(b.sizes)) for b in buckets]
-        self._make_state(buckets, names)
-        out = list(grads)
-        for i, (bucket, name) in enumerate(zip(buckets, names)):
+        out, masks = list(grads), list(grads)
+        for i, bucket in enumerate(self.buckets):
             flat = fusion.flatten(grads, bucket)
-            coll = ALGORITHMS[name]
-            if coll.sparse:
-                seed = None if self.seed is None else \
-                    (self.seed + self.step * 1_000_003 + i * 7919) * self.topo.size + self.topo.rank
-                agg, residual = coll.fn(flat, self.topo, self.density, self._select(seed),
-                                        self._residuals[i])
-                self._residuals[i].assign(residual)
+            names = [self._resolve(c, flat.shape[0]) for c in self.candidates]
+            if len(names) == 1:
+                agg, mask = self._run(i, names[0], flat)
             else:
-                agg = coll.fn(flat, self.topo)
+                branches = [(lambda n: lambda: self._run(i, n, flat))(n) for n in names]
+                agg, mask = tf.switch_case(self.active, branches)
             if self.op == "average":
                 agg = agg / tf.cast(self.topo.size, agg.dtype)
             fusion.unflatten(agg, bucket, out)
+            fusion.unflatten(mask, bucket, masks)
         self.step.assign_add(1)
-        return out
+        return out, masks
+
+    def __call__(self, grads):
+        return self.aggregate(grads)[0]
+
+    def residual_variables(self):
+        return [self.residuals[k] for k in sorted(self.residuals)]

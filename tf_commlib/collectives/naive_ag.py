@@ -1,7 +1,6 @@
 """NaiveAG: top-k of the whole tensor, allgather of values and indices over all ranks, scatter-add."""
-import math
-
 from tf_commlib import primitives as P
+from tf_commlib.collectives.count import num_selected
 from tf_commlib.ops import scatter_add
 
 
@@ -9,15 +8,19 @@ def residual_size(d, topo):
     return d
 
 
+def residual_to_input(residual, d, topo):
+    return residual
+
+
 def naive_ag(x, topo, density, select, residual=None):
     """Sparse sum over all ranks of the flat tensor x (static length d).
 
-    ``residual`` (length d) is added before the selection; returns (aggregated, new residual),
-    the new residual being what this rank selected but did not send.
+    ``residual`` (length d) is added before the selection; returns (aggregated, new residual,
+    sent): the new residual is what this rank did not send, ``sent`` the indices it sent.
     """
     d = x.shape[0]
     if residual is not None:
         x = x + residual
-    values, indices = select(x, max(1, math.ceil(density * d)))
+    values, indices = select(x, num_selected(density, d))
     aggregated = scatter_add(P.allgather(indices, topo.world), P.allgather(values, topo.world), d)
-    return aggregated, x - scatter_add(indices, values, d)
+    return aggregated, x - scatter_add(indices, values, d), indices
