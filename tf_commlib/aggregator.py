@@ -129,7 +129,7 @@ class GradientAggregator:
         for (j, other), var in self.residuals.items():  # flush residuals of idle algorithms
             if j == i and other != name:
                 flat = flat + ALGORITHMS[other].residual_to_input(var, d, self.topo)
-                var.assign(tf.zeros_like(var))
+                var.assign(tf.zeros(var.shape, var.dtype))
         coll = ALGORITHMS[name]
         if not coll.sparse:
             return coll.fn(flat, self.topo), tf.zeros_like(flat)
@@ -159,7 +159,7 @@ class GradientAggregator:
                 agg, mask = self._run(i, names[0], flat)
             else:
                 branches = [(lambda n: lambda: self._run(i, n, flat))(n) for n in names]
-                agg, mask = tf.switch_case(self.active, branches)
+                agg, mask = tf.switch_case(tf.convert_to_tensor(self.active), branches)
             if self.op == "average":
                 agg = agg / tf.cast(self.topo.size, agg.dtype)
             fusion.unflatten(agg, bucket, out)

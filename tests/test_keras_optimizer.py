@@ -1,0 +1,106 @@
+"""DistributedOptimizer against numpy implementations of momentum SGD and DGC (lin2018 eqs. 4, 6)."""
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from tests import hvdrun
+from tf_commlib.keras import DistributedOptimizer
+
+LR, M, STEPS = 0.1, 0.9, 5
+
+
+def momentum_sgd(grads_by_rank):
+    """Keras SGD momentum on the averaged gradient: v = m v - lr g; w += v."""
+    w = np.ones(len(grads_by_rank[0][0]))
+    v = np.zeros_like(w)
+    for step in range(STEPS):
+        g = np.mean([gr[step] for gr in grads_by_rank], axis=0)
+        v = M * v - LR * g
+        w = w + v
+    return w
+
+
+def dgc(grads_by_rank, density, correction, masking, nesterov=False):
+    """lin2018 eqs. 4/6 with naive allgather: u = m u + g; v += u (or m u + g); send top-k of v;
+    plain step. Without correction: v += g, and the wrapped SGD applies momentum after it."""
+    p, d = len(grads_by_rank), len(grads_by_rank[0][0])
+    k = max(1, math.ceil(density * d))
+    w, u, v = np.ones(d), np.zeros((p, d)), np.zeros((p, d))
+    velocity = np.zeros(d)
+    for step in range(STEPS):
+        agg = np.zeros(d)
+        for r in range(p):
+            g = np.asarray(grads_by_rank[r][step], np.float64)
+            if correction:
+                u[r] = M * u[r] + g
+                v[r] += M * u[r] + g if nesterov else u[r]
+            else:
+                v[r] += g
+            idx = np.argsort(-np.abs(v[r]))[:k]
+            agg[idx] += v[r][idx]
+            v[r][idx] = 0
+            if masking:
+                u[r][idx] = 0
+        if correction:
+            w = w - LR * agg / p
+        else:
+            velocity = M * velocity - LR * agg / p
+            w = w + velocity
+    return w
+
+
+def test_against_numpy(tmp_path):
+    reports = hvdrun.run("dgc_worker.py", 2, tmp_path)
+    grads = [r["grads"] for r in reports]
+    expect = {
+        "plain_momentum": momentum_sgd(grads),
+        "corrected_dense": momentum_sgd(grads),
+        "dgc": dgc(grads, 0.2, True, True),
+        "dgc_nesterov": dgc(grads, 0.2, True, True, nesterov=True),
+        "dgc_no_mask": dgc(grads, 0.2, True, False),
+        "ef_only": dgc(grads, 0.2, False, False),
+    }
+    # the variants differ from each other, so the comparisons below can tell them apart
+    assert np.abs(expect["dgc"] - expect["dgc_no_mask"]).max() > 1e-3
+    assert np.abs(expect["dgc"] - expect["corrected_dense"]).max() > 1e-3
+    for r in reports:
+        for name, want in expect.items():
+            np.testing.assert_allclose(r[name]["weights"], want, rtol=0, atol=1e-6, err_msg=name)
+        # momentum moved out of the wrapped SGD: it is never applied twice
+        assert r["corrected_dense"]["inner_momentum"] == 0.0
+        assert r["plain_momentum"]["inner_momentum"] == M
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(algorithm="bogus"), "algorithm must be one of"),
+    (dict(density=0), r"density must be in \(0, 1\]"),
+    (dict(density=-0.5), r"density must be in \(0, 1\]"),
+    (dict(schedule={0: "hitopk", 13: "2dtar", 5: "dense"}), "strictly increasing"),
+    (dict(schedule={3: "hitopk", 3.5: "dense"}), "integers"),
+    (dict(schedule={0: "nope"}), "schedule algorithm must be one of"),
+    (dict(warmup=-1), "warmup must be"),
+    (dict(selector="x"), "selector must be one of"),
+])
+def test_bad_configuration_raises_before_training(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), **kwargs)
+
+
+def test_momentum_correction_needs_a_momentum_for_other_optimizers():
+    with pytest.raises(ValueError, match="needs momentum="):
+        DistributedOptimizer(keras.optimizers.Adam(0.01))
+    opt = DistributedOptimizer(keras.optimizers.Adam(0.01), momentum=0.9)
+    assert opt.m == 0.9
+
+
+def test_warmup_and_schedule_policy():
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), density=0.001, warmup=4,
+                               schedule={0: "hitopk", 13: "2dtar"})
+    assert [opt.density_at(e) for e in range(6)] == [0.25, 0.0625, 0.015625, 0.004, 0.001, 0.001]
+    assert [opt.algorithm_at(e) for e in (0, 12, 13, 27)] == ["hitopk", "hitopk", "2dtar", "2dtar"]
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), density=0.01, warmup=4,
+                               dense_warmup_epochs=2)
+    assert [opt.density_at(e) for e in range(5)] == [0.25, 0.0625, 0.015625, 0.01, 0.01]
+    assert [opt.algorithm_at(e) for e in range(4)] == ["2dtar", "2dtar", "hitopk", "hitopk"]

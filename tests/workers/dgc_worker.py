@@ -1,0 +1,39 @@
+"""DistributedOptimizer.apply on synthetic gradients, for comparison with numpy DGC (eqs. 4, 6)."""
+import sys
+
+import keras
+import numpy as np
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import tf_commlib  # noqa: E402
+from _report import report  # noqa: E402
+from tf_commlib.keras import DistributedOptimizer  # noqa: E402
+
+topo = tf_commlib.init()
+SHAPES, STEPS, LR = [(10, 8), (300,)], 5, 0.1
+CASES = {
+    "plain_momentum": dict(density=1.0, momentum_correction=False, momentum_masking=False),
+    "corrected_dense": dict(density=1.0, momentum_correction=True, momentum_masking=False),
+    "dgc": dict(density=0.2, momentum_correction=True, momentum_masking=True),
+    "dgc_nesterov": dict(density=0.2, momentum_correction=True, momentum_masking=True, nesterov=True),
+    "dgc_no_mask": dict(density=0.2, momentum_correction=True, momentum_masking=False),
+    "ef_only": dict(density=0.2, momentum_correction=False, momentum_masking=False),
+}
+
+
+def grads(step):
+    rng = np.random.default_rng(1000 * step + topo.rank)
+    return [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
+
+
+out = {}
+for name, kw in CASES.items():
+    ws = [keras.Variable(np.ones(s, np.float32), name=f"w{i}") for i, s in enumerate(SHAPES)]
+    opt = DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9), algorithm="naive_ag",
+                               selector="exact_topk", dense_layers=lambda v: False, **kw)
+    for step in range(STEPS):
+        opt.apply(grads(step), ws)
+    out[name] = {"weights": np.concatenate([w.numpy().ravel() for w in ws]).tolist(),
+                 "inner_momentum": float(opt.inner_optimizer.momentum)}
+out["grads"] = [np.concatenate([g.ravel() for g in grads(s)]).tolist() for s in range(STEPS)]
+report(topo.rank, out)

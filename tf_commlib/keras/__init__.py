@@ -1,0 +1,7 @@
+"""Keras 3 integration: DistributedOptimizer and the callbacks that go with it."""
+from tf_commlib.keras.callbacks import (BroadcastGlobalVariables, CompressionScheduler, MetricAverage,
+                                        broadcast_variables, default_callbacks)
+from tf_commlib.keras.optimizer import DistributedOptimizer
+
+__all__ = ["DistributedOptimizer", "BroadcastGlobalVariables", "CompressionScheduler",
+           "MetricAverage", "broadcast_variables", "default_callbacks"]

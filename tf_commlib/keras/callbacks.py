@@ -1,0 +1,59 @@
+"""Keras callbacks like Horovod's, for the Keras 3 DistributedOptimizer."""
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_commlib import primitives as P
+from tf_commlib.topology import topology as current_topology
+
+
+def broadcast_variables(variables, root_rank=0):
+    """Sets every variable to its value on root_rank."""
+    world = current_topology().world
+    for v in variables:
+        v.assign(P.broadcast(tf.convert_to_tensor(v), root_rank, world))
+
+
+class BroadcastGlobalVariables(keras.callbacks.Callback):
+    """Broadcasts the model's variables from root_rank at the start of training, and the wrapped
+    optimizer's (created at the first step) after the first batch. DistributedOptimizer's own
+    state (residuals, DGC momentum) is per rank by design and is not broadcast."""
+
+    def __init__(self, root_rank=0):
+        super().__init__()
+        self.root_rank = root_rank
+        self._optimizer_done = False
+
+    def on_train_begin(self, logs=None):
+        broadcast_variables(self.model.variables, self.root_rank)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._optimizer_done:
+            opt = self.model.optimizer
+            broadcast_variables(getattr(opt, "inner_optimizer", opt).variables, self.root_rank)
+            self._optimizer_done = True
+
+
+class MetricAverage(keras.callbacks.Callback):
+    """Averages the epoch's metrics over all ranks (put it before callbacks that read them)."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not logs:
+            return
+        world = current_topology().world
+        keys = sorted(k for k, v in logs.items() if isinstance(v, (int, float, np.floating)))
+        values = P.allreduce(tf.constant([float(logs[k]) for k in keys], tf.float64), world,
+                             average=True).numpy()
+        logs.update(dict(zip(keys, values.tolist())))
+
+
+class CompressionScheduler(keras.callbacks.Callback):
+    """Drives DistributedOptimizer's density warm-up and collective schedule from model.fit."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.model.optimizer.set_epoch(epoch)
+
+
+def default_callbacks(root_rank=0):
+    """The callbacks every tf_commlib model.fit needs, in the right order."""
+    return [BroadcastGlobalVariables(root_rank), CompressionScheduler(), MetricAverage()]

@@ -1,0 +1,175 @@
+"""Keras 3 distributed optimizer: sparse gradient aggregation with DGC's and RedSync's accuracy
+techniques, for model.fit (jit_compile=False) and custom GradientTape loops.
+
+Momentum correction (DGC eqs. 4 and 6): the momentum lives here, not in the wrapped optimizer.
+Each step u <- m*u + g (local momentum), and u (Nesterov: m*u + g) is what gets aggregated; the
+collective's error feedback accumulates it (v <- v + u) and sends the top entries of v. The
+wrapped optimizer then takes a *plain* step with the averaged update. A wrapped
+keras.optimizers.SGD therefore has its momentum moved here (its own momentum is set to 0, so
+momentum is never applied twice); any other wrapped optimizer needs ``momentum=`` and keeps its
+own adaptive rule on top of the aggregated update.
+"""
+import math
+
+import keras
+import tensorflow as tf
+
+from tf_commlib.aggregator import GradientAggregator, check_config
+from tf_commlib.collectives import ALGORITHMS
+from tf_commlib.keras.policy import WARMUP_DENSITIES, default_dense_layers, parse_schedule
+from tf_commlib.topology import topology as current_topology
+
+
+class DistributedOptimizer(keras.optimizers.Optimizer):
+    """Wraps a Keras optimizer; gradients are averaged over all Horovod ranks before its step.
+
+    Args:
+      optimizer: the Keras 3 optimizer to wrap.
+      algorithm, density, selector: the collective (tf_commlib.collectives), the fraction of
+        entries sent, and the top-k selector (tf_commlib.ops.SELECTORS).
+      momentum_correction, momentum, nesterov: DGC momentum correction (see the module doc).
+      local_clip_norm: DGC local gradient clipping: each rank clips its gradient's global norm to
+        local_clip_norm / sqrt(N) before accumulating.
+      momentum_masking: DGC momentum factor masking: u is zeroed where v was sent.
+      warmup: number of DGC warm-up epochs; density over them 0.25, 0.0625, 0.015625, 0.004
+        (never below the target), then ``density``.
+      dense_layers: predicate(variable) -> True for variables aggregated densely (RedSync
+        policy); default: 1-D variables (biases, normalisation) and those under 1024 entries.
+      schedule: {epoch: algorithm} switching the collective at epoch boundaries, e.g.
+        {0: "hitopk", 13: "2dtar"} (shi2021's DAWNBench recipe).
+      dense_warmup_epochs: RedSync's dense warm-up: the first epochs use "2dtar".
+      fusion_threshold_bytes, seed: passed to the GradientAggregator.
+    The epoch-driven parts (warm-up, schedule) are driven by ``set_epoch``, which the callback
+    tf_commlib.keras.CompressionScheduler calls from model.fit.
+    """
+
+    def __init__(self, optimizer, algorithm="hitopk", density=0.01, selector="mstopk",
+                 momentum_correction=True, momentum=None, nesterov=False, local_clip_norm=None,
+                 momentum_masking=True, warmup=None, dense_layers=None, schedule=None,
+                 dense_warmup_epochs=0, fusion_threshold_bytes=64 << 20, seed=None, name=None):
+        check_config(algorithm, density, selector)
+        schedule = parse_schedule(schedule, algorithm, dense_warmup_epochs)
+        if warmup is not None and (not isinstance(warmup, int) or warmup < 0):
+            raise ValueError(f"warmup must be a number of epochs >= 0, got {warmup!r}")
+        if local_clip_norm is not None and not local_clip_norm > 0:
+            raise ValueError(f"local_clip_norm must be positive, got {local_clip_norm!r}")
+        m = 0.0
+        if momentum_correction:
+            if isinstance(optimizer, keras.optimizers.SGD):
+                m = float(optimizer.momentum) if momentum is None else float(momentum)
+                nesterov = nesterov or optimizer.nesterov
+                optimizer.momentum, optimizer.nesterov = 0.0, False
+            elif momentum is None:
+                raise ValueError("momentum_correction needs momentum= when the wrapped optimizer is "
+                                 f"not keras.optimizers.SGD (got {type(optimizer).__name__})")
+            else:
+                m = float(momentum)
+        super().__init__(learning_rate=0.0, name=name or "distributed_" + optimizer.name)
+        self.schedule, self.m = schedule, m
+        self.inner_optimizer = optimizer
+        self.algorithm, self.target_density, self.selector = algorithm, float(density), selector
+        self.momentum_correction, self.nesterov = momentum_correction, bool(nesterov)
+        self.momentum_masking, self.local_clip_norm = momentum_masking, local_clip_norm
+        self.warmup = warmup or 0
+        self.dense_layers = dense_layers or default_dense_layers
+        self.fusion_threshold_bytes, self.seed = fusion_threshold_bytes, seed
+
+    # -- state -----------------------------------------------------------------------------
+    def _factory(self, shape, dtype, name):
+        return self.add_variable(shape=shape, dtype=tf.as_dtype(dtype).name, initializer="zeros",
+                                 name=name, aggregation="none")
+
+    def build(self, var_list):
+        if self.built:
+            return
+        topo = current_topology()
+        self._dense_idx = [i for i, v in enumerate(var_list) if self.dense_layers(v)]
+        self._sparse_idx = [i for i, v in enumerate(var_list) if not self.dense_layers(v)]
+        names = sorted(set(self.schedule.values()), key=list(self.schedule.values()).index)
+        self.sparse_agg = GradientAggregator(names, self.target_density, self.selector,
+                                             fusion_threshold_bytes=self.fusion_threshold_bytes,
+                                             topology=topo, seed=self.seed, variable_factory=self._factory)
+        self.dense_agg = GradientAggregator("2dtar" if topo.m > 1 and topo.n > 1 else "dense",
+                                            topology=topo, variable_factory=self._factory)
+        spec = lambda idx: [(var_list[i].shape, var_list[i].dtype) for i in idx]  # noqa: E731
+        self.sparse_agg.build(spec(self._sparse_idx))
+        self.dense_agg.build(spec(self._dense_idx))
+        self.velocities = [self.add_variable_from_reference(v, "dgc_momentum")
+                           for v in var_list] if self.momentum_correction else []
+        self.inner_optimizer.build(var_list)
+        super().build(var_list)
+        self.set_epoch(0)
+
+    @property
+    def variables(self):
+        return self._variables + self.inner_optimizer.variables
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value):
+        self.inner_optimizer.learning_rate = value
+
+    @property
+    def iterations(self):
+        return self.inner_optimizer.iterations
+
+    # -- epoch-driven policy ---------------------------------------------------------------
+    def density_at(self, epoch):
+        if epoch < self.warmup:
+            return max(self.target_density, WARMUP_DENSITIES[min(epoch, len(WARMUP_DENSITIES) - 1)])
+        return self.target_density
+
+    def algorithm_at(self, epoch):
+        return [a for e, a in self.schedule.items() if e <= epoch][-1]
+
+    def set_epoch(self, epoch):
+        """Sets density and collective for an epoch (called by CompressionScheduler)."""
+        if not self.built:
+            return
+        self.sparse_agg.set_density(self.density_at(epoch))
+        self.sparse_agg.set_algorithm(self.algorithm_at(epoch))
+
+    # -- the step --------------------------------------------------------------------------
+    def apply(self, grads, trainable_variables=None):
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+            self.built = True
+        tvs = trainable_variables or self._trainable_variables
+        grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
+        if self.local_clip_norm:
+            present = [g for g in grads if g is not None]
+            clipped, _ = tf.clip_by_global_norm(
+                present, self.local_clip_norm / math.sqrt(self.sparse_agg.topo.size))
+            it = iter(clipped)
+            grads = [None if g is None else next(it) for g in grads]
+        send = list(grads)
+        if self.momentum_correction:
+            for i, g in enumerate(grads):
+                if g is None:
+                    continue
+                u = self.velocities[i]
+                u.assign(self.m * u + g)
+                send[i] = self.m * tf.convert_to_tensor(u) + g if self.nesterov else tf.convert_to_tensor(u)
+        sparse, masks = self.sparse_agg.aggregate([send[i] for i in self._sparse_idx])
+        dense = self.dense_agg([send[i] for i in self._dense_idx])
+        update = list(send)
+        for i, g in zip(self._sparse_idx, sparse):
+            update[i] = g
+        for i, g in zip(self._dense_idx, dense):
+            update[i] = g
+        if self.momentum_correction and self.momentum_masking:
+            for i, mask in zip(self._sparse_idx, masks):
+                if mask is not None:
+                    self.velocities[i].assign(self.velocities[i] * (1 - mask))
+        self.inner_optimizer.apply(update, tvs)
+
+    def finalize_variable_values(self, var_list):
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    def get_config(self):
+        raise NotImplementedError("DistributedOptimizer is rebuilt by the training script, not "
+                                  "deserialised; save weights (they include its state) instead")

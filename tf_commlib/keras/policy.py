@@ -1,0 +1,41 @@
+"""The epoch-level policies of DistributedOptimizer: DGC warm-up, RedSync dense layers, schedules."""
+from tf_commlib.collectives import ALGORITHMS
+
+# DGC §3.2: density during the warm-up epochs (sparsity 75 %, 93.75 %, 98.4375 %, 99.6 %).
+WARMUP_DENSITIES = (0.25, 0.0625, 0.015625, 0.004)
+DENSE_SIZE_THRESHOLD = 1024  # entries; RedSync sends small layers dense
+
+
+def default_dense_layers(variable):
+    """RedSync policy: biases and normalisation parameters (1-D) and small tensors go dense."""
+    shape = tuple(variable.shape)
+    size = 1
+    for s in shape:
+        size *= s
+    return len(shape) <= 1 or size < DENSE_SIZE_THRESHOLD
+
+
+def parse_schedule(schedule, algorithm, dense_warmup_epochs=0):
+    """{epoch: algorithm} with strictly increasing epochs starting at 0; raises ValueError."""
+    if schedule is None:
+        schedule = {0: algorithm}
+    if not isinstance(schedule, dict) or not schedule:
+        raise ValueError(f"schedule must be a non-empty dict {{epoch: algorithm}}, got {schedule!r}")
+    epochs = list(schedule)
+    if any(not isinstance(e, int) or e < 0 for e in epochs):
+        raise ValueError(f"schedule epochs must be integers >= 0, got {epochs}")
+    if any(b <= a for a, b in zip(epochs, epochs[1:])):
+        raise ValueError(f"schedule epochs must be strictly increasing, got {epochs}")
+    for a in schedule.values():
+        if a not in ALGORITHMS and a != "auto":
+            raise ValueError(f"schedule algorithm must be one of {sorted(ALGORITHMS)}, got {a!r}")
+    out = dict(schedule)
+    if 0 not in out:
+        out = {0: algorithm, **out}
+    if dense_warmup_epochs:
+        if not isinstance(dense_warmup_epochs, int) or dense_warmup_epochs < 0:
+            raise ValueError(f"dense_warmup_epochs must be an int >= 0, got {dense_warmup_epochs!r}")
+        later = {e: a for e, a in out.items() if e > dense_warmup_epochs}
+        first = [a for e, a in out.items() if e <= dense_warmup_epochs][-1]
+        out = {0: "2dtar", dense_warmup_epochs: first, **later}
+    return out
