@@ -1,0 +1,73 @@
+"""Training stopped after epoch 2 and resumed (BackupAndRestore, and tf.train.Checkpoint) must end
+with the same weights as an uninterrupted run: residuals and DGC momentum are in the state."""
+import os
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import tf_commlib  # noqa: E402
+from _report import report  # noqa: E402
+from tf_commlib import digits  # noqa: E402
+from tf_commlib.keras import DistributedOptimizer, default_callbacks  # noqa: E402
+
+topo = tf_commlib.init()
+work = os.path.join(os.environ["HVD_TEST_OUT"], f"rank{topo.rank}")
+(x, y), _ = digits.load(topo.rank, topo.size)
+x, y = x[:160], y[:160]
+EPOCHS, STOP = 4, 2
+
+
+def build():
+    model = digits.small_cnn(seed=1)
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm="hitopk",
+                               density=0.05, warmup=1, seed=5)
+    model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    return model
+
+
+def fit(model, epochs, initial_epoch=0, extra=()):
+    model.fit(x, y, batch_size=16, epochs=epochs, initial_epoch=initial_epoch, shuffle=False,
+              verbose=0, callbacks=default_callbacks() + list(extra))
+
+
+def weights(model):
+    return np.concatenate([w.numpy().ravel() for w in model.weights]).tolist()
+
+
+class Interrupt(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == STOP - 1:
+            raise RuntimeError("interrupted")
+
+
+full = build()
+fit(full, EPOCHS)
+state = {v.path: v.numpy() for v in full.optimizer.variables}
+has_residual = any("residual" in p and np.abs(v).sum() > 0 for p, v in state.items())
+has_momentum = any("dgc_momentum" in p and np.abs(v).sum() > 0 for p, v in state.items())
+
+# 1. Keras BackupAndRestore: interrupted run, then a fresh model resumes from the backup.
+backup = os.path.join(work, "backup")
+first = build()
+try:
+    fit(first, EPOCHS, extra=[keras.callbacks.BackupAndRestore(backup), Interrupt()])
+except RuntimeError:
+    pass
+resumed = build()
+fit(resumed, EPOCHS, extra=[keras.callbacks.BackupAndRestore(backup)])
+
+# 2. tf.train.Checkpoint of model and optimizer after epoch 2, restored into a fresh model.
+part = build()
+fit(part, STOP)
+path = tf.train.Checkpoint(model=part, optimizer=part.optimizer).save(os.path.join(work, "ckpt"))
+restored = build()
+restored.optimizer.build(restored.trainable_variables)
+tf.train.Checkpoint(model=restored, optimizer=restored.optimizer).restore(path).assert_consumed()
+fit(restored, EPOCHS, initial_epoch=STOP)
+
+report(topo.rank, {"full": weights(full), "backup": weights(resumed), "checkpoint": weights(restored),
+                   "has_residual": bool(has_residual), "has_momentum": bool(has_momentum),
+                   "partial": weights(part)})
