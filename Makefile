@@ -37,8 +37,7 @@ test: install
 	$(VENV)/bin/python -m pytest -q tests
 
 demo: install
-	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo \
-	  env TF_COMMLIB_TOPOLOGY=$${TF_COMMLIB_TOPOLOGY:-2x2} $(PY) -m tf_commlib.demo
+	$(PY) -m tf_commlib.demo
 
 # Compiles the CUDA kernels with nvcc (no TensorFlow needed), to check them on a CPU-only machine.
 cuda-check:
