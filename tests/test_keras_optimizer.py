@@ -71,6 +71,10 @@ def test_against_numpy(tmp_path):
         # momentum moved out of the wrapped SGD: it is never applied twice
         assert r["corrected_dense"]["inner_momentum"] == 0.0
         assert r["plain_momentum"]["inner_momentum"] == M
+        # qRGC: the first layer moved by at most 4 distinct amounts (0, one mean per rank, both);
+        # the output layer is never quantized
+        assert len(r["qrgc_first_changes"]) <= 4
+        assert r["qrgc_last_changes"] > 10
 
 
 @pytest.mark.parametrize("kwargs,message", [

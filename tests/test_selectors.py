@@ -186,3 +186,14 @@ def test_randomk_uniform_distinct_reproducible():
     draws = np.concatenate([ops.randomk(x, 500, seed=s)[1].numpy() for s in range(40)])
     deciles = np.bincount(draws // 1000, minlength=10) / len(draws)
     assert np.all(np.abs(deciles - 0.1) < 0.02)
+
+
+def test_qrgc_alternates_sign_and_sends_the_mean():
+    x = gaussian(1000, 8)
+    v0, i0 = ops.qrgc(x, 10, step=0)
+    v1, i1 = ops.qrgc(x, 10, step=1)
+    assert sorted(i0.numpy().tolist()) == sorted(np.argsort(-x)[:10].tolist())   # largest
+    assert sorted(i1.numpy().tolist()) == sorted(np.argsort(x)[:10].tolist())    # most negative
+    np.testing.assert_allclose(v0.numpy(), np.full(10, x[i0.numpy()].mean()), rtol=1e-6)
+    np.testing.assert_allclose(v1.numpy(), np.full(10, x[i1.numpy()].mean()), rtol=1e-6)
+    assert v0.numpy()[0] > 0 > v1.numpy()[0]

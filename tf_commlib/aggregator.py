@@ -101,10 +101,12 @@ class GradientAggregator:
         return costmodel.choose(d, self.topo.m, self.topo.n, self.initial_density, params)
 
     def _select(self, seed):
-        if seed is None or self.selector not in ("mstopk", "dgc_topk", "randomk"):
-            return ops.SELECTORS[self.selector]
-        base = getattr(ops, self.selector)
-        return lambda x, k: base(x, k, seed=seed)
+        base = getattr(ops, self.selector, None)
+        if self.selector in ops.STEPPED:
+            return lambda x, k: base(x, k, step=self.step)
+        if seed is not None and self.selector in ops.SEEDED:
+            return lambda x, k: base(x, k, seed=seed)
+        return ops.SELECTORS[self.selector]
 
     def _check(self, grads):
         """All ranks must pass the same shapes and dtypes; a mismatch raises on every rank."""

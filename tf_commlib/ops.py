@@ -148,6 +148,19 @@ def randomk(x, k, seed=None):
     return tf.gather(flat, idx), tf.cast(idx, tidx)
 
 
+def qrgc(x, k, step=0):
+    """RedSync's quantized selection: on even steps the k largest entries, on odd steps the k most
+    negative, all sent as their mean (one value) with their indices, as (values, indices)."""
+    x, k, tidx = _prepare(x, k, "qrgc")
+    flat = tf.reshape(x, [-1])
+    k = tf.cast(tf.minimum(k, tf.size(flat, out_type=tf.int64)), tf.int32)
+    as32 = tf.cast(flat, tf.float32)
+    signed = tf.where(tf.equal(tf.math.floormod(tf.cast(step, tf.int64), 2), 0), as32, -as32)
+    _, idx = tf.math.top_k(signed, k, sorted=False)
+    mean = tf.reduce_mean(tf.gather(as32, idx))
+    return tf.cast(tf.fill([k], mean), x.dtype), tf.cast(idx, tidx)
+
+
 SELECTORS = {
     "mstopk": mstopk,
     "exact_topk": exact_topk,
@@ -155,4 +168,7 @@ SELECTORS = {
     "trimmed_topk": trimmed_topk,
     "threshold_search": lambda x, k: threshold_search(x, k)[:2],
     "randomk": randomk,
+    "qrgc": qrgc,
 }
+STEPPED = ("qrgc",)                               # selectors that take the step
+SEEDED = ("mstopk", "dgc_topk", "randomk")        # selectors that take a seed

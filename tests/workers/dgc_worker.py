@@ -37,3 +37,12 @@ for name, kw in CASES.items():
                  "inner_momentum": float(opt.inner_optimizer.momentum)}
 out["grads"] = [np.concatenate([g.ravel() for g in grads(s)]).tolist() for s in range(STEPS)]
 report(topo.rank, out)
+
+# qRGC: every sparse variable but the output layer (the last) is quantized to one value per sign.
+ws = [keras.Variable(np.ones(s, np.float32), name=f"q{i}") for i, s in enumerate(SHAPES)]
+opt = DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9), algorithm="naive_ag",
+                           density=0.2, qrgc=True, dense_layers=lambda v: False)
+opt.apply(grads(0), ws)
+out["qrgc_first_changes"] = sorted(set(np.round(1 - ws[0].numpy().ravel(), 6).tolist()))
+out["qrgc_last_changes"] = len(set(np.round(1 - ws[1].numpy().ravel(), 6).tolist()))
+report(topo.rank, out)

@@ -38,6 +38,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
       schedule: {epoch: algorithm} switching the collective at epoch boundaries, e.g.
         {0: "hitopk", 13: "2dtar"} (shi2021's DAWNBench recipe).
       dense_warmup_epochs: RedSync's dense warm-up: the first epochs use "2dtar".
+      qrgc: RedSync's quantized selection (selector "qrgc", one tensor per bucket) for every
+        sparse variable except the output layer (the last one), which keeps ``selector``.
       fusion_threshold_bytes, seed: passed to the GradientAggregator.
     The epoch-driven parts (warm-up, schedule) are driven by ``set_epoch``, which the callback
     tf_commlib.keras.CompressionScheduler calls from model.fit.
@@ -46,7 +48,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def __init__(self, optimizer, algorithm="hitopk", density=0.01, selector="mstopk",
                  momentum_correction=True, momentum=None, nesterov=False, local_clip_norm=None,
                  momentum_masking=True, warmup=None, dense_layers=None, schedule=None,
-                 dense_warmup_epochs=0, fusion_threshold_bytes=64 << 20, seed=None, name=None):
+                 dense_warmup_epochs=0, qrgc=False, fusion_threshold_bytes=64 << 20, seed=None,
+                 name=None):
         check_config(algorithm, density, selector)
         schedule = parse_schedule(schedule, algorithm, dense_warmup_epochs)
         if warmup is not None and (not isinstance(warmup, int) or warmup < 0):
@@ -72,7 +75,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.momentum_masking, self.local_clip_norm = momentum_masking, local_clip_norm
         self.warmup = warmup or 0
         self.dense_layers = dense_layers or default_dense_layers
-        self.fusion_threshold_bytes, self.seed = fusion_threshold_bytes, seed
+        self.fusion_threshold_bytes, self.seed, self.qrgc = fusion_threshold_bytes, seed, qrgc
 
     # -- state -----------------------------------------------------------------------------
     def _factory(self, shape, dtype, name):
@@ -83,17 +86,26 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if self.built:
             return
         topo = current_topology()
-        self._dense_idx = [i for i, v in enumerate(var_list) if self.dense_layers(v)]
-        self._sparse_idx = [i for i, v in enumerate(var_list) if not self.dense_layers(v)]
+        dense_idx = [i for i, v in enumerate(var_list) if self.dense_layers(v)]
+        sparse_idx = [i for i, v in enumerate(var_list) if not self.dense_layers(v)]
         names = sorted(set(self.schedule.values()), key=list(self.schedule.values()).index)
-        self.sparse_agg = GradientAggregator(names, self.target_density, self.selector,
-                                             fusion_threshold_bytes=self.fusion_threshold_bytes,
-                                             topology=topo, seed=self.seed, variable_factory=self._factory)
-        self.dense_agg = GradientAggregator("2dtar" if topo.m > 1 and topo.n > 1 else "dense",
-                                            topology=topo, variable_factory=self._factory)
-        spec = lambda idx: [(var_list[i].shape, var_list[i].dtype) for i in idx]  # noqa: E731
-        self.sparse_agg.build(spec(self._sparse_idx))
-        self.dense_agg.build(spec(self._dense_idx))
+
+        def aggregator(algorithm, selector, fusion):
+            return GradientAggregator(algorithm, self.target_density, selector, topology=topo,
+                                      fusion_threshold_bytes=fusion, seed=self.seed,
+                                      variable_factory=self._factory)
+
+        # (aggregator, variable indices, sparse?) groups
+        self._groups = []
+        if self.qrgc and len(sparse_idx) > 1:
+            self._groups.append((aggregator(names, "qrgc", 0), sparse_idx[:-1], True))
+            sparse_idx = sparse_idx[-1:]
+        self._groups.append((aggregator(names, self.selector, self.fusion_threshold_bytes), sparse_idx, True))
+        self._groups.append((aggregator(["2dtar" if topo.m > 1 and topo.n > 1 else "dense"],
+                                        self.selector, self.fusion_threshold_bytes), dense_idx, False))
+        self._groups = [g for g in self._groups if g[1]]
+        for agg, idx, _ in self._groups:
+            agg.build([(var_list[i].shape, var_list[i].dtype) for i in idx])
         self.velocities = [self.add_variable_from_reference(v, "dgc_momentum")
                            for v in var_list] if self.momentum_correction else []
         self.inner_optimizer.build(var_list)
@@ -129,8 +141,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         """Sets density and collective for an epoch (called by CompressionScheduler)."""
         if not self.built:
             return
-        self.sparse_agg.set_density(self.density_at(epoch))
-        self.sparse_agg.set_algorithm(self.algorithm_at(epoch))
+        for agg, _, sparse in self._groups:
+            if sparse:
+                agg.set_density(self.density_at(epoch))
+                agg.set_algorithm(self.algorithm_at(epoch))
 
     # -- the step --------------------------------------------------------------------------
     def apply(self, grads, trainable_variables=None):
@@ -143,7 +157,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if self.local_clip_norm:
             present = [g for g in grads if g is not None]
             clipped, _ = tf.clip_by_global_norm(
-                present, self.local_clip_norm / math.sqrt(self.sparse_agg.topo.size))
+                present, self.local_clip_norm / math.sqrt(current_topology().size))
             it = iter(clipped)
             grads = [None if g is None else next(it) for g in grads]
         send = list(grads)
@@ -154,16 +168,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 u = self.velocities[i]
                 u.assign(self.m * u + g)
                 send[i] = self.m * tf.convert_to_tensor(u) + g if self.nesterov else tf.convert_to_tensor(u)
-        sparse, masks = self.sparse_agg.aggregate([send[i] for i in self._sparse_idx])
-        dense = self.dense_agg([send[i] for i in self._dense_idx])
         update = list(send)
-        for i, g in zip(self._sparse_idx, sparse):
-            update[i] = g
-        for i, g in zip(self._dense_idx, dense):
-            update[i] = g
-        if self.momentum_correction and self.momentum_masking:
-            for i, mask in zip(self._sparse_idx, masks):
-                if mask is not None:
+        for agg, idx, sparse in self._groups:
+            aggregated, masks = agg.aggregate([send[i] for i in idx])
+            for i, g, mask in zip(idx, aggregated, masks):
+                update[i] = g
+                if sparse and mask is not None and self.momentum_correction and self.momentum_masking:
                     self.velocities[i].assign(self.velocities[i] * (1 - mask))
         self.inner_optimizer.apply(update, tvs)
 
