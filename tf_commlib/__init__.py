@@ -5,4 +5,12 @@ Clusters" (MLSys'21) and the techniques it builds on (DGC, RedSync, SparCML, AR-
 """
 from tf_commlib.topology import Topology, init, topology
 
-__all__ = ["Topology", "init", "topology"]
+__all__ = ["Topology", "init", "topology", "GradientAggregator"]
+
+
+def __getattr__(name):
+    # Lazy, so that `import tf_commlib` (and setup.py) need neither TensorFlow nor the op library.
+    if name == "GradientAggregator":
+        from tf_commlib.aggregator import GradientAggregator
+        return GradientAggregator
+    raise AttributeError(f"module 'tf_commlib' has no attribute {name!r}")

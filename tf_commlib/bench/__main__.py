@@ -1,6 +1,8 @@
+import importlib
 import sys
 
-USAGE = "usage: python -m tf_commlib.bench {topk} [options]  (-h after the name for its options)"
+BENCHMARKS = ("topk", "comm", "convergence")
+USAGE = f"usage: python -m tf_commlib.bench {{{','.join(BENCHMARKS)}}} [options]  (-h after the name for its options)"
 
 
 def main(argv):
@@ -8,11 +10,10 @@ def main(argv):
         print(USAGE)
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    if name == "topk":
-        from tf_commlib.bench import topk
-        return topk.main(rest)
-    print(f"unknown benchmark {name!r}\n{USAGE}", file=sys.stderr)
-    return 2
+    if name not in BENCHMARKS:
+        print(f"unknown benchmark {name!r}\n{USAGE}", file=sys.stderr)
+        return 2
+    return importlib.import_module(f"tf_commlib.bench.{name}").main(rest)
 
 
 sys.exit(main(sys.argv[1:]))
