@@ -60,7 +60,11 @@ class BuildOps(build_ext):
             obj = objdir / (str(src.relative_to(OPS)).replace("/", "__") + ".o")
             jobs.append(["g++", *cflags, f"-march={cpu_level()}", "-c", str(src), "-o", str(obj)])
         if cuda:
-            nvflags = [f for f in cflags if f not in ("-fPIC", "-O3", "--std=c++17")]
+            # nvcc takes -I/-D/-std itself; host-compiler flags (fp-contract off keeps the float64
+            # threshold arithmetic identical to the CPU kernels) go through -Xcompiler.
+            nvflags = [f for f in cflags if f.startswith(("-I", "-D"))] + ["-std=c++17"]
+            nvflags += ["-Xcompiler", "-ffp-contract=off", "-fmad=false",
+                        "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90"]
             for src in cuda_sources():
                 obj = objdir / (str(src.relative_to(OPS)).replace("/", "__") + ".o")
                 jobs.append(["nvcc", *nvflags, "-x", "cu", "-Xcompiler", "-fPIC", "-O3",
