@@ -100,12 +100,12 @@ inline double CarefulChunk(const T* x, int64_t base, int64_t end, float lo, bool
   return cs;
 }
 
-// Pass 1: sum (fixed order), max, NaN and Inf counts; also copies every `stride`-th a into
-// sample, and collects the entries with a >= collect_lo (index order) when `collected` is given.
+// Pass 1: sum (fixed order), max, NaN and Inf counts; also collects the entries with
+// a >= collect_lo (index order) when `collected` is given.
 // The hot loop ignores NaN and Inf; a chunk whose sum comes out non-finite is redone carefully.
 template <typename T>
-AbsStats ComputeAbsStats(tensorflow::OpKernelContext* ctx, const T* x, int64_t d, int64_t stride,
-                         std::vector<float>* sample, double collect_lo = kNoUpper,
+AbsStats ComputeAbsStats(tensorflow::OpKernelContext* ctx, const T* x, int64_t d,
+                         double collect_lo = kNoUpper,
                          std::vector<Entry>* collected = nullptr) {
   const float clo = CeilToFloat(collect_lo);
   const bool collect = collected != nullptr && !std::isnan(clo);
@@ -114,7 +114,6 @@ AbsStats ComputeAbsStats(tensorflow::OpKernelContext* ctx, const T* x, int64_t d
   const int64_t blocks = std::min<int64_t>(chunks, NumBlocks(d));
   std::vector<double> chunk_sum(chunks);
   std::vector<AbsStats> part(blocks);
-  std::vector<std::vector<float>> samples(blocks);
   std::vector<std::vector<Entry>> entries(blocks);
   ForEachBlock(ctx, chunks, blocks, [&](int64_t b, int64_t c0, int64_t c1) {
     AbsStats& st = part[b];
@@ -150,10 +149,6 @@ AbsStats ComputeAbsStats(tensorflow::OpKernelContext* ctx, const T* x, int64_t d
         chunk_sum[c] = CarefulChunk(x, base, end, clo, collect, &st.max, &st.n_nan, &st.n_inf,
                                     &entries[b]);
       }
-      if (sample) {
-        for (int64_t i = (base + stride - 1) / stride * stride; i < end; i += stride)
-          samples[b].push_back(AbsOf(x[i]));
-      }
     }
   });
   AbsStats out;
@@ -164,8 +159,6 @@ AbsStats ComputeAbsStats(tensorflow::OpKernelContext* ctx, const T* x, int64_t d
     out.n_inf += st.n_inf;
   }
   out.mean = d > out.n_inf ? out.sum / static_cast<double>(d - out.n_inf) : 0.0;
-  if (sample)
-    for (auto& v : samples) sample->insert(sample->end(), v.begin(), v.end());
   if (collect)
     for (auto& p : entries) collected->insert(collected->end(), p.begin(), p.end());
   return out;

@@ -2,14 +2,14 @@
 // (MSTopK, RedSync's threshold search), in as few passes over x as possible. NOTES.md: every
 // probe is a dyadic point of [mean, u], so few passes can answer many probes.
 //
-//  * Pass 1 computes mean and max and, using a small pre-sample of x, collects every entry above
-//    a threshold that about 4x the expected number of entries pass.
+//  * Pass 1 computes mean and max and, using a strided pre-sample of x, collects every entry
+//    above a threshold that about 4x the expected number of entries pass.
 //  * A probe whose threshold is at or above the collection threshold is answered from the
 //    collected entries: they are bucketed at 2^kRefineBits exact probe thresholds, and the bucket
 //    of the search path again, and so on (a chain of nested intervals).
 //  * A probe below it (a dense selection, or a misleading pre-sample) costs one more pass: exact
 //    counts at the 9 thresholds that split the search's current interval in 8, fused with
-//    collecting the entries above the split point that the full sample predicts.
+//    collecting the entries above the split point that a larger strided sample predicts.
 #ifndef TF_COMMLIB_OPS_TOPK_PROBE_ENGINE_H_
 #define TF_COMMLIB_OPS_TOPK_PROBE_ENGINE_H_
 
@@ -36,7 +36,7 @@ class ProbeEngine {
     const int64_t pre_n = std::min<int64_t>(d, 4096);
     for (int64_t s = 0; s < pre_n; ++s) pre.push_back(AbsOf(x[s * d / pre_n]));
     const double lo = Predict(&pre, 4 * expected_, 16);
-    stats_ = ComputeAbsStats(ctx, x, d, std::max<int64_t>(1, d / 65536), &sample_, lo, &cand_);
+    stats_ = ComputeAbsStats(ctx, x, d, lo, &cand_);
     cand_lo_ = std::isinf(lo) ? kNoUpper : lo;  // an infinite lo collected nothing useful
     if (std::isnan(cand_lo_)) cand_.clear();
     mean_ = stats_.mean;
@@ -124,7 +124,9 @@ class ProbeEngine {
       ratios.push_back(l + w * j);
       t.push_back(Threshold(mean_, u_, ratios.back()));
     }
-    std::vector<float> sample = sample_;
+    std::vector<float> sample;  // strided sample, 16384 reads
+    const int64_t n = std::min<int64_t>(d_, 16384);
+    for (int64_t i = 0; i < n; ++i) sample.push_back(AbsOf(x_[i * d_ / n]));
     const double predicted = Predict(&sample, 3 * expected_ / 2, 8);
     double collect = t[0];
     for (int j = (1 << kSplitBits) - 1; j >= 1; --j)
@@ -162,7 +164,6 @@ class ProbeEngine {
   const T* x_;
   int64_t d_, expected_;
   AbsStats stats_;
-  std::vector<float> sample_;
   double mean_ = 0, u_ = 0;
   std::map<double, int64_t> counted_;  // probes answered exactly by a Split pass
   std::vector<Entry> cand_;            // every entry with a >= cand_lo_, in index order

@@ -115,7 +115,7 @@ class RatioCountsOp : public OpKernel {
     const int64_t d = xt.NumElements();
     OP_REQUIRES(ctx, d > 0, errors::InvalidArgument("ratio_counts: x is empty"));
     const T* x = xt.flat<T>().data();
-    const AbsStats st = ComputeAbsStats(ctx, x, d, d, nullptr);
+    const AbsStats st = ComputeAbsStats(ctx, x, d);
     OP_REQUIRES_OK(ctx, CheckNan("ratio_counts", st.n_nan, allow_nan_));
     auto ratios = ctx->input(1).vec<double>();
     std::vector<double> thresholds(ratios.size());
