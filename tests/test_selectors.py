@@ -197,3 +197,17 @@ def test_qrgc_alternates_sign_and_sends_the_mean():
     np.testing.assert_allclose(v0.numpy(), np.full(10, x[i0.numpy()].mean()), rtol=1e-6)
     np.testing.assert_allclose(v1.numpy(), np.full(10, x[i1.numpy()].mean()), rtol=1e-6)
     assert v0.numpy()[0] > 0 > v1.numpy()[0]
+
+
+def test_mstopk_when_the_pre_sample_misleads():
+    # The strided pre-sample the kernel collects with sees only the planted 3.0s, so the
+    # collected set starts exactly at the k-th value: the search ends among probes that only a
+    # second, exact search can count (ops/topk/probe_engine.h).
+    d = 1_000_000
+    x = gaussian(d, 21)
+    x[np.arange(4096) * d // 4096] = 3.0
+    x[12345] = 10.0
+    for k in (3000, 5000, 20_000):
+        check_mstopk(x, k)
+        values, indices, threshold = ops.threshold_search(x, k)
+        assert threshold.numpy() == ref.threshold_search(x, k)

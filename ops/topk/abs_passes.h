@@ -49,6 +49,7 @@ struct Entry {
 struct AbsStats {
   double sum = 0.0;  // finite entries, in the order defined in mstopk.h
   float max = 0.0f;  // largest finite entry
+  float max_below = 0.0f;  // largest entry under the collection threshold (0 if none)
   int64_t n_nan = 0, n_inf = 0;
   double mean = 0.0;
 };
@@ -82,18 +83,19 @@ inline void AppendAbove(const T* x, int64_t begin, int64_t end, float lo, std::v
 // their max, the NaN and Inf counts, and the entries with a >= lo.
 template <typename T>
 inline double CarefulChunk(const T* x, int64_t base, int64_t end, float lo, bool collect,
-                           float* mx, int64_t* n_nan, int64_t* n_inf, std::vector<Entry>* out) {
+                           AbsStats* st, std::vector<Entry>* out) {
   double lane[kLanes] = {0};
   for (int64_t i = base; i < end; ++i) {
     const float v = static_cast<float>(x[i]);
     const float a = std::fabs(v);
-    *n_nan += v != v;
-    *n_inf += std::isinf(v);
+    st->n_nan += v != v;
+    st->n_inf += std::isinf(v);
     if (a <= std::numeric_limits<float>::max()) {
       lane[(i - base) % kLanes] += static_cast<double>(a);
-      *mx = std::max(*mx, a);
+      st->max = std::max(st->max, a);
     }
     if (collect && AbsOf(x[i]) >= lo) out->push_back({i, AbsOf(x[i])});
+    if (AbsOf(x[i]) < lo) st->max_below = std::max(st->max_below, AbsOf(x[i]));
   }
   double cs = 0.0;
   for (int64_t j = 0; j < kLanes; ++j) cs += lane[j];
@@ -120,7 +122,7 @@ AbsStats ComputeAbsStats(tensorflow::OpKernelContext* ctx, const T* x, int64_t d
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t base = c * kChunk, end = std::min(d, base + kChunk);
       double lane[kLanes] = {0};
-      float mx[kLanes] = {0};
+      float mx[kLanes] = {0}, below[kLanes] = {0};
       int32_t above[kLanes] = {0};
       const int64_t full = base + (end - base) / kLanes * kLanes;
       for (int64_t t = base; t < full; t += kLanes) {
@@ -129,6 +131,7 @@ AbsStats ComputeAbsStats(tensorflow::OpKernelContext* ctx, const T* x, int64_t d
           lane[j] += static_cast<double>(a);
           mx[j] = std::max(mx[j], a);
           above[j] += a >= probe;
+          below[j] = std::max(below[j], a < probe ? a : 0.0f);
         }
       }
       for (int64_t i = full; i < end; ++i) {
@@ -136,6 +139,7 @@ AbsStats ComputeAbsStats(tensorflow::OpKernelContext* ctx, const T* x, int64_t d
         lane[i - full] += static_cast<double>(a);
         mx[0] = std::max(mx[0], a);
         above[0] += a >= probe;
+        below[0] = std::max(below[0], a < probe ? a : 0.0f);
       }
       double cs = 0.0;
       int32_t n_above = 0;
@@ -144,10 +148,10 @@ AbsStats ComputeAbsStats(tensorflow::OpKernelContext* ctx, const T* x, int64_t d
       if (std::isfinite(cs) && std::isfinite(cmx)) {
         chunk_sum[c] = cs;
         st.max = std::max(st.max, cmx);
+        st.max_below = std::max(st.max_below, *std::max_element(below, below + kLanes));
         if (collect && n_above > 0) AppendAbove(x, base, end, clo, &entries[b]);
       } else {
-        chunk_sum[c] = CarefulChunk(x, base, end, clo, collect, &st.max, &st.n_nan, &st.n_inf,
-                                    &entries[b]);
+        chunk_sum[c] = CarefulChunk(x, base, end, clo, collect, &st, &entries[b]);
       }
     }
   });
@@ -155,6 +159,7 @@ AbsStats ComputeAbsStats(tensorflow::OpKernelContext* ctx, const T* x, int64_t d
   for (int64_t c = 0; c < chunks; ++c) out.sum += chunk_sum[c];
   for (const AbsStats& st : part) {
     out.max = std::max(out.max, st.max);
+    out.max_below = std::max(out.max_below, st.max_below);
     out.n_nan += st.n_nan;
     out.n_inf += st.n_inf;
   }

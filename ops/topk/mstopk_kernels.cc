@@ -55,8 +55,20 @@ class MstopkOp : public OpKernel {
       k1 = k;
       k2 = st.n_inf;
     } else {
+      // Probes below the collected entries only need to be known as "> k" (their count, d here,
+      // never lowers k2) unless the last "> k" probe is one of them: then search again exactly.
       MstopkSearch s(engine.mean(), engine.u(), k, d);
-      for (int i = 0; i < num_samplings_; ++i) s.Observe(engine.Count(s.NextRatio()));
+      bool last_over_exact = true;
+      for (int i = 0; i < num_samplings_; ++i) {
+        bool exact;
+        const int64_t nnz = engine.CountAbove(s.NextRatio(), k, &exact);
+        if (nnz > k) last_over_exact = exact;
+        s.Observe(nnz);
+      }
+      if (!last_over_exact) {
+        s = MstopkSearch(engine.mean(), engine.u(), k, d);
+        for (int i = 0; i < num_samplings_; ++i) s.Observe(engine.Count(s.NextRatio()));
+      }
       s.Finish(st.n_inf);
       start = s.BandStart(static_cast<uint64_t>(seed));
       idx = engine.Collect(s.thres1, kNoUpper);

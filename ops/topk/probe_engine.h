@@ -78,10 +78,25 @@ class ProbeEngine {
     }
   }
 
+  // count(a >= thres(ratio)), or d with *exact = false when the count is known to exceed
+  // `floor` (so the probe's direction is known) but only another pass could tell it exactly.
+  int64_t CountAbove(double ratio, int64_t floor, bool* exact) {
+    *exact = true;
+    const double t = Threshold(mean_, u_, ratio);
+    if (!counted_.count(ratio) && !(t >= cand_lo_) && static_cast<int64_t>(cand_.size()) > floor &&
+        !std::isnan(cand_lo_)) {
+      if (stats_.max_below < t) return cand_.size();  // nothing between t and the collected ones
+      *exact = false;
+      return d_;
+    }
+    return Count(ratio);
+  }
+
   // Indices, in index order, of the entries with lo <= a < hi (hi = kNoUpper: no bound).
   std::vector<int64_t> Collect(double lo, double hi) {
     std::vector<int64_t> out;
-    if (!(lo >= cand_lo_)) {
+    const bool covered = lo >= cand_lo_ || (!std::isnan(cand_lo_) && stats_.max_below < lo);
+    if (!covered) {
       for (const Entry& e : CollectRange(ctx_, x_, d_, lo, hi)) out.push_back(e.index);
       return out;
     }

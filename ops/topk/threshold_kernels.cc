@@ -36,7 +36,8 @@ class ThresholdSearchOp : public OpKernel {
       double l = 0.0, r = 1.0, best = -1.0;
       for (int i = 0; i < kMaxSamplings; ++i) {
         const double ratio = l + (r - l) / 2;
-        const int64_t nnz = engine.Count(ratio);
+        bool exact;  // an inexact count is known to be >= 2k, which is all the search needs
+        const int64_t nnz = engine.CountAbove(ratio, 2 * k - 1, &exact);
         if (nnz < k) {
           r = ratio;
         } else if (nnz >= 2 * k) {
