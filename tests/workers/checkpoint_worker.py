@@ -68,6 +68,12 @@ restored.optimizer.build(restored.trainable_variables)
 tf.train.Checkpoint(model=restored, optimizer=restored.optimizer).restore(path).assert_consumed()
 fit(restored, EPOCHS, initial_epoch=STOP)
 
-report(topo.rank, {"full": weights(full), "backup": weights(resumed), "checkpoint": weights(restored),
+# 3. Keras model.save / load_model of the whole model, optimizer state included.
+saved = os.path.join(work, "model.keras")
+part.save(saved)
+loaded = keras.models.load_model(saved)
+fit(loaded, EPOCHS, initial_epoch=STOP)
+
+report(topo.rank, {"saved": weights(loaded), "loaded_optimizer": type(loaded.optimizer).__name__,"full": weights(full), "backup": weights(resumed), "checkpoint": weights(restored),
                    "has_residual": bool(has_residual), "has_momentum": bool(has_momentum),
                    "partial": weights(part)})

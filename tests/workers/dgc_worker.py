@@ -3,6 +3,7 @@ import sys
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import tf_commlib  # noqa: E402
@@ -31,8 +32,11 @@ for name, kw in CASES.items():
     ws = [keras.Variable(np.ones(s, np.float32), name=f"w{i}") for i, s in enumerate(SHAPES)]
     opt = DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9), algorithm="naive_ag",
                                selector="exact_topk", dense_layers=lambda v: False, **kw)
-    for step in range(STEPS):
-        opt.apply(grads(step), ws)
+    for step in range(STEPS):  # a custom GradientTape loop: d(sum(w * g))/dw = g
+        gs = [tf.constant(g) for g in grads(step)]
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([tf.reduce_sum(w * g) for w, g in zip(ws, gs)])
+        opt.apply_gradients(zip(tape.gradient(loss, ws), ws))
     out[name] = {"weights": np.concatenate([w.numpy().ravel() for w in ws]).tolist(),
                  "inner_momentum": float(opt.inner_optimizer.momentum)}
 out["grads"] = [np.concatenate([g.ravel() for g in grads(s)]).tolist() for s in range(STEPS)]

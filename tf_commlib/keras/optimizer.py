@@ -20,6 +20,7 @@ from tf_commlib.keras.policy import WARMUP_DENSITIES, default_dense_layers, pars
 from tf_commlib.topology import topology as current_topology
 
 
+@keras.saving.register_keras_serializable(package="tf_commlib")
 class DistributedOptimizer(keras.optimizers.Optimizer):
     """Wraps a Keras optimizer; gradients are averaged over all Horovod ranks before its step.
 
@@ -181,5 +182,22 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.inner_optimizer.finalize_variable_values(var_list)
 
     def get_config(self):
-        raise NotImplementedError("DistributedOptimizer is rebuilt by the training script, not "
-                                  "deserialised; save weights (they include its state) instead")
+        if self.dense_layers is not default_dense_layers:
+            raise NotImplementedError("a DistributedOptimizer with a custom dense_layers predicate "
+                                      "cannot be serialised; save weights instead")
+        return {"name": self.name, "optimizer": keras.optimizers.serialize(self.inner_optimizer),
+                "algorithm": self.algorithm, "density": self.target_density,
+                "selector": self.selector, "momentum_correction": self.momentum_correction,
+                "momentum": self.m if self.momentum_correction else None, "nesterov": self.nesterov,
+                "local_clip_norm": self.local_clip_norm, "momentum_masking": self.momentum_masking,
+                "warmup": self.warmup, "schedule": {str(e): a for e, a in self.schedule.items()},
+                "qrgc": self.qrgc, "fusion_threshold_bytes": self.fusion_threshold_bytes,
+                "seed": self.seed}
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        config["optimizer"] = keras.optimizers.deserialize(config["optimizer"],
+                                                           custom_objects=custom_objects)
+        config["schedule"] = {int(e): a for e, a in config["schedule"].items()}
+        return cls(**config)

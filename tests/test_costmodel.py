@@ -1,0 +1,138 @@
+"""The alpha-beta cost model (tf_commlib.costmodel): hand-computed predictions, monotonicity,
+degenerate layouts, argmin choice, and calibrate() agreeing on every rank of a 2x2 Horovod job."""
+import dataclasses
+import math
+
+import pytest
+
+from tests import hvdrun
+from tf_commlib import costmodel
+from tf_commlib.costmodel import LinkParams, choose, predict
+
+ALGOS = costmodel.ALGORITHMS
+# Round numbers so that the arithmetic below can be checked by hand.
+PARAMS = LinkParams(alpha_intra=1e-5, beta_intra=1e-9, alpha_inter=1e-4, beta_inter=1e-8,
+                    select_s_per_elem=2e-9, add_s_per_elem=5e-9, mem_s_per_elem=1e-9)
+M, N, D, RHO = 2, 4, 1_000_000, 0.01   # P = 8, shard s = 250_000, k = 10_000, k~ = 2_500
+
+
+def test_algorithms_match_the_library():
+    from tf_commlib.collectives import ALGORITHMS
+    assert set(ALGOS) == set(ALGORITHMS)
+
+
+def test_dense_by_hand():
+    # ring over P=8 on the inter link: 2*7*1e-4 + 2*7/8 * 4e6 B * 1e-8 = 1.4e-3 + 0.07
+    assert predict("dense", D, M, N, RHO, PARAMS) == pytest.approx(0.0714, rel=1e-12)
+
+
+def test_2dtar_by_hand():
+    rs = 3 * 1e-5 + 3 / 4 * 4e6 * 1e-9           # eq. (7): 3e-5 + 3e-3
+    inter = 2 * 1 * 1e-4 + 2 * 1 / 2 * 4e6 * 1e-8  # 4 streams of 1e6 B share the link: 2e-4 + 0.04
+    ag = 2 * 1e-5 + 3 * 1e6 * 1e-9               # log2(4)*alpha + (n-1)*4s*beta: 2e-5 + 3e-3
+    assert rs + inter + ag == pytest.approx(0.04625)
+    assert predict("2dtar", D, M, N, RHO, PARAMS) == pytest.approx(0.04625, rel=1e-12)
+
+
+def test_naive_ag_by_hand():
+    select = 1e6 * 2e-9                          # 2e-3
+    gather = 2 * (3 * 1e-4 + 7 * 4 * 10_000 * 1e-8)  # eq. (3) twice (values, indices): 6.2e-3
+    scatter = 1e6 * 1e-9 + 8 * 10_000 * 5e-9     # zero-fill d + P*k adds: 1e-3 + 4e-4
+    assert select + gather + scatter == pytest.approx(0.0096)
+    assert predict("naive_ag", D, M, N, RHO, PARAMS) == pytest.approx(0.0096, rel=1e-12)
+
+
+def test_hitopk_by_hand():
+    t1 = 3 * 1e-5 + 3 / 4 * 4e6 * 1e-9           # eq. (7): 3.03e-3
+    t2 = 250_000 * 2e-9                          # eq. (8): 5e-4
+    t3 = 2 * (1 * 1e-4 + 1 * 4 * 2_500 * 4 * 1e-8)  # eq. (9) x2, 4 streams share the link: 1e-3
+    sc = 250_000 * 1e-9 + 2 * 2_500 * 5e-9       # zero-fill s + m*k~ adds: 2.75e-4
+    t4 = 2 * 1e-5 + 3 * 4 * 250_000 * 1e-9       # eq. (10) with the dense shard: 3.02e-3
+    assert t1 + t2 + t3 + sc + t4 == pytest.approx(0.007825)
+    assert predict("hitopk", D, M, N, RHO, PARAMS) == pytest.approx(0.007825, rel=1e-12)
+    steps = costmodel.breakdown("hitopk", D, M, N, RHO, PARAMS)
+    assert list(steps) == ["reducescatter", "select", "inter_allgather", "scatter_add", "intra_allgather"]
+    assert steps["inter_allgather"] == pytest.approx(t3)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("layout", [(2, 4), (4, 2), (16, 8), (1, 4), (4, 1)])
+def test_monotone_in_d(algo, layout):
+    m, n = layout
+    times = [predict(algo, d, m, n, RHO, PARAMS) for d in (2**10, 2**14, 2**18, 2**22, 2**26)]
+    assert all(a < b for a, b in zip(times, times[1:])), times
+
+
+def test_hitopk_beats_naive_ag_on_a_slow_inter_link():
+    slow = LinkParams(alpha_intra=1e-5, beta_intra=8 / 100e9, alpha_inter=1e-4, beta_inter=8 / 1e9,
+                      select_s_per_elem=1e-9, add_s_per_elem=2e-9, mem_s_per_elem=2.5e-10)
+    for m, n in [(2, 2), (2, 4), (16, 8)]:
+        for d in (2**20, 25_000_000, 2**26):
+            assert predict("hitopk", d, m, n, 0.01, slow) < predict("naive_ag", d, m, n, 0.01, slow)
+    # the paper's testbed (16 x 8, 25M, 1 %): several times cheaper, and far below dense
+    h, a = predict("hitopk", 25_000_000, 16, 8, 0.01, slow), predict("naive_ag", 25_000_000, 16, 8, 0.01, slow)
+    assert a > 5 * h
+    assert predict("dense", 25_000_000, 16, 8, 0.01, slow) > 5 * h
+
+
+@pytest.mark.parametrize("params", [PARAMS, LinkParams()])
+def test_choose_is_the_argmin(params):
+    for m, n in [(1, 1), (1, 4), (4, 1), (2, 2), (2, 4), (16, 8)]:
+        for d in (1, 100, 2**16, 2**20, 25_000_000):
+            for rho in (0.001, 0.01, 0.1, 1.0):
+                costs = {a: predict(a, d, m, n, rho, params) for a in ALGOS}
+                assert choose(d, m, n, rho, params) == min(ALGOS, key=costs.get)
+                assert costs[choose(d, m, n, rho, params)] == min(costs.values())
+                for pair in [("dense", "2dtar"), ("naive_ag", "hitopk")]:
+                    assert choose(d, m, n, rho, params, candidates=pair) == min(pair, key=costs.get)
+
+
+def test_choose_follows_the_link():
+    # 2x2, 25M floats: a fast inter link makes dense best, a slow one a sparse collective
+    fast = LinkParams(beta_inter=8 / 100e9, beta_intra=8 / 100e9, select_s_per_elem=5e-9)
+    slow = LinkParams(beta_inter=8 / 0.5e9, beta_intra=8 / 5e9)
+    assert choose(25_000_000, 2, 2, 0.01, fast) == "dense"
+    assert choose(25_000_000, 2, 2, 0.01, slow) in ("naive_ag", "hitopk")
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("m,n", [(1, 1), (1, 2), (2, 1), (1, 8), (8, 1)])
+def test_degenerate_layouts_are_finite(algo, m, n):
+    for d in (1, 3, 1000, 2**24):
+        for rho in (1e-6, 0.01, 1.0):
+            t = predict(algo, d, m, n, rho, PARAMS)
+            assert math.isfinite(t) and t >= 0
+    if m * n == 1 and algo in ("dense", "2dtar"):
+        assert predict(algo, 2**20, m, n, 0.01, PARAMS) == 0.0   # nothing to communicate
+    if m == 1:   # no inter-node term at all
+        assert predict(algo, 2**20, m, n, 0.01, PARAMS) == \
+            predict(algo, 2**20, m, n, 0.01, dataclasses.replace(PARAMS, beta_inter=1.0, alpha_inter=1.0))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        predict("ring", 10, 2, 2, 0.01)
+    with pytest.raises(ValueError):
+        predict("dense", 0, 2, 2, 0.01)
+    with pytest.raises(ValueError):
+        predict("hitopk", 10, 2, 2, 0.0)
+
+
+def test_params_round_trip():
+    assert LinkParams.from_list(PARAMS.as_list()) == PARAMS
+
+
+def test_calibrate_agrees_on_every_rank(tmp_path):
+    reports = hvdrun.run("calibrate_worker.py", 4, tmp_path, topology="2x2", timeout=120)
+    first = reports[0]
+    assert (first["m"], first["n"]) == (2, 2)
+    for r in reports:
+        assert r["params"] == first["params"]        # bit-identical: one allreduce, same division
+        assert r["choices"] == first["choices"]
+        assert r["predicted"] == first["predicted"]
+    assert len(first["params"]) == 7
+    assert all(math.isfinite(v) and v > 0 for v in first["params"]), first["params"]
+    assert all(c in ALGOS for c in first["choices"])
+    # measured, not the defaults (this job has 2 ranks on each link)
+    defaults = LinkParams().as_list()
+    assert all(a != b for a, b in zip(first["params"], defaults)), first["params"]
