@@ -7,7 +7,8 @@ from _report import report  # noqa: E402
 from tf_commlib import costmodel  # noqa: E402
 
 topo = tf_commlib.init()
-params = costmodel.calibrate(topo, sizes=(2**10, 2**16), repeats=3)
+params = costmodel.calibrate(topo, sizes=(2**14, 2**17), repeats=3,
+                              compute_size=2**18)
 sizes = [2**10, 2**16, 2**20, 2**24, 2**26]
 report(topo.rank, {
     "m": topo.m, "n": topo.n,

@@ -1,0 +1,236 @@
+"""Collective benchmark like shi2021 Figs. 7 and 8: time vs size of every collective in
+tf_commlib.collectives.ALGORITHMS against the calibrated cost model, the model's choice against the
+fastest measured, and the per-step breakdown of HiTopKComm. Run it on every rank of a Horovod job:
+
+    scripts/emulate_cluster.sh up 2 2 --inter-mbit 500
+    python -m tf_commlib.cluster_launch -- .venv/bin/python -m tf_commlib.bench comm [--quick]
+    scripts/emulate_cluster.sh down
+
+(or ``horovodrun -np 4 -H localhost:4 --gloo`` with TF_COMMLIB_TOPOLOGY=2x2). Every timed run
+starts after a barrier; each rank times it and the run's time is the maximum over the ranks.
+"""
+import argparse
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import tf_commlib
+from tf_commlib import costmodel, ops
+from tf_commlib import primitives as P
+from tf_commlib.bench.common import print_json, print_table
+from tf_commlib.collectives import ALGORITHMS
+from tf_commlib.collectives.hitopk import shard_size
+
+DEFAULT_SIZES = [2**20, 2**22, 2**24, 25_000_000, 2**26]
+STAGES = ["reducescatter", "select", "inter_allgather", "scatter_add", "intra_allgather"]
+
+
+def select(x, k):
+    return ops.mstopk(x, k, seed=0)
+
+
+class Timer:
+    """Per-run wall times on this rank; `result` takes the max over ranks per run, then the median."""
+
+    def __init__(self, topo):
+        self.topo, self.calls = topo, 0
+
+    def barrier(self):
+        self.calls += 1
+        P.allreduce(tf.zeros([1]), self.topo.world, name=f"bench_barrier_{self.calls}").numpy()
+
+    def max_over_ranks(self, times):
+        import horovod.tensorflow as hvd
+        self.calls += 1
+        t = tf.constant(times, tf.float64)
+        if self.topo.size == 1:
+            return t.numpy()
+        return hvd.allreduce(t, op=hvd.Max, name=f"bench_max_{self.calls}").numpy()
+
+    def runs(self, fn, repeats, warmup=1):
+        """Median over runs of the slowest rank's time of fn() (fn blocks until its result is ready)."""
+        times = []
+        for i in range(warmup + repeats):
+            self.barrier()
+            start = time.perf_counter()
+            fn()
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+        return float(np.median(self.max_over_ranks(times)))
+
+
+def collective_fn(name, x, topo, density):
+    algo = ALGORITHMS[name]
+    if algo.sparse:
+        return lambda: algo.fn(x, topo, density, select, None)[0].numpy()
+    return lambda: algo.fn(x, topo).numpy()
+
+
+def staged(steps, timer, repeats, warmup=1):
+    """Runs `steps` = [(name, fn(state) -> tensor or tuple of tensors)] in order, each after a
+    barrier and timed on its own until its result is ready (.numpy(), no copy on the CPU);
+    returns {name: median over runs of the slowest rank's time}."""
+    per_step = {name: [] for name, _ in steps}
+    for i in range(warmup + repeats):
+        state = {}
+        for name, fn in steps:
+            timer.barrier()
+            start = time.perf_counter()
+            state[name] = fn(state)
+            tf.nest.map_structure(lambda t: t.numpy(), state[name])
+            if i >= warmup:
+                per_step[name].append(time.perf_counter() - start)
+    flat = [t for name, _ in steps for t in per_step[name]]
+    maxed = timer.max_over_ranks(flat).reshape(len(steps), repeats)
+    return {name: float(np.median(maxed[j])) for j, (name, _) in enumerate(steps)}
+
+
+def hitopk_steps(x, topo, density):
+    """HiTopKComm (collectives/hitopk.py) step by step, as in shi2021 Fig. 8."""
+    d, n = x.shape[0], topo.n
+    s = shard_size(d, n)
+    real = max(0, min(s, d - topo.local * s))
+    k = max(1, math.ceil(density * d / n))
+    padded = tf.pad(x, [[0, n * s - d]])
+
+    def sel(st):
+        if real == 0:
+            return tf.zeros([0], tf.float32), tf.zeros([0], tf.int32)
+        return tuple(select(st["reducescatter"][:real], k))
+
+    return [
+        ("reducescatter", lambda st: P.reducescatter(padded, topo.intra)),
+        ("select", sel),
+        ("inter_allgather", lambda st: (P.allgather(st["select"][1], topo.inter),
+                                        P.allgather(st["select"][0], topo.inter))),
+        ("scatter_add", lambda st: ops.scatter_add(*st["inter_allgather"], s)),
+        ("intra_allgather", lambda st: P.allgather(st["scatter_add"], topo.intra)[:d]),
+    ]
+
+
+def naive_ag_steps(x, topo, density):
+    """NaiveAG (collectives/naive_ag.py) step by step: selection, All-Gathers, scatter-add."""
+    d = x.shape[0]
+    k = max(1, math.ceil(density * d))
+    return [
+        ("select", lambda st: tuple(select(x, k))),
+        ("allgather", lambda st: (P.allgather(st["select"][1], topo.world),
+                                  P.allgather(st["select"][0], topo.world))),
+        ("scatter_add", lambda st: ops.scatter_add(*st["allgather"], d)),
+    ]
+
+
+def plot(rows, stage_rows, m, n, density, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for j, name in enumerate(ALGORITHMS):
+        color = f"C{j}"
+        rs = [r for r in rows if r["algorithm"] == name]
+        ax.plot([r["size"] for r in rs], [r["median_s"] for r in rs], "o-", color=color,
+                label=f"{name} measured")
+        ax.plot([r["size"] for r in rs], [r["predicted_s"] for r in rs], "x--", color=color,
+                label=f"{name} predicted")
+    ax.set(xscale="log", yscale="log", xlabel="gradient size (float32 elements)", ylabel="seconds",
+           title=f"collectives on {m}x{n} ranks, density {density} (cf. shi2021 Fig. 7)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "comm_time_vs_size.png"), dpi=120)
+    plt.close(fig)
+
+    stage_rows = [r for r in stage_rows if r["algorithm"] == "hitopk"]
+    sizes = sorted({r["size"] for r in stage_rows})
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    width = 0.38
+    for i, size in enumerate(sizes):
+        for off, key, hatch in ((-width / 2, "median_s", None), (width / 2, "predicted_s", "//")):
+            bottom = 0.0
+            for j, st in enumerate(STAGES):
+                v = next(r[key] for r in stage_rows if r["size"] == size and r["stage"] == st)
+                ax.bar(i + off, v, width, bottom=bottom, color=f"C{j}", hatch=hatch, edgecolor="k",
+                       linewidth=0.3, label=st if (i == 0 and hatch is None) else None)
+                bottom += v
+    ax.set_xticks(range(len(sizes)), [f"{s / 1e6:g}M" for s in sizes])
+    ax.set(xlabel="gradient size (float32 elements); left bar measured, right (hatched) predicted",
+           ylabel="seconds", title=f"HiTopKComm steps on {m}x{n} ranks, density {density} (cf. Fig. 8)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "hitopk_breakdown.png"), dpi=120)
+    plt.close(fig)
+
+
+def main(argv):
+    p = argparse.ArgumentParser(prog="python -m tf_commlib.bench comm", description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=None, help="float32 elements per tensor")
+    p.add_argument("--density", type=float, default=0.01)
+    p.add_argument("--repeats", type=int, default=5, help="timed runs (median of the max over ranks)")
+    p.add_argument("--quick", action="store_true", help="smoke run: sizes 1M and 4M, 3 repeats")
+    p.add_argument("--no-calibrate", action="store_true", help="predict with the default LinkParams")
+    p.add_argument("--out", default="bench_out", help="folder for the PNG plots (rank 0)")
+    p.add_argument("--json", action="store_true", help="print JSON lines instead of the tables")
+    args = p.parse_args(argv)
+    sizes = args.sizes or ([2**20, 2**22] if args.quick else DEFAULT_SIZES)
+    repeats = 3 if args.quick and args.repeats == 5 else args.repeats
+
+    topo = tf_commlib.init()
+    lead = topo.rank == 0
+    start = time.perf_counter()
+    params = costmodel.LinkParams() if args.no_calibrate else costmodel.calibrate(topo, repeats=repeats)
+    if lead:
+        print(f"# {topo.m}x{topo.n} ranks, density {args.density}, {repeats} repeats, "
+              f"inter link {os.environ.get('TF_COMMLIB_INTER_MBIT') or 'unshaped'} Mbit/s; "
+              f"calibration {time.perf_counter() - start:.1f}s: {params}", file=sys.stderr, flush=True)
+    timer = Timer(topo)
+    rows, stage_rows, choice_rows = [], [], []
+    for size in sizes:
+        x = tf.constant(np.random.default_rng(topo.rank).standard_normal(size, dtype=np.float32))
+        measured = {}
+        for name in ALGORITHMS:
+            measured[name] = timer.runs(collective_fn(name, x, topo, args.density), repeats)
+            rows.append({"size": size, "algorithm": name, "median_s": measured[name],
+                         "predicted_s": costmodel.predict(name, size, topo.m, topo.n, args.density, params)})
+        for name, steps in (("hitopk", hitopk_steps), ("naive_ag", naive_ag_steps)):
+            stages = staged(steps(x, topo, args.density), timer, repeats)
+            predicted = costmodel.breakdown(name, size, topo.m, topo.n, args.density, params)
+            stage_rows += [{"size": size, "algorithm": name, "stage": st, "median_s": t,
+                            "predicted_s": predicted[st]} for st, t in stages.items()]
+        chosen = costmodel.choose(size, topo.m, topo.n, args.density, params)
+        fastest = min(measured, key=measured.get)
+        choice_rows.append({"size": size, "chosen": chosen, "fastest": fastest,
+                            "ratio": measured[chosen] / measured[fastest],
+                            "hitopk_vs_dense": measured["dense"] / measured["hitopk"],
+                            "hitopk_vs_naive": measured["naive_ag"] / measured["hitopk"]})
+        if lead:
+            print(f"# size {size} done at {time.perf_counter() - start:.0f}s", file=sys.stderr, flush=True)
+        del x
+    if not lead:
+        return 0
+    for r in rows + stage_rows:
+        r["ratio"] = r["median_s"] / r["predicted_s"] if r["predicted_s"] > 0 else float("nan")
+    if args.json:
+        print_json(rows, ["size", "algorithm", "median_s", "predicted_s"], sys.stdout)
+        print_json(stage_rows, ["size", "algorithm", "stage", "median_s", "predicted_s"], sys.stdout)
+    else:
+        cols = [("median_s", "measured s", "{:.4f}"), ("predicted_s", "predicted s", "{:.4f}"),
+                ("ratio", "meas/pred", "{:.2f}")]
+        print_table(rows, [("size", "size", "{}"), ("algorithm", "algorithm", "{}")] + cols, sys.stdout)
+        print("\nsteps of hitopk (cf. shi2021 Fig. 8) and naive_ag, each timed on its own", file=sys.stdout)
+        print_table(stage_rows, [("size", "size", "{}"), ("algorithm", "algorithm", "{}"),
+                                 ("stage", "step", "{}")] + cols, sys.stdout)
+        print("\nmodel choice vs fastest measured", file=sys.stdout)
+        print_table(choice_rows, [("size", "size", "{}"), ("chosen", "model choice", "{}"),
+                                  ("fastest", "fastest", "{}"), ("ratio", "choice/fastest", "{:.2f}"),
+                                  ("hitopk_vs_dense", "dense/hitopk", "{:.2f}"),
+                                  ("hitopk_vs_naive", "naive_ag/hitopk", "{:.2f}")], sys.stdout)
+    sys.stdout.flush()
+    os.makedirs(args.out, exist_ok=True)
+    plot(rows, stage_rows, topo.m, topo.n, args.density, args.out)
+    print(f"plots: {args.out}/comm_time_vs_size.png, {args.out}/hitopk_breakdown.png", file=sys.stderr)
+    return 0

@@ -1,0 +1,248 @@
+"""alpha-beta cost model of the collectives in tf_commlib.collectives.ALGORITHMS, and its calibration.
+
+Layout: m nodes x n ranks per node (P = m*n), d float32 gradient elements (4 bytes), density rho.
+Communication follows shi2021 §3.2: eq. (3) for an All-Gather of k FP32 elements over P ranks,
+eqs. (7)-(10) for the four steps of HiTopKComm; ring All-Reduce as in tyagi Table I
+(2(N-1)·α + 2(N-1)/N·M·β). Two conventions the papers leave open, fixed here:
+
+* Sparse messages are values *and* int32 indices, so every sparse All-Gather is counted twice
+  (eqs. (3) and (9) are written for one FP32 All-Gather; tyagi's AG = α·logN + 2Mcβ(N-1) is the
+  same sum for both).
+* beta_inter is the time per byte of one node's inter-node link (its NIC). The n inter-node streams
+  of HiTopKComm step 3 and of 2DTAR's inter All-Reduce run at once and share that link, so their
+  bytes are multiplied by n (eq. (9) is written per stream). A world-wide ring (dense, NaiveAG)
+  crosses each node boundary once per direction and pays the inter link when m > 1.
+
+Compute: selection costs select_s_per_elem per input element (eq. (8), O(d/n)); scatter-add costs
+add_s_per_elem per accumulated element plus mem_s_per_elem per element of the zero-filled output.
+tf_commlib's hitopk gathers the dense d/n shard in step 4, so eq. (10)'s bytes are 4(n-1)·d/n
+(the paper's 4(n-1)·ρdm/n is for a sparse shard). log is log2; every term vanishes on a one-rank
+set, so m = 1 or n = 1 give finite costs. Choice is by argmin of the predictions (tyagi's
+closed-form inequalities divide by zero at N = 2).
+"""
+import dataclasses
+import math
+
+BYTES = 4   # float32 values, int32 indices
+ALGORITHMS = ("dense", "2dtar", "naive_ag", "hitopk")
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkParams:
+    """Seconds (alpha), seconds per byte (beta) and seconds per element (compute).
+
+    Defaults: a public-cloud CPU node pair: 25 Gbit/s inside a node (shared memory / loopback TCP
+    through Gloo, 20 µs per message), 10 Gbit/s between nodes (a VPC link, 100 µs per message,
+    Horovod's negotiation included), MSTopK ~1 ns/element, random scatter-add ~2 ns/element,
+    zero-filling ~0.25 ns/element (one core each).
+    """
+    alpha_intra: float = 20e-6
+    beta_intra: float = 8 / 25e9
+    alpha_inter: float = 100e-6
+    beta_inter: float = 8 / 10e9
+    select_s_per_elem: float = 1e-9
+    add_s_per_elem: float = 2e-9
+    mem_s_per_elem: float = 0.25e-9
+
+    def as_list(self):
+        return [float(getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+    @classmethod
+    def from_list(cls, values):
+        return cls(*map(float, values))
+
+
+def _log2(p):
+    return math.log2(p) if p > 1 else 0.0
+
+
+def ring_allreduce(nbytes, p, alpha, beta):
+    """Ring All-Reduce of nbytes over p ranks: 2(p-1)·α + 2(p-1)/p·nbytes·β (tyagi Table I)."""
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta
+
+
+def allgather(nbytes_each, p, alpha, beta):
+    """All-Gather of nbytes_each from each of p ranks: α·log p + (p-1)·nbytes_each·β (eq. (3))."""
+    return _log2(p) * alpha + (p - 1) * nbytes_each * beta
+
+
+def reducescatter(nbytes, p, alpha, beta):
+    """Ring Reduce-Scatter of nbytes over p ranks: (p-1)·α + (p-1)/p·nbytes·β (eq. (7))."""
+    return (p - 1) * alpha + (p - 1) / p * nbytes * beta
+
+
+def _world_link(m, params):
+    """The link that bounds a ring over all ranks: inter-node when there is more than one node."""
+    return (params.alpha_inter, params.beta_inter) if m > 1 else (params.alpha_intra, params.beta_intra)
+
+
+def scatter_add_cost(nnz, size, params):
+    """Zero-fill of the dense output plus one random add per accumulated element."""
+    return size * params.mem_s_per_elem + nnz * params.add_s_per_elem
+
+
+def breakdown(algorithm, d, m, n, density, params=None):
+    """Predicted seconds per step of `algorithm` as a dict (step name -> seconds)."""
+    params = params or LinkParams()
+    if min(d, m, n) < 1 or not 0 < density <= 1:
+        raise ValueError(f"need d, m, n >= 1 and 0 < density <= 1, got {d}, {m}, {n}, {density}")
+    P = m * n
+    if algorithm == "dense":
+        a, b = _world_link(m, params)
+        return {"allreduce": ring_allreduce(BYTES * d, P, a, b)}
+    if algorithm == "2dtar":
+        s = math.ceil(d / n)
+        return {
+            "reducescatter": reducescatter(BYTES * n * s, n, params.alpha_intra, params.beta_intra),
+            # n concurrent inter-node rings of s elements share each node's link
+            "inter_allreduce": ring_allreduce(BYTES * s * n, m, params.alpha_inter, params.beta_inter),
+            "allgather": allgather(BYTES * s, n, params.alpha_intra, params.beta_intra),
+        }
+    if algorithm == "naive_ag":
+        k = max(1, math.ceil(density * d))
+        a, b = _world_link(m, params)
+        return {
+            "select": d * params.select_s_per_elem,
+            "allgather": 2 * allgather(BYTES * k, P, a, b),                    # eq. (3), values + indices
+            "scatter_add": scatter_add_cost(P * k, d, params),
+        }
+    if algorithm == "hitopk":
+        s = math.ceil(d / n)
+        k = max(1, math.ceil(density * d / n))
+        return {
+            "reducescatter": reducescatter(BYTES * n * s, n, params.alpha_intra, params.beta_intra),  # (7)
+            "select": s * params.select_s_per_elem,                                               # (8)
+            "inter_allgather": 2 * allgather(BYTES * k * n, m, params.alpha_inter, params.beta_inter),  # (9)
+            "scatter_add": scatter_add_cost(m * k, s, params),
+            "intra_allgather": allgather(BYTES * s, n, params.alpha_intra, params.beta_intra),        # (10)
+        }
+    raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
+
+
+def predict(algorithm, d, m, n, density, params=None):
+    """Predicted seconds of one call of `algorithm` on d float32 elements over m x n ranks.
+
+    dense:    2(P-1)·α + 2(P-1)/P·4d·β, on the inter link when m > 1 (ring over all P ranks).
+    2dtar:    eq. (7) intra reduce-scatter + ring All-Reduce of d/n over m (n streams share the
+              inter link) + intra All-Gather of the d/n shards (eq. (10) with dense shards).
+    naive_ag: selection on d + 2 x eq. (3) over P ranks + scatter-add of P·k into d.
+    hitopk:   eq. (7) + eq. (8) selection on d/n + 2 x eq. (9) (x n streams per link)
+              + scatter-add of m·k/n into d/n + eq. (10) (dense d/n shards).
+    """
+    return float(sum(breakdown(algorithm, d, m, n, density, params).values()))
+
+
+def choose(d, m, n, density, params=None, candidates=ALGORITHMS):
+    """The candidate with the smallest predicted time (ties go to the earlier candidate)."""
+    return min(candidates, key=lambda a: predict(a, d, m, n, density, params))
+
+
+_MIN_ALPHA, _MIN_BETA, _MIN_COMPUTE = 1e-6, 1e-13, 1e-13   # floors that keep fitted numbers > 0
+_SHAPE = {"allreduce": lambda k: (2 * (k - 1) / k, 2 * (k - 1)),   # (bytes per byte of input, messages)
+          "reducescatter": lambda k: ((k - 1) / k, k - 1), "allgather": lambda k: (k - 1, _log2(k))}
+
+
+def _fit(points, k):
+    """alpha, beta of one link from {op: {size: seconds}} (three sizes) on a k-rank set, averaged over
+    the ops. Ring All-Reduce moves 2(k-1)/k·4s bytes in 2(k-1) messages, Reduce-Scatter (k-1)/k·4s in
+    k-1 (eq. (7)), All-Gather (k-1)·4s in log k (eq. (3)). beta = dt/dbytes between the two large
+    sizes; alpha = (t - beta·bytes)/messages of the tiny one."""
+    alphas, betas = [], []
+    for op, t in points.items():
+        per_byte, steps = _SHAPE[op](k)
+        tiny, small, big = sorted(t)
+        beta = max((t[big] - t[small]) / (BYTES * per_byte * (big - small)), _MIN_BETA)
+        alphas.append(max((t[tiny] - beta * BYTES * per_byte * tiny) / steps, _MIN_ALPHA))
+        betas.append(beta)
+    return sum(alphas) / len(alphas), sum(betas) / len(betas)
+
+
+def calibrate(topo, sizes=(2**20, 2**22), repeats=5, defaults=None, density=0.01,
+              latency_size=256, compute_size=2**24):
+    """Measures LinkParams on the running cluster; every rank returns the same numbers.
+
+    Call it on every rank of a Horovod job (topo = tf_commlib.topology()). Each link is timed with
+    the ops the collectives run on it, at the sizes they see: beta from sizes[0] -> sizes[1] floats
+    (x4 inside a node, whose dense steps move whole gradients), alpha from a
+    `latency_size` message (Horovod's per-call negotiation, a few ms, is most of alpha; the
+    intercept of a 4 MB point drowns in noise, and 2**16-float messages hit 40 ms TCP delayed-ACK
+    stalls on loopback). Intra: every node at once (as in 2DTAR/HiTopKComm) times Reduce-Scatter
+    and All-Gather on its intra set; no collective runs an intra All-Reduce, and Horovod's Gloo
+    Reduce-Scatter (halving-doubling plus a temporary copy) is far slower per byte than its
+    All-Reduce. Inter: All-Reduce and All-Gather by the set of local index 0 only, one stream per
+    node link (the per-link beta_inter of the model); the All-Gather at sizes/16 per rank, the
+    0.1-3 MB that sparse collectives send (16 MB blasts into a shaped link run at half speed).
+    Compute: all ranks at once time MSTopK and scatter-add on `compute_size` elements (more than
+    the L3 cache, as real gradients are), so CPU sharing is included. Link medians are averaged
+    over the ranks that measured them, compute medians take the slowest rank (allreduces on
+    topo.world), so all ranks get the same numbers; a one-rank set keeps its link's default.
+    """
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+
+    from tf_commlib import ops
+    from tf_commlib import primitives as P
+
+    if not 0 < latency_size < sizes[0] // 16 < sizes[1] // 16:
+        raise ValueError(f"need 0 < latency_size < sizes[0] // 16 < sizes[1] // 16, got {sizes}")
+    defaults = defaults or LinkParams()
+    counter = iter(range(10**9))
+
+    def barrier():
+        P.allreduce(tf.zeros([1]), topo.world, name=f"costmodel_barrier_{next(counter)}").numpy()
+
+    def median_time(fn):
+        fn()   # warm-up
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return float(np.median(times))
+
+    def link_points(pset, tag, scale):
+        points = {op: {} for op in scale}
+        for op in scale:
+            for size in (latency_size, *(int(s * scale[op]) for s in sizes)):
+                x = tf.ones([size], tf.float32)
+                points[op][size] = median_time(lambda: getattr(P, op)(
+                    x, pset, name=f"costmodel_{tag}_{op}_{next(counter)}").numpy())
+        return points
+
+    measured = dataclasses.asdict(defaults)
+    weight = dict.fromkeys(measured, 0.0)
+    barrier()
+    if topo.n > 1:   # every node at once on its own intra-node set
+        a, b = _fit(link_points(topo.intra, "intra", {"reducescatter": 4, "allgather": 4}), topo.n)
+        measured.update(alpha_intra=a, beta_intra=b)
+        weight.update(alpha_intra=1.0, beta_intra=1.0)
+    barrier()
+    if topo.m > 1 and topo.local == 0:   # one stream per node link
+        a, b = _fit(link_points(topo.inter, "inter", {"allreduce": 1, "allgather": 1 / 16}), topo.m)
+        measured.update(alpha_inter=a, beta_inter=b)
+        weight.update(alpha_inter=1.0, beta_inter=1.0)
+    barrier()
+    d = compute_size
+    x = tf.constant(np.random.default_rng(topo.rank).standard_normal(d, dtype=np.float32))
+    t_sel = median_time(lambda: ops.mstopk(x, max(1, math.ceil(density * d)), seed=0)[0].numpy())
+    barrier()
+    nnz = max(1, math.ceil(4 * density * d))   # what NaiveAG accumulates on 4 ranks
+    idx = tf.constant(np.random.default_rng(1).integers(0, d, nnz, dtype=np.int32))
+    vals = tf.ones([nnz], tf.float32)
+    t_fill = median_time(lambda: ops.scatter_add(idx[:1], vals[:1], d).numpy())
+    t_add = median_time(lambda: ops.scatter_add(idx, vals, d).numpy())
+    compute = [max(t_sel / d, _MIN_COMPUTE), max((t_add - t_fill) / nnz, _MIN_COMPUTE),
+               max(t_fill / d, _MIN_COMPUTE)]
+    if topo.size > 1:   # a collective waits for its slowest rank: the max over ranks
+        import horovod.tensorflow as hvd
+        compute = hvd.allreduce(tf.constant(compute, tf.float64), op=hvd.Max,
+                                name=f"costmodel_max_{next(counter)}").numpy()
+    names = [f for f in measured if f.startswith(("alpha", "beta"))]
+    local = tf.constant([measured[f] * weight[f] for f in names] + [weight[f] for f in names], tf.float64)
+    total = P.allreduce(local, topo.world, name=f"costmodel_agree_{next(counter)}").numpy()
+    sums, counts = total[:len(names)], total[len(names):]
+    links = {f: float(sums[i] / counts[i]) if counts[i] > 0 else measured[f] for i, f in enumerate(names)}
+    return LinkParams(**links, select_s_per_elem=float(compute[0]), add_s_per_elem=float(compute[1]),
+                      mem_s_per_elem=float(compute[2]))
