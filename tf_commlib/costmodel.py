@@ -177,12 +177,10 @@ def calibrate(topo, sizes=(2**20, 2**22), repeats=5, defaults=None, density=0.01
     over the ranks that measured them, compute medians take the slowest rank (allreduces on
     topo.world), so all ranks get the same numbers; a one-rank set keeps its link's default.
     """
-    import time
-
     import numpy as np
     import tensorflow as tf
 
-    from tf_commlib import ops
+    from tf_commlib import ops, timing
     from tf_commlib import primitives as P
 
     if not 0 < latency_size < sizes[0] // 16 < sizes[1] // 16:
@@ -194,13 +192,7 @@ def calibrate(topo, sizes=(2**20, 2**22), repeats=5, defaults=None, density=0.01
         P.allreduce(tf.zeros([1]), topo.world, name=f"costmodel_barrier_{next(counter)}").numpy()
 
     def median_time(fn):
-        fn()   # warm-up
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        return float(np.median(times))
+        return timing.median_time(fn, repeats)
 
     def link_points(pset, tag, scale):
         points = {op: {} for op in scale}

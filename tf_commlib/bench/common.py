@@ -1,20 +1,7 @@
 """Timing, table and plot helpers shared by the benchmarks."""
 import json
-import time
 
-import numpy as np
-
-
-def median_time(fn, repeats=5, warmup=1):
-    """Median wall time of fn() in seconds; fn must block until its result is ready."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+from tf_commlib.timing import median_time  # noqa: F401  (re-exported for the benchmarks)
 
 
 def print_table(rows, columns, out):
