@@ -3,6 +3,8 @@
 Each works eagerly and inside tf.function. A one-rank set needs no communication and returns the
 input (reduce-scatter and all-gather of one rank are the identity).
 """
+import os
+
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
@@ -26,6 +28,14 @@ def allgather(x, process_set, name=None):
     return hvd.allgather(x, process_set=process_set, name=name)
 
 
+def _rs_via_allreduce():
+    """Horovod 0.28's Gloo reduce-scatter is ~3x slower than its allreduce on CPU (measured: 498 vs
+    148 ms for 25M floats on 2 ranks), so without NCCL it is an allreduce and a slice (same sum).
+    TF_COMMLIB_REDUCESCATTER=native|allreduce overrides."""
+    mode = os.environ.get("TF_COMMLIB_REDUCESCATTER", "auto")
+    return mode == "allreduce" or (mode == "auto" and not hvd.nccl_built())
+
+
 def reducescatter(x, process_set, name=None):
     """Sum over the set, then rank i of the set keeps the i-th of size() equal slices of axis 0.
 
@@ -33,6 +43,11 @@ def reducescatter(x, process_set, name=None):
     """
     if _alone(process_set):
         return tf.identity(x)
+    if _rs_via_allreduce():
+        size = process_set.size()
+        shard = tf.shape(x)[0] // size
+        me = process_set.rank()
+        return hvd.allreduce(x, op=hvd.Sum, process_set=process_set, name=name)[me * shard:(me + 1) * shard]
     return hvd.reducescatter(x, op=hvd.Sum, process_set=process_set, name=name)
 
 
