@@ -120,10 +120,14 @@ class GradientAggregator:
                 raise ValueError("ranks passed gradients of different shapes or dtypes "
                                  f"(fingerprints by rank: {seen})")
             self._checked.add(fp)
-        else:
-            seen = P.allgather(tf.constant([fp], tf.int64), self.topo.world)
-            tf.debugging.assert_equal(seen, tf.fill(tf.shape(seen), tf.constant(fp, tf.int64)),
-                                      message="ranks passed gradients of different shapes or dtypes")
+        else:  # in a graph: once, at the first step (every rank is at the same step)
+            def check():
+                seen = P.allgather(tf.constant([fp], tf.int64), self.topo.world)
+                tf.debugging.assert_equal(seen, tf.fill(tf.shape(seen), tf.constant(fp, tf.int64)),
+                                          message="ranks passed gradients of different shapes or dtypes")
+                return tf.constant(True)
+
+            tf.cond(tf.equal(tf.convert_to_tensor(self.step), 0), check, lambda: tf.constant(True))
 
     def _run(self, i, name, flat):
         """One bucket through one algorithm: (aggregated sum, mask of the entries sent sparsely)."""
@@ -147,9 +151,9 @@ class GradientAggregator:
     def aggregate(self, grads):
         """Returns (aggregated grads, masks): masks[p] is 1 where grads[p] was sent sparsely."""
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
+        self.build([None if g is None else (g.shape, g.dtype) for g in grads])
         if self.check_consistency and self.topo.size > 1:
             self._check(grads)
-        self.build([None if g is None else (g.shape, g.dtype) for g in grads])
         if fusion.plan(grads, self.fusion_threshold_bytes) != self.buckets:
             raise ValueError("the gradient list changed shape since the first call; "
                              "create a new GradientAggregator for a new model")
