@@ -88,3 +88,5 @@ def test_collectives_match_numpy_on_every_rank(layout, tmp_path):
             assert len(r[f"hitopk@{density}"]["residual"]) == s
     for r in reports:
         np.testing.assert_array_equal(r["hitopk_graph"], hitopk_ref(inputs[:1], 0.05, m, n)[0][0])
+        for density in (0.05, 1.0):   # sparse and dense step 4, chosen inside the graph
+            np.testing.assert_array_equal(r[f"hitopk_var@{density}"], hitopk_ref(inputs[:1], density, m, n)[0][0])

@@ -36,23 +36,36 @@ def test_2dtar_by_hand():
 
 def test_naive_ag_by_hand():
     select = 1e6 * 2e-9                          # 2e-3
-    gather = 2 * (3 * 1e-4 + 7 * 4 * 10_000 * 1e-8)  # eq. (3) twice (values, indices): 6.2e-3
+    gather = 3 * 1e-4 + 7 * 8 * 10_000 * 1e-8    # eq. (3), 8-byte entries (value, index): 5.9e-3
     scatter = 1e6 * 1e-9 + 8 * 10_000 * 5e-9     # zero-fill d + P*k adds: 1e-3 + 4e-4
-    assert select + gather + scatter == pytest.approx(0.0096)
-    assert predict("naive_ag", D, M, N, RHO, PARAMS) == pytest.approx(0.0096, rel=1e-12)
+    residual = 1e6 * 1e-9 + 10_000 * 5e-9 + 1e6 * 1e-9   # scatter k into d, subtract: 2.05e-3
+    assert select + gather + scatter + residual == pytest.approx(0.01135)
+    assert predict("naive_ag", D, M, N, RHO, PARAMS) == pytest.approx(0.01135, rel=1e-12)
 
 
 def test_hitopk_by_hand():
     t1 = 3 * 1e-5 + 3 / 4 * 4e6 * 1e-9           # eq. (7): 3.03e-3
     t2 = 250_000 * 2e-9                          # eq. (8): 5e-4
-    t3 = 2 * (1 * 1e-4 + 1 * 4 * 2_500 * 4 * 1e-8)  # eq. (9) x2, 4 streams share the link: 1e-3
-    sc = 250_000 * 1e-9 + 2 * 2_500 * 5e-9       # zero-fill s + m*k~ adds: 2.75e-4
-    t4 = 2 * 1e-5 + 3 * 4 * 250_000 * 1e-9       # eq. (10) with the dense shard: 3.02e-3
-    assert t1 + t2 + t3 + sc + t4 == pytest.approx(0.007825)
-    assert predict("hitopk", D, M, N, RHO, PARAMS) == pytest.approx(0.007825, rel=1e-12)
+    t3 = 1 * 1e-4 + 1 * 4 * 2_500 * 8 * 1e-8     # eq. (9), 8-byte entries, 4 streams share the link: 9e-4
+    # step 4, sparse (2*m*rho = 0.04 < 1): m*k~ = 5000 8-byte entries over n = 4 (eq. (10)),
+    # a scatter-add of n*m*k~ = 20000 into d, the k~ sent indices gathered
+    t4 = (2 * 1e-5 + 3 * 8 * 5_000 * 1e-9) + (1e6 * 1e-9 + 20_000 * 5e-9) \
+        + (2 * 1e-5 + 3 * 4 * 2_500 * 1e-9)      # 1.4e-4 + 1.1e-3 + 5e-5
+    residual = 250_000 * 1e-9 + 2_500 * 5e-9 + 250_000 * 1e-9   # 5.125e-4
+    assert t1 + t2 + t3 + t4 + residual == pytest.approx(0.0062325)
+    assert predict("hitopk", D, M, N, RHO, PARAMS) == pytest.approx(0.0062325, rel=1e-12)
     steps = costmodel.breakdown("hitopk", D, M, N, RHO, PARAMS)
-    assert list(steps) == ["reducescatter", "select", "inter_allgather", "scatter_add", "intra_allgather"]
+    assert list(steps) == ["reducescatter", "select", "inter_allgather", "intra_allgather", "residual"]
     assert steps["inter_allgather"] == pytest.approx(t3)
+    assert steps["intra_allgather"] == pytest.approx(t4)
+
+
+def test_hitopk_step4_is_dense_at_high_density():
+    # 2*m*rho = 1.2 >= 1: scatter-add of m*k~ = 150000 into s, gather the 4*s bytes shards
+    k = 75_000
+    t4 = (250_000 * 1e-9 + 2 * k * 5e-9) + (2 * 1e-5 + 3 * 4 * 250_000 * 1e-9) + (2 * 1e-5 + 3 * 4 * k * 1e-9)
+    steps = costmodel.breakdown("hitopk", D, M, N, 0.3, PARAMS)
+    assert steps["intra_allgather"] == pytest.approx(t4, rel=1e-12)
 
 
 @pytest.mark.parametrize("algo", ALGOS)

@@ -28,6 +28,18 @@ def test_process_sets_and_hierarchical_allreduce(layout, tmp_path):
     assert all(r["hier"] == reports[0]["hier"] for r in reports)
 
 
+@pytest.mark.parametrize("mode", ["alltoall", "allreduce", "native"])
+def test_reducescatter_modes(mode, tmp_path):
+    reports = hvdrun.run("topology_worker.py", 4, tmp_path, topology="2x2",
+                         env={"TF_COMMLIB_REDUCESCATTER": mode})
+    inputs = np.array([r["input"] for r in reports], dtype=np.float32)
+    s = inputs.shape[1] // 2
+    for rank, r in enumerate(reports):
+        node, local = divmod(rank, 2)
+        want = inputs[2 * node:2 * node + 2, local * s:(local + 1) * s].sum(axis=0, dtype=np.float32)
+        np.testing.assert_array_equal(r["reducescatter"], want)   # a + b: one rounding, any order
+
+
 def test_default_layout_is_one_node(tmp_path):
     reports = hvdrun.run("topology_worker.py", 2, tmp_path)
     assert [(r["m"], r["n"]) for r in reports] == [(1, 2), (1, 2)]
@@ -45,3 +57,10 @@ def test_parse_layout_and_sets():
     with pytest.raises(ValueError, match="world size is 6"):
         parse_layout("2x2", 6)
     assert layout_sets(2, 3) == ([[0, 1, 2], [3, 4, 5]], [[0, 3], [1, 4], [2, 5]])
+
+
+def test_reducescatter_mode_is_checked(monkeypatch):
+    from tf_commlib import primitives
+    monkeypatch.setenv("TF_COMMLIB_REDUCESCATTER", "ring")
+    with pytest.raises(ValueError, match="TF_COMMLIB_REDUCESCATTER"):
+        primitives._reducescatter_mode()

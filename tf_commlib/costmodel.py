@@ -5,9 +5,9 @@ Communication follows shi2021 §3.2: eq. (3) for an All-Gather of k FP32 element
 eqs. (7)-(10) for the four steps of HiTopKComm; ring All-Reduce as in tyagi Table I
 (2(N-1)·α + 2(N-1)/N·M·β). Two conventions the papers leave open, fixed here:
 
-* Sparse messages are values *and* int32 indices, so every sparse All-Gather is counted twice
-  (eqs. (3) and (9) are written for one FP32 All-Gather; tyagi's AG = α·logN + 2Mcβ(N-1) is the
-  same sum for both).
+* Sparse messages are values *and* int32 indices packed in one message (collectives/
+  sparse_message.py): one All-Gather of 8 bytes per entry (eqs. (3) and (9) are written for 4;
+  tyagi's AG = α·logN + 2Mcβ(N-1) counts both arrays too).
 * beta_inter is the time per byte of one node's inter-node link (its NIC). The n inter-node streams
   of HiTopKComm step 3 and of 2DTAR's inter All-Reduce run at once and share that link, so their
   bytes are multiplied by n (eq. (9) is written per stream). A world-wide ring (dense, NaiveAG)
@@ -15,15 +15,17 @@ eqs. (7)-(10) for the four steps of HiTopKComm; ring All-Reduce as in tyagi Tabl
 
 Compute: selection costs select_s_per_elem per input element (eq. (8), O(d/n)); scatter-add costs
 add_s_per_elem per accumulated element plus mem_s_per_elem per element of the zero-filled output.
-tf_commlib's hitopk gathers the dense d/n shard in step 4, so eq. (10)'s bytes are 4(n-1)·d/n
-(the paper's 4(n-1)·ρdm/n is for a sparse shard). log is log2; every term vanishes on a one-rank
+tf_commlib's hitopk gathers the sparse shards in step 4 (m·k entries per rank, eq. (10)) and scatter-adds n·m·k entries into d while 2·m·density < 1, else the dense d/n
+shards (4(n-1)·d/n bytes); step 4 also gathers the k indices each rank sent. Error feedback costs a
+scatter-add of k into the selection's input and a subtraction. log is log2; every term vanishes on a one-rank
 set, so m = 1 or n = 1 give finite costs. Choice is by argmin of the predictions (tyagi's
 closed-form inequalities divide by zero at N = 2).
 """
 import dataclasses
 import math
 
-BYTES = 4   # float32 values, int32 indices
+BYTES = 4          # float32 values, int32 indices
+SPARSE_BYTES = 8   # one entry of a packed sparse message
 ALGORITHMS = ("dense", "2dtar", "naive_ag", "hitopk")
 
 
@@ -81,6 +83,12 @@ def scatter_add_cost(nnz, size, params):
     return size * params.mem_s_per_elem + nnz * params.add_s_per_elem
 
 
+def residual_cost(k, size, params):
+    """Error feedback: the selected entries scattered into a zero-filled length-size tensor, and one
+    more pass for the subtraction from the input."""
+    return scatter_add_cost(k, size, params) + size * params.mem_s_per_elem
+
+
 def breakdown(algorithm, d, m, n, density, params=None):
     """Predicted seconds per step of `algorithm` as a dict (step name -> seconds)."""
     params = params or LinkParams()
@@ -103,18 +111,25 @@ def breakdown(algorithm, d, m, n, density, params=None):
         a, b = _world_link(m, params)
         return {
             "select": d * params.select_s_per_elem,
-            "allgather": 2 * allgather(BYTES * k, P, a, b),                    # eq. (3), values + indices
+            "allgather": allgather(SPARSE_BYTES * k, P, a, b),                 # eq. (3), values + indices
             "scatter_add": scatter_add_cost(P * k, d, params),
+            "residual": residual_cost(k, d, params),
         }
     if algorithm == "hitopk":
         s = math.ceil(d / n)
         k = max(1, math.ceil(density * d / n))
+        a, b = params.alpha_intra, params.beta_intra
+        sent = allgather(BYTES * k, n, a, b)              # the indices this node sent (for DGC masks)
+        if 2 * m * density < 1:   # step 4 gathers the sparse shards: eq. (10), values + indices
+            step4 = allgather(SPARSE_BYTES * m * k, n, a, b) + scatter_add_cost(n * m * k, d, params)
+        else:                     # dense shards: scatter-add into d/n, gather 4·d/n bytes per rank
+            step4 = scatter_add_cost(m * k, s, params) + allgather(BYTES * s, n, a, b)
         return {
-            "reducescatter": reducescatter(BYTES * n * s, n, params.alpha_intra, params.beta_intra),  # (7)
-            "select": s * params.select_s_per_elem,                                               # (8)
-            "inter_allgather": 2 * allgather(BYTES * k * n, m, params.alpha_inter, params.beta_inter),  # (9)
-            "scatter_add": scatter_add_cost(m * k, s, params),
-            "intra_allgather": allgather(BYTES * s, n, params.alpha_intra, params.beta_intra),        # (10)
+            "reducescatter": reducescatter(BYTES * n * s, n, a, b),                                 # (7)
+            "select": s * params.select_s_per_elem,                                                 # (8)
+            "inter_allgather": allgather(SPARSE_BYTES * k * n, m, params.alpha_inter, params.beta_inter),  # (9)
+            "intra_allgather": step4 + sent,                                                        # (10)
+            "residual": residual_cost(k, s, params),
         }
     raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
 
@@ -125,9 +140,9 @@ def predict(algorithm, d, m, n, density, params=None):
     dense:    2(P-1)·α + 2(P-1)/P·4d·β, on the inter link when m > 1 (ring over all P ranks).
     2dtar:    eq. (7) intra reduce-scatter + ring All-Reduce of d/n over m (n streams share the
               inter link) + intra All-Gather of the d/n shards (eq. (10) with dense shards).
-    naive_ag: selection on d + 2 x eq. (3) over P ranks + scatter-add of P·k into d.
-    hitopk:   eq. (7) + eq. (8) selection on d/n + 2 x eq. (9) (x n streams per link)
-              + scatter-add of m·k/n into d/n + eq. (10) (dense d/n shards).
+    naive_ag: selection on d + eq. (3) over P ranks (8 bytes per entry) + scatter-add of P·k into d + residual.
+    hitopk:   eq. (7) + eq. (8) selection on d/n + eq. (9) (8 bytes per entry, n streams per link)
+              + eq. (10) (sparse shards and a scatter-add into d, or dense shards) + residual.
     """
     return float(sum(breakdown(algorithm, d, m, n, density, params).values()))
 

@@ -42,4 +42,12 @@ coll = ALGORITHMS["hitopk"]
 f = tf.function(lambda x, r: coll.fn(x, topo, 0.05, lambda v, k: ops.mstopk(v, k, seed=seed(0)), r))
 agg, _, _ = f(tf.constant(inputs[0]), tf.zeros([coll.residual_size(D, topo)], tf.float32))
 out["hitopk_graph"] = agg.numpy().tolist()
+
+# density held in a variable (as the aggregator does): step 4 branches at run time
+density = tf.Variable(0.05, dtype=tf.float64)
+f = tf.function(lambda x, r: coll.fn(x, topo, density, lambda v, k: ops.mstopk(v, k, seed=seed(0)), r))
+for value in (0.05, 1.0):
+    density.assign(value)
+    agg, _, _ = f(tf.constant(inputs[0]), tf.zeros([coll.residual_size(D, topo)], tf.float32))
+    out[f"hitopk_var@{value}"] = agg.numpy().tolist()
 report(topo.rank, out)

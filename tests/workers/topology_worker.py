@@ -28,6 +28,7 @@ report(topo.rank, {
     "intra_members": P.allgather(me, topo.intra).numpy().tolist(),
     "inter_members": P.allgather(me, topo.inter).numpy().tolist(),
     "input": x.tolist(),
+    "reducescatter": P.reducescatter(tf.constant(x[:topo.n * (d // topo.n)]), topo.intra).numpy().tolist(),
     "hier": two_d_tar(tf.constant(x), topo).numpy().tolist(),
     "hier_graph": in_graph(tf.constant(x)).numpy().tolist(),
 })

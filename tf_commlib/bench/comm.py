@@ -23,10 +23,11 @@ from tf_commlib import costmodel, ops
 from tf_commlib import primitives as P
 from tf_commlib.bench.common import print_json, print_table
 from tf_commlib.collectives import ALGORITHMS
-from tf_commlib.collectives.hitopk import shard_size
+from tf_commlib.collectives import hitopk as H
+from tf_commlib.collectives.sparse_message import allgather_sparse
 
 DEFAULT_SIZES = [2**20, 2**22, 2**24, 25_000_000, 2**26]
-STAGES = ["reducescatter", "select", "inter_allgather", "scatter_add", "intra_allgather"]
+STAGES = ["reducescatter", "select", "inter_allgather", "intra_allgather", "residual"]
 
 
 def select(x, k):
@@ -91,24 +92,15 @@ def staged(steps, timer, repeats, warmup=1):
 
 def hitopk_steps(x, topo, density):
     """HiTopKComm (collectives/hitopk.py) step by step, as in shi2021 Fig. 8."""
-    d, n = x.shape[0], topo.n
-    s = shard_size(d, n)
-    real = max(0, min(s, d - topo.local * s))
-    k = max(1, math.ceil(density * d / n))
-    padded = tf.pad(x, [[0, n * s - d]])
-
-    def sel(st):
-        if real == 0:
-            return tf.zeros([0], tf.float32), tf.zeros([0], tf.int32)
-        return tuple(select(st["reducescatter"][:real], k))
-
+    d = x.shape[0]
     return [
-        ("reducescatter", lambda st: P.reducescatter(padded, topo.intra)),
-        ("select", sel),
-        ("inter_allgather", lambda st: (P.allgather(st["select"][1], topo.inter),
-                                        P.allgather(st["select"][0], topo.inter))),
-        ("scatter_add", lambda st: ops.scatter_add(*st["inter_allgather"], s)),
-        ("intra_allgather", lambda st: P.allgather(st["scatter_add"], topo.intra)[:d]),
+        ("reducescatter", lambda st: H.reduce_shard(x, topo)),
+        ("select", lambda st: tuple(H.select_shard(st["reducescatter"], d, topo, density, select))),
+        ("inter_allgather", lambda st: H.inter_gather(*st["select"], topo)),
+        ("intra_allgather", lambda st: H.intra_gather(st["inter_allgather"], st["select"][1], d, topo,
+                                                      density)),
+        ("residual", lambda st: st["reducescatter"] - ops.scatter_add(
+            st["select"][1], st["select"][0], st["reducescatter"].shape[0])),
     ]
 
 
@@ -118,9 +110,9 @@ def naive_ag_steps(x, topo, density):
     k = max(1, math.ceil(density * d))
     return [
         ("select", lambda st: tuple(select(x, k))),
-        ("allgather", lambda st: (P.allgather(st["select"][1], topo.world),
-                                  P.allgather(st["select"][0], topo.world))),
-        ("scatter_add", lambda st: ops.scatter_add(*st["allgather"], d)),
+        ("allgather", lambda st: allgather_sparse(*st["select"], topo.world)),
+        ("scatter_add", lambda st: ops.scatter_add(st["allgather"][1], st["allgather"][0], d)),
+        ("residual", lambda st: x - ops.scatter_add(st["select"][1], st["select"][0], d)),
     ]
 
 

@@ -1,12 +1,18 @@
 """HiTopKComm (shi2021 Alg. 2): intra-node reduce-scatter, top-k of the own shard, allgather of
-values and indices among the ranks with the same local index (one per node), scatter-add,
-intra-node allgather of the shards."""
+values and indices among the ranks with the same local index (one per node), then the node's
+ranks exchange what they gathered and scatter-add it.
+
+Step 4 gathers the sparse shards (m·k values and indices per rank, the volume of eq. (10)) while
+that is fewer bytes than the dense d/n shard, i.e. while 2·m·density < 1; above it, each rank
+scatter-adds its shard and the dense shards are gathered. Both give the same bits.
+"""
 import math
 
 import tensorflow as tf
 
 from tf_commlib import primitives as P
 from tf_commlib.collectives.count import num_selected
+from tf_commlib.collectives.sparse_message import allgather_sparse
 from tf_commlib.ops import scatter_add
 
 
@@ -24,24 +30,66 @@ def residual_to_input(residual, d, topo):
     return tf.pad(residual, [[topo.local * s, (topo.n - 1 - topo.local) * s]])[:d]
 
 
+def reduce_shard(x, topo):
+    """Step 1: this rank's shard (length ceil(d/n)) of the node's sum; x is padded to n shards."""
+    d, s = x.shape[0], shard_size(x.shape[0], topo.n)
+    return P.reducescatter(tf.pad(x, [[0, topo.n * s - d]]), topo.intra)
+
+
+def select_shard(shard, d, topo, density, select):
+    """Step 2: top-k of the shard with k = density·d/n; the padding is never selected."""
+    s = shard.shape[0]
+    real = max(0, min(s, d - topo.local * s))
+    if real == 0:
+        return tf.zeros([0], shard.dtype), tf.zeros([0], tf.int32)
+    return select(shard[:real], num_selected(density, d / topo.n))
+
+
+def inter_gather(values, indices, topo):
+    """Step 3: what the ranks of this local index selected on every node, in node order."""
+    return allgather_sparse(values, indices, topo.inter)
+
+
+def sparse_step4(density, m):
+    """True (a bool or a bool tensor) when step 4 sends the sparse shards."""
+    return tf.less(2 * m * tf.cast(density, tf.float64), 1.0) if tf.is_tensor(density) else 2 * m * density < 1
+
+
+def _branch(pred, if_true, if_false):
+    """tf.cond for a bool tensor (every rank takes the same branch); a Python bool picks at once."""
+    if isinstance(pred, bool):
+        return if_true() if pred else if_false()
+    return tf.cond(pred, if_true, if_false)
+
+
+def intra_gather(gathered, indices, d, topo, density):
+    """Step 4: the node's ranks exchange their gathered shards -> (sum over all ranks, sent), sent
+    being the indices of x that this node's ranks selected."""
+    s = shard_size(d, topo.n)
+    values, node_indices = gathered
+    offset = tf.cast(topo.local * s, indices.dtype)
+
+    def sparse():   # every rank's gathered entries, moved to their place in x, summed into d
+        all_values, all_indices = allgather_sparse(values, node_indices + offset, topo.intra)
+        return scatter_add(all_indices, all_values, d)
+
+    def dense():    # the shard's sum, then an allgather of the dense shards
+        return P.allgather(scatter_add(node_indices, values, s), topo.intra)[:d]
+
+    aggregated = _branch(sparse_step4(density, topo.m), sparse, dense)
+    return aggregated, P.allgather(indices + offset, topo.intra)
+
+
 def hitopk(x, topo, density, select, residual=None):
     """Sparse hierarchical sum over all ranks of the flat tensor x (static length d).
 
     The residual (error feedback) lives on this rank's shard after the reduce-scatter; returns
     (aggregated, new residual, sent), sent being the indices of x that this rank's node sent.
-    x is padded to n equal shards; the padding is never selected.
     """
-    d, n = x.shape[0], topo.n
-    s = shard_size(d, n)
-    shard = P.reducescatter(tf.pad(x, [[0, n * s - d]]), topo.intra)
+    d = x.shape[0]
+    shard = reduce_shard(x, topo)
     if residual is not None:
         shard = shard + residual
-    real = max(0, min(s, d - topo.local * s))  # entries of this shard that are not padding
-    if real > 0:
-        values, indices = select(shard[:real], num_selected(density, d / n))
-    else:
-        values, indices = tf.zeros([0], x.dtype), tf.zeros([0], tf.int32)
-    summed = scatter_add(P.allgather(indices, topo.inter), P.allgather(values, topo.inter), s)
-    aggregated = P.allgather(summed, topo.intra)[:d]
-    sent = P.allgather(indices + tf.cast(topo.local * s, indices.dtype), topo.intra)
-    return aggregated, shard - scatter_add(indices, values, s), sent
+    values, indices = select_shard(shard, d, topo, density, select)
+    aggregated, sent = intra_gather(inter_gather(values, indices, topo), indices, d, topo, density)
+    return aggregated, shard - scatter_add(indices, values, shard.shape[0]), sent

@@ -1,6 +1,7 @@
-"""NaiveAG: top-k of the whole tensor, allgather of values and indices over all ranks, scatter-add."""
-from tf_commlib import primitives as P
+"""NaiveAG: top-k of the whole tensor, allgather of values and indices (one packed message) over
+all ranks, scatter-add."""
 from tf_commlib.collectives.count import num_selected
+from tf_commlib.collectives.sparse_message import allgather_sparse
 from tf_commlib.ops import scatter_add
 
 
@@ -22,5 +23,6 @@ def naive_ag(x, topo, density, select, residual=None):
     if residual is not None:
         x = x + residual
     values, indices = select(x, num_selected(density, d))
-    aggregated = scatter_add(P.allgather(indices, topo.world), P.allgather(values, topo.world), d)
+    all_values, all_indices = allgather_sparse(values, indices, topo.world)
+    aggregated = scatter_add(all_indices, all_values, d)
     return aggregated, x - scatter_add(indices, values, d), indices
