@@ -84,7 +84,6 @@ def test_collectives_match_numpy_on_every_rank(layout, tmp_path):
             left[j * s:(j + 1) * s] += rv
         np.testing.assert_array_equal(np.sum(hit, axis=0) + left[:D], total_in)
         for r in reports:
-            got_res = np.zeros(n * s, np.float32)
             assert len(r[f"hitopk@{density}"]["residual"]) == s
     for r in reports:
         np.testing.assert_array_equal(r["hitopk_graph"], hitopk_ref(inputs[:1], 0.05, m, n)[0][0])

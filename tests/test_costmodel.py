@@ -89,6 +89,17 @@ def test_hitopk_beats_naive_ag_on_a_slow_inter_link():
     assert predict("dense", 25_000_000, 16, 8, 0.01, slow) > 5 * h
 
 
+def test_compute_curve_interpolates_in_log_size():
+    curve = LinkParams(compute_curve=((1000, 1e-9, 4e-9, 2e-9), (100_000, 3e-9, 8e-9, 4e-9)))
+    assert curve.compute(10) == (1e-9, 4e-9, 2e-9)                  # constant below the first point
+    assert curve.compute(10_000) == pytest.approx((2e-9, 6e-9, 3e-9))  # halfway in log(size)
+    assert curve.compute(10**9) == (3e-9, 8e-9, 4e-9)               # and beyond the last
+    assert PARAMS.compute(10_000) == (2e-9, 5e-9, 1e-9)              # no curve: the scalars
+    # select_cost and scatter_add_cost follow the curve at the size of the array they touch
+    assert costmodel.select_cost(10_000, curve) == pytest.approx(10_000 * 2e-9)
+    assert costmodel.scatter_add_cost(100, 10_000, curve) == pytest.approx(10_000 * 3e-9 + 100 * 6e-9)
+
+
 @pytest.mark.parametrize("params", [PARAMS, LinkParams()])
 def test_choose_is_the_argmin(params):
     for m, n in [(1, 1), (1, 4), (4, 1), (2, 2), (2, 4), (16, 8)]:
@@ -134,6 +145,8 @@ def test_bad_arguments():
 
 def test_params_round_trip():
     assert LinkParams.from_list(PARAMS.as_list()) == PARAMS
+    curved = dataclasses.replace(PARAMS, compute_curve=((2**20, 1e-9, 2e-9, 3e-9), (2**24, 4e-9, 5e-9, 6e-9)))
+    assert LinkParams.from_list(curved.as_list()) == curved
 
 
 def test_calibrate_agrees_on_every_rank(tmp_path):
@@ -144,8 +157,10 @@ def test_calibrate_agrees_on_every_rank(tmp_path):
         assert r["params"] == first["params"]        # bit-identical: one allreduce, same division
         assert r["choices"] == first["choices"]
         assert r["predicted"] == first["predicted"]
-    assert len(first["params"]) == 7
+    assert len(first["params"]) == 7 + 2 * 4     # 7 scalars, then the compute curve at 2 sizes
     assert all(math.isfinite(v) and v > 0 for v in first["params"]), first["params"]
+    assert [row[0] for row in first["curve"]] == [2**16, 2**18]
+    assert first["params"][4:7] == first["curve"][-1][1:]   # the scalars are the largest size's
     assert all(c in ALGOS for c in first["choices"])
     # measured, not the defaults (this job has 2 ranks on each link)
     defaults = LinkParams().as_list()

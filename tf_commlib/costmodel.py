@@ -45,13 +45,35 @@ class LinkParams:
     select_s_per_elem: float = 1e-9
     add_s_per_elem: float = 2e-9
     mem_s_per_elem: float = 0.25e-9
+    compute_curve: tuple = ()   # ((elements, select, add, mem), ...) by size; replaces the three above
 
     def as_list(self):
-        return [float(getattr(self, f.name)) for f in dataclasses.fields(self)]
+        """Every number, the curve's rows flattened at the end."""
+        scalars = [float(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "compute_curve"]
+        return scalars + [float(v) for row in self.compute_curve for v in row]
 
     @classmethod
     def from_list(cls, values):
-        return cls(*map(float, values))
+        """The inverse of as_list."""
+        n = len(dataclasses.fields(cls)) - 1
+        rest = [float(v) for v in values[n:]]
+        return cls(*map(float, values[:n]), compute_curve=tuple(
+            (int(rest[i]), *rest[i + 1:i + 4]) for i in range(0, len(rest), 4)))
+
+    def compute(self, size):
+        """(select, add, mem) seconds per element on arrays of `size` elements. With a compute_curve
+        (calibrate() measures one: caches make small arrays cheaper per element), interpolated
+        linearly in log(size) between its points and constant beyond them."""
+        curve = self.compute_curve
+        if not curve:
+            return self.select_s_per_elem, self.add_s_per_elem, self.mem_s_per_elem
+        if size <= curve[0][0]:
+            return tuple(curve[0][1:])
+        for lo, hi in zip(curve, curve[1:]):
+            if size <= hi[0]:
+                w = math.log(size / lo[0]) / math.log(hi[0] / lo[0])
+                return tuple(a + w * (b - a) for a, b in zip(lo[1:], hi[1:]))
+        return tuple(curve[-1][1:])
 
 
 def _log2(p):
@@ -78,15 +100,20 @@ def _world_link(m, params):
     return (params.alpha_inter, params.beta_inter) if m > 1 else (params.alpha_intra, params.beta_intra)
 
 
+def select_cost(size, params):
+    return size * params.compute(size)[0]
+
+
 def scatter_add_cost(nnz, size, params):
     """Zero-fill of the dense output plus one random add per accumulated element."""
-    return size * params.mem_s_per_elem + nnz * params.add_s_per_elem
+    _, add, mem = params.compute(size)
+    return size * mem + nnz * add
 
 
 def residual_cost(k, size, params):
     """Error feedback: the selected entries scattered into a zero-filled length-size tensor, and one
     more pass for the subtraction from the input."""
-    return scatter_add_cost(k, size, params) + size * params.mem_s_per_elem
+    return scatter_add_cost(k, size, params) + size * params.compute(size)[2]
 
 
 def breakdown(algorithm, d, m, n, density, params=None):
@@ -110,7 +137,7 @@ def breakdown(algorithm, d, m, n, density, params=None):
         k = max(1, math.ceil(density * d))
         a, b = _world_link(m, params)
         return {
-            "select": d * params.select_s_per_elem,
+            "select": select_cost(d, params),
             "allgather": allgather(SPARSE_BYTES * k, P, a, b),                 # eq. (3), values + indices
             "scatter_add": scatter_add_cost(P * k, d, params),
             "residual": residual_cost(k, d, params),
@@ -126,7 +153,7 @@ def breakdown(algorithm, d, m, n, density, params=None):
             step4 = scatter_add_cost(m * k, s, params) + allgather(BYTES * s, n, a, b)
         return {
             "reducescatter": reducescatter(BYTES * n * s, n, a, b),                                 # (7)
-            "select": s * params.select_s_per_elem,                                                 # (8)
+            "select": select_cost(s, params),                                                       # (8)
             "inter_allgather": allgather(SPARSE_BYTES * k * n, m, params.alpha_inter, params.beta_inter),  # (9)
             "intra_allgather": step4 + sent,                                                        # (10)
             "residual": residual_cost(k, s, params),
@@ -173,7 +200,7 @@ def _fit(points, k):
 
 
 def calibrate(topo, sizes=(2**20, 2**22), repeats=5, defaults=None, density=0.01,
-              latency_size=256, compute_size=2**24):
+              latency_size=256, compute_sizes=(2**20, 2**22, 2**24)):
     """Measures LinkParams on the running cluster; every rank returns the same numbers.
 
     Call it on every rank of a Horovod job (topo = tf_commlib.topology()). Each link is timed with
@@ -182,20 +209,18 @@ def calibrate(topo, sizes=(2**20, 2**22), repeats=5, defaults=None, density=0.01
     `latency_size` message (Horovod's per-call negotiation, a few ms, is most of alpha; the
     intercept of a 4 MB point drowns in noise, and 2**16-float messages hit 40 ms TCP delayed-ACK
     stalls on loopback). Intra: every node at once (as in 2DTAR/HiTopKComm) times Reduce-Scatter
-    and All-Gather on its intra set; no collective runs an intra All-Reduce, and Horovod's Gloo
-    Reduce-Scatter (halving-doubling plus a temporary copy) is far slower per byte than its
-    All-Reduce. Inter: All-Reduce and All-Gather by the set of local index 0 only, one stream per
+    and All-Gather on its intra set (no collective runs an intra All-Reduce). Inter: All-Reduce and All-Gather by the set of local index 0 only, one stream per
     node link (the per-link beta_inter of the model); the All-Gather at sizes/16 per rank, the
     0.1-3 MB that sparse collectives send (16 MB blasts into a shaped link run at half speed).
-    Compute: all ranks at once time MSTopK and scatter-add on `compute_size` elements (more than
-    the L3 cache, as real gradients are), so CPU sharing is included. Link medians are averaged
+    Compute: all ranks at once time MSTopK and scatter-add on arrays of each of `compute_sizes`
+    elements, so CPU sharing is included; per-element costs fall as arrays fit the caches, hence
+    a compute_curve (the scalars keep the largest size). Link medians are averaged
     over the ranks that measured them, compute medians take the slowest rank (allreduces on
     topo.world), so all ranks get the same numbers; a one-rank set keeps its link's default.
     """
-    import numpy as np
     import tensorflow as tf
 
-    from tf_commlib import ops, timing
+    from tf_commlib import timing
     from tf_commlib import primitives as P
 
     if not 0 < latency_size < sizes[0] // 16 < sizes[1] // 16:
@@ -231,25 +256,37 @@ def calibrate(topo, sizes=(2**20, 2**22), repeats=5, defaults=None, density=0.01
         measured.update(alpha_inter=a, beta_inter=b)
         weight.update(alpha_inter=1.0, beta_inter=1.0)
     barrier()
-    d = compute_size
-    x = tf.constant(np.random.default_rng(topo.rank).standard_normal(d, dtype=np.float32))
-    t_sel = median_time(lambda: ops.mstopk(x, max(1, math.ceil(density * d)), seed=0)[0].numpy())
-    barrier()
-    nnz = max(1, math.ceil(4 * density * d))   # what NaiveAG accumulates on 4 ranks
-    idx = tf.constant(np.random.default_rng(1).integers(0, d, nnz, dtype=np.int32))
-    vals = tf.ones([nnz], tf.float32)
-    t_fill = median_time(lambda: ops.scatter_add(idx[:1], vals[:1], d).numpy())
-    t_add = median_time(lambda: ops.scatter_add(idx, vals, d).numpy())
-    compute = [max(t_sel / d, _MIN_COMPUTE), max((t_add - t_fill) / nnz, _MIN_COMPUTE),
-               max(t_fill / d, _MIN_COMPUTE)]
+    curve = [compute_points(d, density, topo.rank, median_time, barrier) for d in sorted(compute_sizes)]
     if topo.size > 1:   # a collective waits for its slowest rank: the max over ranks
         import horovod.tensorflow as hvd
-        compute = hvd.allreduce(tf.constant(compute, tf.float64), op=hvd.Max,
-                                name=f"costmodel_max_{next(counter)}").numpy()
+        curve = hvd.allreduce(tf.constant(curve, tf.float64), op=hvd.Max,
+                              name=f"costmodel_max_{next(counter)}").numpy().tolist()
+    curve = tuple((d, *map(float, row)) for d, row in zip(sorted(compute_sizes), curve))
     names = [f for f in measured if f.startswith(("alpha", "beta"))]
     local = tf.constant([measured[f] * weight[f] for f in names] + [weight[f] for f in names], tf.float64)
     total = P.allreduce(local, topo.world, name=f"costmodel_agree_{next(counter)}").numpy()
     sums, counts = total[:len(names)], total[len(names):]
     links = {f: float(sums[i] / counts[i]) if counts[i] > 0 else measured[f] for i, f in enumerate(names)}
-    return LinkParams(**links, select_s_per_elem=float(compute[0]), add_s_per_elem=float(compute[1]),
-                      mem_s_per_elem=float(compute[2]))
+    return LinkParams(**links, select_s_per_elem=curve[-1][1], add_s_per_elem=curve[-1][2],
+                      mem_s_per_elem=curve[-1][3], compute_curve=curve)
+
+
+def compute_points(d, density, seed, median_time, barrier):
+    """[select, add, mem] seconds per element measured on arrays of d elements: MSTopK of
+    density·d, a zero-filled scatter-add output, and the random adds NaiveAG makes on 4 ranks."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tf_commlib import ops
+
+    x = tf.constant(np.random.default_rng(seed).standard_normal(d, dtype=np.float32))
+    barrier()
+    t_sel = median_time(lambda: ops.mstopk(x, max(1, math.ceil(density * d)), seed=0)[0].numpy())
+    barrier()
+    nnz = max(1, math.ceil(4 * density * d))
+    idx = tf.constant(np.random.default_rng(1).integers(0, d, nnz, dtype=np.int32))
+    vals = tf.ones([nnz], tf.float32)
+    t_fill = median_time(lambda: ops.scatter_add(idx[:1], vals[:1], d).numpy())
+    t_add = median_time(lambda: ops.scatter_add(idx, vals, d).numpy())
+    return [max(t_sel / d, _MIN_COMPUTE), max((t_add - t_fill) / nnz, _MIN_COMPUTE),
+            max(t_fill / d, _MIN_COMPUTE)]

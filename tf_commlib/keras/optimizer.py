@@ -15,7 +15,6 @@ import keras
 import tensorflow as tf
 
 from tf_commlib.aggregator import GradientAggregator, check_config
-from tf_commlib.collectives import ALGORITHMS
 from tf_commlib.keras.policy import WARMUP_DENSITIES, default_dense_layers, parse_schedule
 from tf_commlib.topology import topology as current_topology
 
