@@ -64,11 +64,17 @@ class Timer:
         return float(np.median(self.max_over_ranks(times)))
 
 
-def collective_fn(name, x, topo, density):
+def collective_fn(name, x, topo, density, graph=False):
+    """One call of the collective, blocking until all its outputs (for sparse ones: aggregate,
+    residual and sent indices) are ready; with graph=True inside tf.function, as in training."""
     algo = ALGORITHMS[name]
     if algo.sparse:
-        return lambda: algo.fn(x, topo, density, select, None)[0].numpy()
-    return lambda: algo.fn(x, topo).numpy()
+        fn = lambda v: algo.fn(v, topo, density, select, None)  # noqa: E731
+    else:
+        fn = lambda v: algo.fn(v, topo)  # noqa: E731
+    if graph:
+        fn = tf.function(fn)
+    return lambda: tf.nest.map_structure(lambda t: t.numpy(), fn(x))
 
 
 def staged(steps, timer, repeats, warmup=1):
@@ -162,7 +168,11 @@ def main(argv):
     p = argparse.ArgumentParser(prog="python -m tf_commlib.bench comm", description=__doc__.split("\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=None, help="float32 elements per tensor")
     p.add_argument("--density", type=float, default=0.01)
+    p.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=list(ALGORITHMS),
+                   help="collectives to time (the model chooses among these)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs (median of the max over ranks)")
+    p.add_argument("--graph", action="store_true",
+                   help="time each collective inside tf.function (as in training) instead of eagerly")
     p.add_argument("--quick", action="store_true", help="smoke run: sizes 1M and 4M, 3 repeats")
     p.add_argument("--no-calibrate", action="store_true", help="predict with the default LinkParams")
     p.add_argument("--out", default="bench_out", help="folder for the PNG plots (rank 0)")
@@ -178,27 +188,31 @@ def main(argv):
     if lead:
         print(f"# {topo.m}x{topo.n} ranks, density {args.density}, {repeats} repeats, "
               f"inter link {os.environ.get('TF_COMMLIB_INTER_MBIT') or 'unshaped'} Mbit/s; "
+              f"{'graph' if args.graph else 'eager'} mode; "
               f"calibration {time.perf_counter() - start:.1f}s: {params}", file=sys.stderr, flush=True)
     timer = Timer(topo)
     rows, stage_rows, choice_rows = [], [], []
     for size in sizes:
         x = tf.constant(np.random.default_rng(topo.rank).standard_normal(size, dtype=np.float32))
         measured = {}
-        for name in ALGORITHMS:
-            measured[name] = timer.runs(collective_fn(name, x, topo, args.density), repeats)
+        for name in args.algorithms:
+            measured[name] = timer.runs(collective_fn(name, x, topo, args.density, args.graph), repeats)
             rows.append({"size": size, "algorithm": name, "median_s": measured[name],
                          "predicted_s": costmodel.predict(name, size, topo.m, topo.n, args.density, params)})
         for name, steps in (("hitopk", hitopk_steps), ("naive_ag", naive_ag_steps)):
+            if name not in args.algorithms:
+                continue
             stages = staged(steps(x, topo, args.density), timer, repeats)
             predicted = costmodel.breakdown(name, size, topo.m, topo.n, args.density, params)
             stage_rows += [{"size": size, "algorithm": name, "stage": st, "median_s": t,
                             "predicted_s": predicted[st]} for st, t in stages.items()]
-        chosen = costmodel.choose(size, topo.m, topo.n, args.density, params)
+        chosen = costmodel.choose(size, topo.m, topo.n, args.density, params, args.algorithms)
         fastest = min(measured, key=measured.get)
+        nan = float("nan")
         choice_rows.append({"size": size, "chosen": chosen, "fastest": fastest,
                             "ratio": measured[chosen] / measured[fastest],
-                            "hitopk_vs_dense": measured["dense"] / measured["hitopk"],
-                            "hitopk_vs_naive": measured["naive_ag"] / measured["hitopk"]})
+                            "hitopk_vs_dense": measured.get("dense", nan) / measured.get("hitopk", nan),
+                            "hitopk_vs_naive": measured.get("naive_ag", nan) / measured.get("hitopk", nan)})
         if lead:
             print(f"# size {size} done at {time.perf_counter() - start:.0f}s", file=sys.stderr, flush=True)
         del x
