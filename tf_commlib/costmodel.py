@@ -147,7 +147,8 @@ def breakdown(algorithm, d, m, n, density, params=None):
         k = max(1, math.ceil(density * d / n))
         a, b = params.alpha_intra, params.beta_intra
         sent = allgather(BYTES * k, n, a, b)              # the indices this node sent (for DGC masks)
-        if 2 * m * density < 1:   # step 4 gathers the sparse shards: eq. (10), values + indices
+        from tf_commlib.collectives.hitopk import sparse_step4
+        if sparse_step4(density, m):   # step 4 gathers the sparse shards: eq. (10), values + indices
             step4 = allgather(SPARSE_BYTES * m * k, n, a, b) + scatter_add_cost(n * m * k, d, params)
         else:                     # dense shards: scatter-add into d/n, gather 4·d/n bytes per rank
             step4 = scatter_add_cost(m * k, s, params) + allgather(BYTES * s, n, a, b)

@@ -24,6 +24,7 @@ from tf_commlib import primitives as P
 from tf_commlib.bench.common import print_json, print_table
 from tf_commlib.collectives import ALGORITHMS
 from tf_commlib.collectives import hitopk as H
+from tf_commlib.collectives.error_feedback import unsent
 from tf_commlib.collectives.sparse_message import allgather_sparse
 
 DEFAULT_SIZES = [2**20, 2**22, 2**24, 25_000_000, 2**26]
@@ -105,8 +106,7 @@ def hitopk_steps(x, topo, density):
         ("inter_allgather", lambda st: H.inter_gather(*st["select"], topo)),
         ("intra_allgather", lambda st: H.intra_gather(st["inter_allgather"], st["select"][1], d, topo,
                                                       density)),
-        ("residual", lambda st: st["reducescatter"] - ops.scatter_add(
-            st["select"][1], st["select"][0], st["reducescatter"].shape[0])),
+        ("residual", lambda st: unsent(st["reducescatter"], *st["select"])),
     ]
 
 
@@ -118,7 +118,7 @@ def naive_ag_steps(x, topo, density):
         ("select", lambda st: tuple(select(x, k))),
         ("allgather", lambda st: allgather_sparse(*st["select"], topo.world)),
         ("scatter_add", lambda st: ops.scatter_add(st["allgather"][1], st["allgather"][0], d)),
-        ("residual", lambda st: x - ops.scatter_add(st["select"][1], st["select"][0], d)),
+        ("residual", lambda st: unsent(x, *st["select"])),
     ]
 
 

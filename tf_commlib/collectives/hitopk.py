@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tf_commlib import primitives as P
 from tf_commlib.collectives.count import num_selected
+from tf_commlib.collectives.error_feedback import unsent
 from tf_commlib.collectives.sparse_message import allgather_sparse
 from tf_commlib.ops import scatter_add
 
@@ -92,4 +93,4 @@ def hitopk(x, topo, density, select, residual=None):
         shard = shard + residual
     values, indices = select_shard(shard, d, topo, density, select)
     aggregated, sent = intra_gather(inter_gather(values, indices, topo), indices, d, topo, density)
-    return aggregated, shard - scatter_add(indices, values, shard.shape[0]), sent
+    return aggregated, unsent(shard, values, indices), sent

@@ -1,6 +1,7 @@
 """NaiveAG: top-k of the whole tensor, allgather of values and indices (one packed message) over
 all ranks, scatter-add."""
 from tf_commlib.collectives.count import num_selected
+from tf_commlib.collectives.error_feedback import unsent
 from tf_commlib.collectives.sparse_message import allgather_sparse
 from tf_commlib.ops import scatter_add
 
@@ -25,4 +26,4 @@ def naive_ag(x, topo, density, select, residual=None):
     values, indices = select(x, num_selected(density, d))
     all_values, all_indices = allgather_sparse(values, indices, topo.world)
     aggregated = scatter_add(all_indices, all_values, d)
-    return aggregated, x - scatter_add(indices, values, d), indices
+    return aggregated, unsent(x, values, indices), indices
