@@ -43,7 +43,7 @@ def cluster():
         assert "tfc-" not in _netns(), _netns()
 
 
-def _check_layout(reports, m, n):
+def _check_layout(reports, m, n, shm_across_nodes=None):
     assert len(reports) == m * n
     inputs = np.array([r["input"] for r in reports], dtype=np.float32)
     expect = inputs.reshape(m, n, -1).sum(axis=1, dtype=np.float32).sum(axis=0, dtype=np.float32)
@@ -55,13 +55,18 @@ def _check_layout(reports, m, n):
         np.testing.assert_allclose(r["hier"], inputs.sum(axis=0), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(r["hier"], expect, rtol=1e-6, atol=1e-6)
         assert r["hier_graph"] == r["hier"]
+        # Shared memory only inside a node: a node is a network namespace (or, with --local, a
+        # separately launched group that still shares this machine's namespace).
+        assert r["shared_memory"]["intra"] == (n > 1)
+        if shm_across_nodes is not None:
+            assert r["shared_memory"]["inter"] == r["shared_memory"]["world"] == shm_across_nodes
     assert all(r["hier"] == reports[0]["hier"] for r in reports)
 
 
 def test_layout_comes_from_horovod_ranks(cluster, tmp_path):
     # No TF_COMMLIB_TOPOLOGY: the launcher removes it, the layout is Horovod's local/cross ranks.
     reports, _ = hvdrun.run_cluster("topology_worker.py", tmp_path, timeout=120)
-    _check_layout(reports, M, N)
+    _check_layout(reports, M, N, shm_across_nodes=False)
 
 
 def test_inter_node_link_is_shaped(cluster):
@@ -81,4 +86,4 @@ def test_inter_node_link_is_shaped(cluster):
 
 def test_local_mode_without_namespaces(tmp_path):
     reports, _ = hvdrun.run_cluster("topology_worker.py", tmp_path, local=M, np_per_node=N, timeout=120)
-    _check_layout(reports, M, N)
+    _check_layout(reports, M, N, shm_across_nodes=True)

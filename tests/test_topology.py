@@ -6,10 +6,10 @@ from tests import hvdrun
 from tf_commlib.topology import layout_sets, parse_layout
 
 
-@pytest.mark.parametrize("layout", ["2x2", "1x4", "4x1"])
-def test_process_sets_and_hierarchical_allreduce(layout, tmp_path):
+@pytest.mark.parametrize("layout,shm", [("2x2", "1"), ("1x4", "1"), ("4x1", "1"), ("2x2", "0")])
+def test_process_sets_and_hierarchical_allreduce(layout, shm, tmp_path):
     m, n = map(int, layout.split("x"))
-    reports = hvdrun.run("topology_worker.py", 4, tmp_path, topology=layout)
+    reports = hvdrun.run("topology_worker.py", 4, tmp_path, topology=layout, env={"TF_COMMLIB_SHM": shm})
     inputs = np.array([r["input"] for r in reports], dtype=np.float32)
     for rank, r in enumerate(reports):
         node, local = divmod(rank, n)
@@ -24,11 +24,14 @@ def test_process_sets_and_hierarchical_allreduce(layout, tmp_path):
         np.testing.assert_allclose(r["hier"], inputs.sum(axis=0), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(r["hier"], expect, rtol=1e-6, atol=1e-6)
         assert r["hier_graph"] == r["hier"]
+        # One machine: every set of more than one rank may use shared memory, unless turned off.
+        assert r["shared_memory"] == {"intra": n > 1 and shm == "1", "inter": m > 1 and shm == "1",
+                                      "world": shm == "1"}
     # Identical on every rank, bit for bit.
     assert all(r["hier"] == reports[0]["hier"] for r in reports)
 
 
-@pytest.mark.parametrize("mode", ["alltoall", "allreduce", "native"])
+@pytest.mark.parametrize("mode", ["alltoall", "allreduce", "native", "shm"])
 def test_reducescatter_modes(mode, tmp_path):
     reports = hvdrun.run("topology_worker.py", 4, tmp_path, topology="2x2",
                          env={"TF_COMMLIB_REDUCESCATTER": mode})

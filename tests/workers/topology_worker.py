@@ -9,6 +9,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import tf_commlib  # noqa: E402
 from _report import report  # noqa: E402
 from tf_commlib import primitives as P  # noqa: E402
+from tf_commlib import shm  # noqa: E402
 from tf_commlib.collectives.two_d_tar import two_d_tar  # noqa: E402
 
 topo = tf_commlib.init()
@@ -31,4 +32,5 @@ report(topo.rank, {
     "reducescatter": P.reducescatter(tf.constant(x[:topo.n * (d // topo.n)]), topo.intra).numpy().tolist(),
     "hier": two_d_tar(tf.constant(x), topo).numpy().tolist(),
     "hier_graph": in_graph(tf.constant(x)).numpy().tolist(),
+    "shared_memory": {k: shm.available(getattr(topo, k)) for k in ("intra", "inter", "world")},
 })

@@ -1,0 +1,188 @@
+// CPU kernels of CommlibShmReduceScatter and CommlibShmAllgather.
+//
+// Both are async: the wait for the other ranks runs on its own thread, so a graph with several
+// collectives in flight never blocks TensorFlow's thread pools (the ranks may start them in
+// different orders). Every rank of the set must run each op the same number of times.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shm/shm_segment.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace tf_commlib {
+
+using tensorflow::AsyncOpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Status;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+namespace errors = tensorflow::errors;
+
+// What a call needs of its kernel, copied into the call's thread (it must not touch the kernel).
+struct ShmParams {
+  std::string segment;
+  int rank, size;
+  float timeout;
+
+  // Arrives at the barrier; the first barrier of a channel is where every rank has mapped it.
+  Status Arrive(ShmChannel* ch, const char* op) const {
+    Status st = Barrier(ch, rank, size, timeout, op);
+    if (ch->fresh) {
+      Unlink(segment + ".ctl");
+      ch->fresh = false;
+    }
+    return st;
+  }
+
+  // Each rank's entry of a parity's table must equal this rank's.
+  Status SameOnAllRanks(const int64_t* table, const char* what, const char* op) const {
+    bool same = true;
+    std::string all;
+    for (int j = 0; j < size; ++j) {
+      same = same && table[j] == table[rank];
+      all += (j ? ", " : "") + std::to_string(table[j]);
+    }
+    if (same) return tensorflow::OkStatus();
+    return errors::InvalidArgument(op, ": ranks of the process set passed tensors with different ", what,
+                                   " (by rank of the set: ", all, "); this is rank ", rank);
+  }
+};
+
+// Collective::Run(params, ctx, x, channel, parity) runs one call; parity alternates between calls.
+template <typename Collective>
+class ShmOp : public AsyncOpKernel {
+ public:
+  explicit ShmOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("segment", &params_.segment));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rank", &params_.rank));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("size", &params_.size));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_seconds", &params_.timeout));
+    OP_REQUIRES(ctx, params_.size >= 1 && params_.size <= kMaxShmRanks && params_.rank >= 0 &&
+                         params_.rank < params_.size,
+                errors::InvalidArgument("shm collective: need 0 <= rank < size <= ", kMaxShmRanks,
+                                        ", got rank ", params_.rank, ", size ", params_.size));
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const Tensor x = ctx->input(0);
+    OP_REQUIRES_ASYNC(ctx, x.dims() >= 1,
+                      errors::InvalidArgument(name(), ": x must have rank >= 1, got a scalar"), done);
+    std::thread([params = params_, ctx, x, done] {
+      ShmChannel* ch = nullptr;
+      Status st = OpenChannel(params.segment + ".ctl", &ch);
+      if (st.ok()) {
+        std::lock_guard<std::mutex> lock(ch->mu);
+        st = Collective::Run(params, ctx, x, ch, ch->calls++ & 1);
+      }
+      ctx->SetStatus(st);
+      done();
+    }).detach();
+  }
+
+ private:
+  ShmParams params_;
+};
+
+// Rank r writes the blocks j != r of its input into its slot, waits, then sums block r of every
+// rank in rank order (its own block from its input): the (p-1)/p volume of eq. (7). Two slot sets
+// alternate between calls, so one barrier per call suffices: a rank writes set p again only after
+// all ranks passed the next call's barrier, i.e. finished reading set p.
+struct ShmReduceScatter {
+  static Status Run(const ShmParams& P, OpKernelContext* ctx, const Tensor& x, ShmChannel* ch, int p) {
+    const char* op = "shm reduce-scatter";
+    const int64_t n = x.NumElements();
+    if (x.dims() != 1 || n % P.size != 0) {
+      return errors::InvalidArgument(op, ": x must be a vector whose length is a multiple of the set size ",
+                                     P.size, ", got shape ", x.shape().DebugString());
+    }
+    const int64_t s = n / P.size;
+    Tensor* out = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({s}), &out));
+    ShmControl* c = ch->control;
+    c->rows[p][P.rank] = n;
+    const std::string data = P.segment + ".rs" + std::to_string(n);
+    char* base = nullptr;
+    bool fresh = false;
+    // slot[src] holds src's blocks for the other ranks: block j at position j - (j > src)
+    const int64_t slot = (P.size - 1) * s;
+    TF_RETURN_IF_ERROR(MapData(data, sizeof(float) * 2 * P.size * std::max<int64_t>(slot, 1), &base, &fresh));
+    float* slots = reinterpret_cast<float*>(base) + static_cast<int64_t>(p) * P.size * slot;
+    const float* in = x.flat<float>().data();
+    for (int j = 0; j < P.size; ++j) {
+      if (j != P.rank) std::memcpy(slots + P.rank * slot + (j - (j > P.rank)) * s, in + j * s, sizeof(float) * s);
+    }
+    Status st = P.Arrive(ch, op);
+    if (fresh) Unlink(data);
+    TF_RETURN_IF_ERROR(st);
+    st = P.SameOnAllRanks(c->rows[p], "lengths", op);
+    if (!st.ok()) {   // the ranks mapped different segments: none of them is reused
+      ForgetData(data);
+      return st;
+    }
+    std::vector<const float*> src(P.size);
+    for (int j = 0; j < P.size; ++j) {
+      src[j] = j == P.rank ? in + P.rank * s : slots + j * slot + (P.rank - (P.rank > j)) * s;
+    }
+    float* o = out->flat<float>().data();
+    if (P.size == 1) {
+      std::memcpy(o, src[0], sizeof(float) * s);
+      return tensorflow::OkStatus();
+    }
+    for (int64_t i = 0; i < s; ++i) o[i] = src[0][i] + src[1][i];   // rank order: ((x0 + x1) + x2) ...
+    for (int j = 2; j < P.size; ++j) {
+      const float* q = src[j];
+      for (int64_t i = 0; i < s; ++i) o[i] += q[i];
+    }
+    return tensorflow::OkStatus();
+  }
+};
+
+// Rows of every rank, concatenated in rank order. The first barrier publishes the row counts
+// (every rank then knows the offsets), the second the rows; a rank writes the buffer again only
+// after the next call's first barrier, when every rank has copied it out.
+struct ShmAllgather {
+  static Status Run(const ShmParams& P, OpKernelContext* ctx, const Tensor& x, ShmChannel* ch, int p) {
+    const char* op = "shm allgather";
+    const int64_t rows = x.dim_size(0);
+    TensorShape row_shape = x.shape();
+    row_shape.RemoveDim(0);
+    const int64_t row_bytes = row_shape.num_elements() * tensorflow::DataTypeSize(x.dtype());
+    ShmControl* c = ch->control;
+    c->rows[p][P.rank] = rows;
+    c->row_bytes[p][P.rank] = row_bytes;
+    c->dtype[p][P.rank] = x.dtype();
+    TF_RETURN_IF_ERROR(P.Arrive(ch, op));
+    TF_RETURN_IF_ERROR(P.SameOnAllRanks(c->dtype[p], "dtypes (enum)", op));
+    TF_RETURN_IF_ERROR(P.SameOnAllRanks(c->row_bytes[p], "row sizes (bytes per row)", op));
+    int64_t total = 0, offset = 0;
+    for (int j = 0; j < P.size; ++j) {
+      if (j == P.rank) offset = total;
+      total += c->rows[p][j];
+    }
+    size_t capacity = 4096;
+    while (capacity < static_cast<size_t>(total * row_bytes)) capacity *= 2;
+    const std::string data = P.segment + ".ag" + std::to_string(capacity);
+    char* base = nullptr;
+    bool fresh = false;
+    TF_RETURN_IF_ERROR(MapData(data, capacity, &base, &fresh));
+    std::memcpy(base + offset * row_bytes, x.tensor_data().data(), rows * row_bytes);
+    Status st = P.Arrive(ch, op);
+    if (fresh) Unlink(data);
+    TF_RETURN_IF_ERROR(st);
+    TensorShape out_shape = row_shape;
+    out_shape.InsertDim(0, total);
+    Tensor* out = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, out_shape, &out));
+    std::memcpy(const_cast<char*>(out->tensor_data().data()), base, total * row_bytes);
+    return tensorflow::OkStatus();
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("CommlibShmReduceScatter").Device(tensorflow::DEVICE_CPU), ShmOp<ShmReduceScatter>);
+REGISTER_KERNEL_BUILDER(Name("CommlibShmAllgather").Device(tensorflow::DEVICE_CPU), ShmOp<ShmAllgather>);
+
+}  // namespace tf_commlib

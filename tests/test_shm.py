@@ -1,0 +1,54 @@
+"""tf_commlib.shm under horovodrun: every rank gets the numpy result, bit for bit, and misuse
+raises on every rank instead of hanging."""
+import numpy as np
+import pytest
+
+from tests import hvdrun
+
+
+def _rank_order_sum(blocks):
+    total = blocks[0]
+    for b in blocks[1:]:
+        total = total + b      # ((x0 + x1) + x2) ...: the order the reduce-scatter adds in
+    return total
+
+
+def _check_rs(ins, got, ranks, me):
+    xs = [np.array(ins[r], np.float32) for r in ranks]
+    s = len(xs[0]) // len(ranks)
+    want = _rank_order_sum([x[me * s:(me + 1) * s] for x in xs])
+    np.testing.assert_array_equal(np.array(got, np.float32), want)
+
+
+@pytest.mark.parametrize("layout", ["2x2", "1x4"])
+def test_shm_collectives_match_numpy(layout, tmp_path):
+    m, n = map(int, layout.split("x"))
+    reports = hvdrun.run("shm_worker.py", 4, tmp_path, topology=layout,
+                         env={"TF_COMMLIB_SHM_TIMEOUT": "5"})
+    for r in reports:
+        node, local = divmod(r["rank"], n)
+        members = {"intra": [node * n + j for j in range(n)], "world": list(range(4))}
+        assert r["available"] == {"intra": True, "world": True}
+        for tag, ranks in members.items():
+            me = ranks.index(r["rank"])
+            for call, (_, got) in enumerate(r["rs"][tag]):
+                _check_rs([reports[q]["rs"][tag][call][0] for q in range(4)], got, ranks, me)
+            for call, (_, got) in enumerate(r["ag"][tag]):
+                parts = [np.array(reports[q]["ag"][tag][call][0]) for q in ranks]
+                want = np.concatenate([p.reshape(-1, *parts[-1].shape[1:]) for p in parts])
+                np.testing.assert_array_equal(np.array(got).reshape(want.shape), want)
+            g = r[f"graph_{tag}"]
+            ins = [reports[q][f"graph_{tag}"]["inputs"] for q in range(4)]
+            for run in g["runs"]:
+                _check_rs([i[0] for i in ins], run[0], ranks, me)
+                _check_rs([i[1] for i in ins], run[1], ranks, me)
+                np.testing.assert_array_equal(run[2], np.concatenate([ins[q][2] for q in ranks]))
+                _check_rs([np.float32(2) * np.array(i[0], np.float32) for i in ins], run[3], ranks, me)
+        lengths = ", ".join(str(n * (1 + j)) for j in range(n))
+        assert f"different lengths (by rank of the set: {lengths})" in r["errors"]["rs_length"]
+        assert "different dtypes" in r["errors"]["ag_dtype"]
+        assert "different row sizes" in r["errors"]["ag_row"]
+        assert r["after_errors"] == [float(n)]          # the channel still works after an error
+        if local == 0:
+            assert "did not arrive within 5 s" in r["timeout"]
+        assert r["left_in_dev_shm"] == []               # segments are unlinked once mapped

@@ -1,0 +1,70 @@
+"""Shared-memory reduce-scatter and all-gather on the intra-node sets and the world set: eager,
+several in flight in one tf.function, different lengths by rank, and the errors (mismatched
+lengths or dtypes, a rank that never arrives)."""
+import glob
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import tf_commlib  # noqa: E402
+from _report import report  # noqa: E402
+from tf_commlib import shm  # noqa: E402
+
+topo = tf_commlib.init()
+rng = np.random.default_rng(7 + topo.rank)
+out = {"rank": topo.rank, "available": {}, "rs": {}, "ag": {}}
+sets = {"intra": topo.intra, "world": topo.world}
+
+
+def vec(d):
+    return rng.standard_normal(d).astype(np.float32)
+
+
+for tag, pset in sets.items():
+    out["available"][tag] = shm.available(pset)
+    if not out["available"][tag]:
+        continue
+    size = pset.size()
+    # eager: three calls (both slot sets and back), two lengths
+    out["rs"][tag] = [(x.tolist(), shm.reducescatter(x, pset).numpy().tolist())
+                      for x in (vec(6 * size), vec(6 * size), vec(3 * size))]
+    rows = [rng.integers(0, 255, (pset.rank() + 1, 8)).astype(np.uint8),
+            rng.integers(-9, 9, (2 * pset.rank(), 3)).astype(np.int32),   # rank 0 sends no rows
+            vec(pset.rank() + 2)]
+    out["ag"][tag] = [(r.tolist(), shm.allgather(r, pset).numpy().tolist()) for r in rows]
+
+    @tf.function
+    def buckets(a, b, c):   # three collectives in flight at once, twice in a row
+        first = [shm.reducescatter(a, pset), shm.reducescatter(b, pset), shm.allgather(c, pset)]
+        return first + [shm.reducescatter(a * 2, pset)]
+
+    ins = [vec(4 * size), vec(8 * size), rng.integers(0, 9, (pset.rank() + 1, 2)).astype(np.int32)]
+    out[f"graph_{tag}"] = {"inputs": [i.tolist() for i in ins],
+                           "runs": [[t.numpy().tolist() for t in buckets(*ins)] for _ in range(2)]}
+
+pset = topo.intra
+errors = {}
+for name, call in [
+        ("rs_length", lambda: shm.reducescatter(vec(pset.size() * (1 + pset.rank())), pset)),
+        ("ag_dtype", lambda: shm.allgather(tf.zeros([1], tf.float32 if pset.rank() else tf.int32), pset)),
+        ("ag_row", lambda: shm.allgather(tf.zeros([1, 1 + pset.rank()]), pset))]:
+    try:
+        call()
+        errors[name] = None
+    except tf.errors.InvalidArgumentError as e:
+        errors[name] = e.message
+out["errors"] = errors
+out["after_errors"] = shm.reducescatter(tf.ones([pset.size()]), pset).numpy().tolist()
+if pset.rank() == 0:   # the others never come: this rank must raise, not hang
+    try:
+        shm.allgather(tf.ones([1]), pset)
+        out["timeout"] = None
+    except tf.errors.DeadlineExceededError as e:
+        out["timeout"] = e.message
+tf_commlib.topology()  # keep the ranks alive until the timeout has fired
+import horovod.tensorflow as hvd  # noqa: E402
+hvd.allreduce(tf.zeros([1]), name="shm_worker_done")
+out["left_in_dev_shm"] = glob.glob(f"/dev/shm/{shm._prefixes[pset.process_set_id]}*")
+report(topo.rank, out)

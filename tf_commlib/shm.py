@@ -1,0 +1,96 @@
+"""Shared memory as the intra-node link: reduce-scatter and all-gather among the ranks of a process
+set that run on one machine, through /dev/shm (what NCCL's shared-memory transport is to the ranks
+of a GPU node; Horovod's Gloo sends them through loopback TCP).
+
+A set uses it when every rank sees the same /dev/shm and the same network stack (an emulated node
+is a network namespace); that is checked once per set with two collectives on the set. Each
+collective op instance gets its own segments (eagerly: one per set; in a tf.function: one per op),
+so every rank must run the same collectives in the same order, as with Horovod. A rank that does not
+arrive within TF_COMMLIB_SHM_TIMEOUT seconds (default 600) makes the others raise DeadlineExceeded;
+ranks that pass different lengths or dtypes raise InvalidArgument. TF_COMMLIB_SHM=0 turns it off.
+"""
+import os
+import re
+
+import tensorflow as tf
+
+from tf_commlib._loader import ops as _ops
+
+_prefixes = {}   # process set id -> segment name prefix, or None when the set spans machines
+
+
+def _machine_id():
+    """(boot id, network namespace): equal for the ranks of one (emulated) node."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = int(f.read().strip().replace("-", "")[:15], 16)
+    return [boot, os.stat("/proc/self/ns/net").st_ino]
+
+
+def _probe(process_set):
+    """The set's root creates a file in /dev/shm and broadcasts its random token; the set may use
+    shared memory if every rank sees that file and has the root's machine id."""
+    import horovod.tensorflow as hvd
+
+    root, tag = process_set.ranks[0], f"tf_commlib_shm_probe_{process_set.process_set_id}"
+    token, probe = 0, None
+    if hvd.rank() == root:
+        try:
+            token = int.from_bytes(os.urandom(6), "little") | 1
+            probe = f"/dev/shm/tfcl_{token:x}_probe"
+            open(probe, "x").close()
+        except OSError:
+            token = 0
+    token = int(hvd.broadcast(tf.constant(token, tf.int64), root, process_set=process_set,
+                              name=tag + "_token").numpy())
+    try:
+        seen = [int(os.path.exists(f"/dev/shm/tfcl_{token:x}_probe") and token != 0)] + _machine_id()
+    except OSError:
+        seen = [0, 0, 0]
+    everyone = hvd.allgather(tf.constant([seen], tf.int64), process_set=process_set,
+                             name=tag + "_seen").numpy()
+    if probe:
+        os.unlink(probe)
+    shared = token != 0 and all(row[0] == 1 and list(row[1:]) == list(everyone[0][1:]) for row in everyone)
+    return f"tfcl_{token:x}_{process_set.process_set_id}" if shared else None
+
+
+def available(process_set):
+    """True when the ranks of the set share memory (and TF_COMMLIB_SHM is not 0)."""
+    if os.environ.get("TF_COMMLIB_SHM", "1") == "0" or process_set.size() == 1:
+        return False
+    key = process_set.process_set_id
+    if key not in _prefixes:
+        with tf.init_scope():   # once, eagerly, even when first reached while tracing a tf.function
+            _prefixes[key] = _probe(process_set)
+    return _prefixes[key] is not None
+
+
+def _timeout():
+    value = float(os.environ.get("TF_COMMLIB_SHM_TIMEOUT", "600"))
+    if not value > 0:
+        raise ValueError(f"TF_COMMLIB_SHM_TIMEOUT must be a positive number of seconds, got {value}")
+    return value
+
+
+def _attrs(process_set, kind):
+    """Segment, rank, size and timeout of a call; in a graph each op instance has its own segment
+    (the name is the same on every rank that traces the same function)."""
+    if not available(process_set):
+        raise ValueError(f"process set {process_set.ranks} does not share memory (ranks on different "
+                         "machines or network namespaces, or TF_COMMLIB_SHM=0)")
+    if tf.executing_eagerly():
+        key = kind
+    else:
+        key = re.sub(r"[^A-Za-z0-9_.-]", "_", tf.compat.v1.get_default_graph().unique_name(kind))
+    return dict(segment=f"{_prefixes[process_set.process_set_id]}_{key}", rank=process_set.rank(),
+                size=process_set.size(), timeout_seconds=_timeout())
+
+
+def reducescatter(x, process_set):
+    """Sum of float32 vector x over the set; rank i keeps slice i (len(x) divisible by the size)."""
+    return _ops.commlib_shm_reduce_scatter(tf.convert_to_tensor(x, tf.float32), **_attrs(process_set, "rs"))
+
+
+def allgather(x, process_set):
+    """Rows of every rank's x (any dtype, rank >= 1) concatenated in rank order."""
+    return _ops.commlib_shm_allgather(tf.convert_to_tensor(x), **_attrs(process_set, "ag"))
