@@ -44,11 +44,22 @@ def test_shm_collectives_match_numpy(layout, tmp_path):
                 _check_rs([i[1] for i in ins], run[1], ranks, me)
                 np.testing.assert_array_equal(run[2], np.concatenate([ins[q][2] for q in ranks]))
                 _check_rs([np.float32(2) * np.array(i[0], np.float32) for i in ins], run[3], ranks, me)
-        lengths = ", ".join(str(n * (1 + j)) for j in range(n))
-        assert f"different lengths (by rank of the set: {lengths})" in r["errors"]["rs_length"]
-        assert "different dtypes" in r["errors"]["ag_dtype"]
-        assert "different row sizes" in r["errors"]["ag_row"]
-        assert r["after_errors"] == [float(n)]          # the channel still works after an error
+        e = r["errors"]
+        assert e["ok_2k"] == [float(n)] * 2
+        lengths = ", ".join(str(2 * n if j == 0 else 4 * n) for j in range(n))
+        assert e["rs_length"].startswith("InvalidArgumentError")
+        assert f"shm reduce-scatter: ranks of the process set passed tensors with different lengths " \
+               f"(by rank of the set: {lengths})" in e["rs_length"]
+        # every rank maps the next segments afresh: no stale mapping of the length-2k call
+        assert e["after_length"] == [float(sum(range(1, n + 1)))] * 2
+        if local == n - 1:   # its length is not a multiple of n: its own error; the others abort
+            assert e["rs_local"].startswith("InvalidArgumentError") and "multiple of the set size" in e["rs_local"]
+        else:
+            assert e["rs_local"].startswith("AbortedError") and f"rank {n - 1} of the process set failed" in e["rs_local"]
+        assert e["after_local"] == [float(n)]
+        assert "different dtypes or row shapes" in e["ag_dtype"]
+        assert "different dtypes or row shapes" in e["ag_row"]
+        assert e["after_ag"] == [[j, j] for j in range(n)]
         if local == 0:
             assert "did not arrive within 5 s" in r["timeout"]
         assert r["left_in_dev_shm"] == []               # segments are unlinked once mapped

@@ -50,7 +50,8 @@ def _reducescatter_mode(x=None, process_set=None):
     if mode == "auto":
         if hvd.nccl_built():
             return "native"
-        return "shm" if x.dtype == tf.float32 and shm.available(process_set) else "alltoall"
+        vector = x.dtype == tf.float32 and x.shape.rank == 1
+        return "shm" if vector and shm.available(process_set) else "alltoall"
     return mode
 
 

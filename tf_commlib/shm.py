@@ -5,7 +5,8 @@ of a GPU node; Horovod's Gloo sends them through loopback TCP).
 A set uses it when every rank sees the same /dev/shm and the same network stack (an emulated node
 is a network namespace); that is checked once per set with two collectives on the set. Each
 collective op instance gets its own segments (eagerly: one per set; in a tf.function: one per op),
-so every rank must run the same collectives in the same order, as with Horovod. A rank that does not
+so every rank must run the same collectives in the same order, as with Horovod; a failure on one
+rank (bad shape, full /dev/shm) makes every rank of the set raise. A rank that does not
 arrive within TF_COMMLIB_SHM_TIMEOUT seconds (default 600) makes the others raise DeadlineExceeded;
 ranks that pass different lengths or dtypes raise InvalidArgument. TF_COMMLIB_SHM=0 turns it off.
 """
@@ -72,16 +73,25 @@ def _timeout():
     return value
 
 
+def _graph_key(kind):
+    """A name for an op being traced, the same on every rank that traces the same function: the
+    outermost tf.function's name (its uid dropped) and a name unique within it (cond branches and
+    nested functions share the outermost namespace)."""
+    graph = tf.compat.v1.get_default_graph()
+    while hasattr(getattr(graph, "outer_graph", None), "outer_graph"):
+        graph = graph.outer_graph
+    return f"{re.sub(r'_[0-9]+$', '', graph.name)}-{graph.unique_name('shm_' + kind)}"
+
+
 def _attrs(process_set, kind):
-    """Segment, rank, size and timeout of a call; in a graph each op instance has its own segment
-    (the name is the same on every rank that traces the same function)."""
+    """Segment, rank, size and timeout of a call. Eagerly, the calls on a set share one channel; in
+    a graph each op instance has its own, so that ops in flight at once never pair up wrongly (an op
+    must not run twice at once, as in a parallel loop body)."""
     if not available(process_set):
         raise ValueError(f"process set {process_set.ranks} does not share memory (ranks on different "
                          "machines or network namespaces, or TF_COMMLIB_SHM=0)")
-    if tf.executing_eagerly():
-        key = kind
-    else:
-        key = re.sub(r"[^A-Za-z0-9_.-]", "_", tf.compat.v1.get_default_graph().unique_name(kind))
+    key = kind if tf.executing_eagerly() else _graph_key(kind)
+    key = re.sub(r"[^A-Za-z0-9_-]", "_", key)
     return dict(segment=f"{_prefixes[process_set.process_set_id]}_{key}", rank=process_set.rank(),
                 size=process_set.size(), timeout_seconds=_timeout())
 

@@ -30,13 +30,14 @@ Status Map(const std::string& name, size_t bytes, char** out) {
   const std::string path = PathOf(name);
   int fd = open(path.c_str(), O_RDWR | O_CREAT, 0600);
   if (fd < 0) return errors::Unavailable("shared memory: cannot open ", path, ": ", strerror(errno));
-  struct stat st;
-  // Every rank asks for the same size (the name encodes it), so growing is idempotent.
-  if (fstat(fd, &st) != 0 || (static_cast<size_t>(st.st_size) < bytes && ftruncate(fd, bytes) != 0)) {
-    int err = errno;
+  // Reserve the memory now: a full /dev/shm is an error here, not a SIGBUS at the first write.
+  // Every rank asks for the same size (the name encodes it), so this is idempotent.
+  int rc = posix_fallocate(fd, 0, bytes);
+  if (rc != 0) {
     close(fd);
-    return errors::ResourceExhausted("shared memory: cannot size ", path, " to ", bytes, " bytes: ",
-                                     strerror(err));
+    return errors::ResourceExhausted("shared memory: cannot reserve ", bytes, " bytes for ", path, ": ",
+                                     strerror(rc), " (is /dev/shm large enough? TF_COMMLIB_SHM=0 turns "
+                                     "shared memory off)");
   }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
@@ -80,12 +81,13 @@ Status MapData(const std::string& name, size_t bytes, char** out, bool* fresh) {
   return tensorflow::OkStatus();
 }
 
-void ForgetData(const std::string& name) {
+void ForgetData(const std::string& prefix) {
   std::lock_guard<std::mutex> lock(registry_mu);
-  auto it = DataMaps().find(name);
-  if (it == DataMaps().end()) return;
-  munmap(it->second.first, it->second.second);
-  DataMaps().erase(it);
+  auto& maps = DataMaps();
+  for (auto it = maps.lower_bound(prefix); it != maps.end() && it->first.rfind(prefix, 0) == 0;) {
+    munmap(it->second.first, it->second.second);
+    it = maps.erase(it);
+  }
 }
 
 void Unlink(const std::string& name) { unlink(PathOf(name).c_str()); }
@@ -96,6 +98,10 @@ Status Barrier(ShmChannel* ch, int rank, int size, double timeout_s, const char*
   c->arrived[rank].store(ticket, std::memory_order_release);
   const auto start = std::chrono::steady_clock::now();
   for (int spin = 0;; ++spin) {
+    if (c->abandoned.load(std::memory_order_acquire)) {
+      return errors::Aborted(op, ": another rank of the process set timed out waiting on this "
+                             "collective; the shared-memory channel is closed");
+    }
     int missing = -1;
     for (int j = 0; j < size && missing < 0; ++j) {
       if (c->arrived[j].load(std::memory_order_acquire) < ticket) missing = j;
@@ -108,6 +114,7 @@ Status Barrier(ShmChannel* ch, int rank, int size, double timeout_s, const char*
       std::this_thread::sleep_for(std::chrono::microseconds(spin < 5000 ? 20 : 500));
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > timeout_s) {
+        c->abandoned.store(1, std::memory_order_release);
         return errors::DeadlineExceeded(op, ": rank ", missing, " of the process set did not arrive within ",
                                         timeout_s, " s (TF_COMMLIB_SHM_TIMEOUT); every rank of the set must "
                                         "run the same collectives in the same order");

@@ -18,11 +18,15 @@ namespace tf_commlib {
 
 constexpr int kMaxShmRanks = 64;
 
+constexpr int64_t kFailed = -1;   // a rank's entry in `rows` when its call failed before the exchange
+
 struct ShmControl {
   std::atomic<uint64_t> arrived[kMaxShmRanks];   // the last barrier ticket each rank reached
-  int64_t rows[2][kMaxShmRanks];                 // per call parity: each rank's row count
-  int64_t row_bytes[2][kMaxShmRanks];            // and bytes per row
-  int64_t dtype[2][kMaxShmRanks];                // and the TF dtype enum
+  std::atomic<int64_t> abandoned;                // set by a rank that timed out: the channel is dead
+  // Per call parity (a rank may already be in the next call while others read these):
+  int64_t rows[2][kMaxShmRanks];                 // each rank's rows (or length), or kFailed
+  int64_t row_shape[2][kMaxShmRanks];            // a hash of the row shape and dtype (all-gather)
+  int64_t mapped[2][kMaxShmRanks];               // 1 when the rank mapped the call's data segment
 };
 
 // The process-wide state of one key: its control segment and how many barriers/calls it has seen.
@@ -31,7 +35,9 @@ struct ShmChannel {
   ShmControl* control = nullptr;
   uint64_t ticket = 0;           // barriers passed (the same count on every rank)
   uint64_t calls = 0;
+  uint64_t epoch = 0;            // data segment names carry it; a failed call starts a new one
   bool fresh = true;             // the control segment is still linked in /dev/shm
+  tensorflow::Status broken;     // after a timeout every later call fails at once
 };
 
 // The channel of `name` (created on first use; lives as long as the process).
@@ -40,12 +46,14 @@ tensorflow::Status OpenChannel(const std::string& name, ShmChannel** out);
 // /dev/shm/<name> of `bytes`, mapped; cached by name. *fresh is true on its first use here.
 tensorflow::Status MapData(const std::string& name, size_t bytes, char** out, bool* fresh);
 
-// Unmaps a data segment: after ranks disagreed on a call, each maps the next one afresh.
-void ForgetData(const std::string& name);
+// Unmaps the data segments whose names start with `prefix`: after a call failed on some rank,
+// every rank maps the next call's segments afresh (so no rank keeps an unlinked file others lost).
+void ForgetData(const std::string& prefix);
 
 void Unlink(const std::string& name);
 
 // Arrives at the channel's next barrier and waits, up to timeout_s, for the other ranks of the set.
+// A rank that times out marks the channel abandoned, so that a late rank fails instead of waiting.
 tensorflow::Status Barrier(ShmChannel* ch, int rank, int size, double timeout_s, const char* op);
 
 }  // namespace tf_commlib

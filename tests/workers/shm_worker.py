@@ -46,17 +46,22 @@ for tag, pset in sets.items():
 
 pset = topo.intra
 errors = {}
+k = pset.size()
 for name, call in [
-        ("rs_length", lambda: shm.reducescatter(vec(pset.size() * (1 + pset.rank())), pset)),
+        # lengths 2k on rank 0 (used before, by "ok_2k") and 4k elsewhere, then 2k everywhere
+        ("ok_2k", lambda: shm.reducescatter(tf.ones([2 * k]), pset)),
+        ("rs_length", lambda: shm.reducescatter(tf.ones([2 * k if pset.rank() == 0 else 4 * k]), pset)),
+        ("after_length", lambda: shm.reducescatter(tf.ones([2 * k]) * (1 + pset.rank()), pset)),
+        ("rs_local", lambda: shm.reducescatter(tf.ones([k + (pset.rank() == k - 1)]), pset)),   # one rank
+        ("after_local", lambda: shm.reducescatter(tf.ones([k]), pset)),
         ("ag_dtype", lambda: shm.allgather(tf.zeros([1], tf.float32 if pset.rank() else tf.int32), pset)),
-        ("ag_row", lambda: shm.allgather(tf.zeros([1, 1 + pset.rank()]), pset))]:
+        ("ag_row", lambda: shm.allgather(tf.zeros([1, 1 + pset.rank()]), pset)),
+        ("after_ag", lambda: shm.allgather(tf.fill([1, 2], pset.rank()), pset))]:
     try:
-        call()
-        errors[name] = None
-    except tf.errors.InvalidArgumentError as e:
-        errors[name] = e.message
+        errors[name] = call().numpy().tolist()
+    except (tf.errors.InvalidArgumentError, tf.errors.AbortedError) as e:
+        errors[name] = type(e).__name__ + ": " + e.message
 out["errors"] = errors
-out["after_errors"] = shm.reducescatter(tf.ones([pset.size()]), pset).numpy().tolist()
 if pset.rank() == 0:   # the others never come: this rank must raise, not hang
     try:
         shm.allgather(tf.ones([1]), pset)
