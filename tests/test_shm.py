@@ -63,3 +63,11 @@ def test_shm_collectives_match_numpy(layout, tmp_path):
         if local == 0:
             assert "did not arrive within 5 s" in r["timeout"]
         assert r["left_in_dev_shm"] == []               # segments are unlinked once mapped
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "nan", "ten"])
+def test_timeout_must_be_positive(value, monkeypatch):
+    from tf_commlib import shm
+    monkeypatch.setenv("TF_COMMLIB_SHM_TIMEOUT", value)
+    with pytest.raises(ValueError, match="TF_COMMLIB_SHM_TIMEOUT"):
+        shm._timeout()

@@ -67,9 +67,13 @@ def available(process_set):
 
 
 def _timeout():
-    value = float(os.environ.get("TF_COMMLIB_SHM_TIMEOUT", "600"))
+    text = os.environ.get("TF_COMMLIB_SHM_TIMEOUT", "600")
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
     if not value > 0:
-        raise ValueError(f"TF_COMMLIB_SHM_TIMEOUT must be a positive number of seconds, got {value}")
+        raise ValueError(f"TF_COMMLIB_SHM_TIMEOUT must be a positive number of seconds, got {text!r}")
     return value
 
 
