@@ -51,7 +51,7 @@ def _reducescatter_mode(x=None, process_set=None):
         if hvd.nccl_built():
             return "native"
         vector = x.dtype == tf.float32 and x.shape.rank == 1
-        return "shm" if vector and shm.available(process_set) else "alltoall"
+        return "shm" if vector and _shared_memory(process_set) else "alltoall"
     return mode
 
 
