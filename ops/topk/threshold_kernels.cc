@@ -74,15 +74,15 @@ class ThresholdSelectOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& xt = ctx->input(0);
     const double threshold = ctx->input(1).scalar<double>()();
-    OP_REQUIRES(ctx, !std::isnan(threshold),
-                errors::InvalidArgument("threshold_select: threshold is NaN"));
     const int64_t d = xt.NumElements();
     OP_REQUIRES_OK(ctx, CheckIndexType<Tidx>("threshold_select", d));
     const T* x = xt.flat<T>().data();
-    if (!allow_nan_) {
+    if (!allow_nan_) {   // first: a NaN in x is the usual cause of a NaN threshold (dgc_topk's sample)
       const int64_t n_nan = CountNan(ctx, x, d);
       OP_REQUIRES_OK(ctx, CheckNan("threshold_select", n_nan, false));
     }
+    OP_REQUIRES(ctx, !std::isnan(threshold),
+                errors::InvalidArgument("threshold_select: threshold is NaN"));
     std::vector<int64_t> idx;
     for (const Entry& e : CollectRange(ctx, x, d, threshold, kNoUpper)) idx.push_back(e.index);
     OP_REQUIRES_OK(ctx, WriteSelection<T, Tidx>(ctx, x, idx));
