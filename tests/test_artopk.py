@@ -1,0 +1,128 @@
+"""AR-Topk (tyagi): star, var, star_hier and var_hier inside tf.function against a numpy reference
+of the paper's algorithm, bit-for-bit on every rank, for several steps (STAR's root moving with
+the step), on 2x2, 1x4, 3x1 and 5 ranks flat; density 1.0 equals dense; error feedback conserves
+mass; the bytes moved in every step equal each collective's formula."""
+import math
+
+import numpy as np
+import pytest
+
+from tests import hvdrun
+from tests import reference as ref
+from tf_commlib import link_bytes
+from tf_commlib.collectives import ALGORITHMS
+
+NAMES, DENSITIES, SEED = ("star", "var", "star_hier", "var_hier"), (0.05, 1.0), 11
+
+
+def select(x, k, step, rank, size):
+    """The indices mstopk selects with the aggregator's per-rank seed."""
+    return ref.mstopk(x, k, seed=(SEED + step * 1_000_003) * size + rank)[0] if len(x) else np.zeros(0, int)
+
+
+def root_of(variant, step, fused, chosen):
+    """STAR: step mod N; VAR: the largest ||top-k values||^2, ties to the lowest."""
+    if variant == "star":
+        return step % len(fused)
+    norms = [np.sum(np.square(f[c].astype(np.float64))) for f, c in zip(fused, chosen)]
+    return int(np.flatnonzero(norms == np.max(norms))[0])
+
+
+def ar_topk_round(fused, real, k, variant, step, ranks, size):
+    """One AR-Topk round over the set whose members hold `fused` (selection among [:real]):
+    (the root's indices, their sum over the set, the members' new residuals)."""
+    chosen = [select(f[:real], k, step, r, size) for f, r in zip(fused, ranks)]
+    idx = chosen[root_of(variant, step, fused, chosen)]
+    total = np.zeros(len(idx), np.float32)
+    for f in fused:
+        total += f[idx]
+    residuals = [f.copy() for f in fused]
+    for rv in residuals:
+        rv[idx] = 0
+    return idx, total, residuals
+
+
+def flat_ref(inputs, density, variant):
+    """inputs[step][rank] -> (result per step, residual per rank)."""
+    size, d = len(inputs[0]), len(inputs[0][0])
+    res = [np.zeros(d, np.float32) for _ in range(size)]
+    k, results = max(1, math.ceil(density * d)), []
+    for step, xs in enumerate(inputs):
+        idx, total, res = ar_topk_round([x + r for x, r in zip(xs, res)], d, k, variant, step, range(size), size)
+        out = np.zeros(d, np.float32)
+        out[idx] = total
+        results.append(out)
+    return results, res
+
+
+def hier_ref(inputs, density, variant, m, n):
+    """Intra reduce-scatter, AR-Topk over the nodes on each shard, allgather: (results, {(i, j): residual})."""
+    d = len(inputs[0][0])
+    s = math.ceil(d / n)
+    res = {(i, j): np.zeros(s, np.float32) for i in range(m) for j in range(n)}
+    k, results = max(1, math.ceil(density * d / n)), []
+    for step, xs in enumerate(inputs):
+        padded = [np.concatenate([x, np.zeros(n * s - d, np.float32)]) for x in xs]
+        full = np.zeros(n * s, np.float32)
+        for j in range(n):
+            real = max(0, min(s, d - j * s))
+            fused = [np.sum([padded[i * n + q][j * s:(j + 1) * s] for q in range(n)], axis=0) + res[(i, j)]
+                     for i in range(m)]
+            idx, total, new = ar_topk_round(fused, real, k, variant, step, [i * n + j for i in range(m)], m * n)
+            full[j * s + idx] = total
+            res.update({(i, j): new[i] for i in range(m)})
+        results.append(full[:d])
+    return results, res
+
+
+def reference(name, inputs, density, m, n):
+    """(results, residual of each rank in rank order, what the residuals hold summed at their place in x)."""
+    variant, _, hier = name.partition("_")
+    if not hier:
+        results, res = flat_ref(inputs, density, variant)
+        return results, res, np.sum(res, axis=0)
+    results, res = hier_ref(inputs, density, variant, m, n)
+    d, s = len(inputs[0][0]), math.ceil(len(inputs[0][0]) / n)
+    left = np.zeros(n * s, np.float32)
+    for (i, j), rv in res.items():
+        left[j * s:(j + 1) * s] += rv
+    return results, [res[divmod(r, n)] for r in range(m * n)], left[:d]
+
+
+@pytest.mark.parametrize("layout", ["2x2", "1x4", "3x1", "flat5"])
+def test_ar_topk_matches_numpy_on_every_rank(layout, tmp_path):
+    ranks = 5 if layout == "flat5" else math.prod(map(int, layout.split("x")))
+    reports = hvdrun.run("artopk_worker.py", ranks, tmp_path, topology=None if layout == "flat5" else layout,
+                         timeout=400)
+    m, n = reports[0]["m"], reports[0]["n"]
+    assert m * n == ranks
+    steps = len(reports[0]["inputs"])
+    inputs = [[np.array(r["inputs"][step], np.float32) for r in reports] for step in range(steps)]
+    dense = [np.sum(xs, axis=0) for xs in inputs]
+    total_in = np.sum(dense, axis=0)
+    for name in NAMES:
+        for density in DENSITIES:
+            key = f"{name}@{density}"
+            want, want_res, left = reference(name, inputs, density, m, n)
+            for r in reports:   # bit-identical on every rank, every step
+                np.testing.assert_array_equal(np.array(r[key]["results"], np.float32), np.array(want),
+                                              err_msg=f"{key} rank {r['rank']} on {layout}")
+                np.testing.assert_array_equal(r[key]["residual"], want_res[r["rank"]], err_msg=f"{key} residual")
+            # error feedback conserves mass: aggregated + left in the residuals = what went in
+            np.testing.assert_array_equal(np.sum(want, axis=0) + left, total_in, err_msg=key)
+            if density == 1.0:
+                np.testing.assert_array_equal(np.array(want), np.array(dense), err_msg=key)
+            formula = ALGORITHMS[name].sent_bytes(len(total_in), m, n, density)
+            for step in range(steps):   # the root moves; the bytes do not
+                got = {link: sum(r[key]["sent"][step][link] for r in reports) for link in link_bytes.LINKS}
+                assert got == pytest.approx({link: ranks * formula[link] for link in link_bytes.LINKS},
+                                            rel=1e-12, abs=1e-9), f"{key} step {step} on {layout}"
+    if m > 1:   # STAR's root moved: the first steps' sums differ from VAR's or from each other
+        assert any(not np.array_equal(a, b) for a, b in zip(reference("star", inputs, 0.05, m, n)[0],
+                                                            reference("var", inputs, 0.05, m, n)[0]))
+    tiny = [np.arange(1, 6, dtype=np.float32) * (r + 1) for r in range(ranks)]
+    for name in ("star_hier", "var_hier"):   # d = 5 < 2n: a short and (n = 4) an empty shard
+        want, want_res, _ = reference(name, [tiny], 0.5, m, n)
+        for r in reports:
+            np.testing.assert_array_equal(r[f"{name}@tiny"]["results"], want[0], err_msg=f"{name} tiny")
+            np.testing.assert_array_equal(r[f"{name}@tiny"]["residual"], want_res[r["rank"]])
