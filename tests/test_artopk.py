@@ -12,26 +12,28 @@ from tests import reference as ref
 from tf_commlib import link_bytes
 from tf_commlib.collectives import ALGORITHMS
 
-NAMES, DENSITIES, SEED = ("star", "var", "star_hier", "var_hier"), (0.05, 1.0), 11
+NAMES, DENSITIES, SEED, BUCKETS = ("star", "var", "star_hier", "var_hier"), (0.05, 1.0), 11, (0, 601, 1001)
 
 
-def select(x, k, step, rank, size):
+def select(x, k, seed, rank, size):
     """The indices mstopk selects with the aggregator's per-rank seed."""
-    return ref.mstopk(x, k, seed=(SEED + step * 1_000_003) * size + rank)[0] if len(x) else np.zeros(0, int)
+    return ref.mstopk(x, k, seed=seed * size + rank)[0] if len(x) else np.zeros(0, int)
 
 
 def root_of(variant, step, fused, chosen):
-    """STAR: step mod N; VAR: the largest ||top-k values||^2, ties to the lowest."""
-    if variant == "star":
-        return step % len(fused)
+    """STAR: step mod N; VAR: the largest ||top-k values||^2, ties to the lowest; "root0": always 0
+    (what STAR would do if the step did not reach it)."""
+    if variant in ("star", "root0"):
+        return step % len(fused) if variant == "star" else 0
     norms = [np.sum(np.square(f[c].astype(np.float64))) for f, c in zip(fused, chosen)]
     return int(np.flatnonzero(norms == np.max(norms))[0])
 
 
-def ar_topk_round(fused, real, k, variant, step, ranks, size):
+def ar_topk_round(fused, real, k, variant, step, ranks, size, bucket):
     """One AR-Topk round over the set whose members hold `fused` (selection among [:real]):
     (the root's indices, their sum over the set, the members' new residuals)."""
-    chosen = [select(f[:real], k, step, r, size) for f, r in zip(fused, ranks)]
+    seed = SEED + step * 1_000_003 + bucket * 7919   # GradientAggregator's
+    chosen = [select(f[:real], k, seed, r, size) for f, r in zip(fused, ranks)]
     idx = chosen[root_of(variant, step, fused, chosen)]
     total = np.zeros(len(idx), np.float32)
     for f in fused:
@@ -42,20 +44,21 @@ def ar_topk_round(fused, real, k, variant, step, ranks, size):
     return idx, total, residuals
 
 
-def flat_ref(inputs, density, variant):
+def flat_ref(inputs, density, variant, bucket):
     """inputs[step][rank] -> (result per step, residual per rank)."""
     size, d = len(inputs[0]), len(inputs[0][0])
     res = [np.zeros(d, np.float32) for _ in range(size)]
     k, results = max(1, math.ceil(density * d)), []
     for step, xs in enumerate(inputs):
-        idx, total, res = ar_topk_round([x + r for x, r in zip(xs, res)], d, k, variant, step, range(size), size)
+        idx, total, res = ar_topk_round([x + r for x, r in zip(xs, res)], d, k, variant, step, range(size), size,
+                                      bucket)
         out = np.zeros(d, np.float32)
         out[idx] = total
         results.append(out)
     return results, res
 
 
-def hier_ref(inputs, density, variant, m, n):
+def hier_ref(inputs, density, variant, m, n, bucket):
     """Intra reduce-scatter, AR-Topk over the nodes on each shard, allgather: (results, {(i, j): residual})."""
     d = len(inputs[0][0])
     s = math.ceil(d / n)
@@ -68,20 +71,21 @@ def hier_ref(inputs, density, variant, m, n):
             real = max(0, min(s, d - j * s))
             fused = [np.sum([padded[i * n + q][j * s:(j + 1) * s] for q in range(n)], axis=0) + res[(i, j)]
                      for i in range(m)]
-            idx, total, new = ar_topk_round(fused, real, k, variant, step, [i * n + j for i in range(m)], m * n)
+            idx, total, new = ar_topk_round(fused, real, k, variant, step, [i * n + j for i in range(m)], m * n,
+                                            bucket)
             full[j * s + idx] = total
             res.update({(i, j): new[i] for i in range(m)})
         results.append(full[:d])
     return results, res
 
 
-def reference(name, inputs, density, m, n):
-    """(results, residual of each rank in rank order, what the residuals hold summed at their place in x)."""
+def reference(name, inputs, density, m, n, bucket=0):
+    """One bucket: (results, residual of each rank in rank order, the residuals summed at their place)."""
     variant, _, hier = name.partition("_")
     if not hier:
-        results, res = flat_ref(inputs, density, variant)
+        results, res = flat_ref(inputs, density, variant, bucket)
         return results, res, np.sum(res, axis=0)
-    results, res = hier_ref(inputs, density, variant, m, n)
+    results, res = hier_ref(inputs, density, variant, m, n, bucket)
     d, s = len(inputs[0][0]), math.ceil(len(inputs[0][0]) / n)
     left = np.zeros(n * s, np.float32)
     for (i, j), rv in res.items():
@@ -103,23 +107,31 @@ def test_ar_topk_matches_numpy_on_every_rank(layout, tmp_path):
     for name in NAMES:
         for density in DENSITIES:
             key = f"{name}@{density}"
-            want, want_res, left = reference(name, inputs, density, m, n)
+            want, lefts = [], []
+            for b, (lo, hi) in enumerate(zip(BUCKETS, BUCKETS[1:])):
+                results, want_res, left = reference(name, [[x[lo:hi] for x in xs] for xs in inputs], density, m, n, b)
+                want.append(np.array(results))
+                lefts.append(left)
+                for r in reports:
+                    np.testing.assert_array_equal(r[key]["residuals"][b], want_res[r["rank"]], err_msg=f"{key} residual")
+            want, left = np.concatenate(want, axis=1), np.concatenate(lefts)
             for r in reports:   # bit-identical on every rank, every step
-                np.testing.assert_array_equal(np.array(r[key]["results"], np.float32), np.array(want),
+                np.testing.assert_array_equal(np.array(r[key]["results"], np.float32), want,
                                               err_msg=f"{key} rank {r['rank']} on {layout}")
-                np.testing.assert_array_equal(r[key]["residual"], want_res[r["rank"]], err_msg=f"{key} residual")
             # error feedback conserves mass: aggregated + left in the residuals = what went in
             np.testing.assert_array_equal(np.sum(want, axis=0) + left, total_in, err_msg=key)
             if density == 1.0:
-                np.testing.assert_array_equal(np.array(want), np.array(dense), err_msg=key)
-            formula = ALGORITHMS[name].sent_bytes(len(total_in), m, n, density)
+                np.testing.assert_array_equal(want, np.array(dense), err_msg=key)
+            formula = [ALGORITHMS[name].sent_bytes(hi - lo, m, n, density) for lo, hi in zip(BUCKETS, BUCKETS[1:])]
             for step in range(steps):   # the root moves; the bytes do not
                 got = {link: sum(r[key]["sent"][step][link] for r in reports) for link in link_bytes.LINKS}
-                assert got == pytest.approx({link: ranks * formula[link] for link in link_bytes.LINKS},
+                assert got == pytest.approx({link: ranks * sum(f[link] for f in formula) for link in link_bytes.LINKS},
                                             rel=1e-12, abs=1e-9), f"{key} step {step} on {layout}"
-    if m > 1:   # STAR's root moved: the first steps' sums differ from VAR's or from each other
-        assert any(not np.array_equal(a, b) for a, b in zip(reference("star", inputs, 0.05, m, n)[0],
-                                                            reference("var", inputs, 0.05, m, n)[0]))
+    # the step reaches STAR: a root fixed at 0 would have given other sums
+    for name in ("star", "star_hier") if m > 1 else ("star",):
+        fixed = reference(name.replace("star", "root0"), [[x[:601] for x in xs] for xs in inputs], 0.05, m, n)[0]
+        star = reference(name, [[x[:601] for x in xs] for xs in inputs], 0.05, m, n)[0]
+        assert not np.array_equal(np.array(fixed), np.array(star)), name
     tiny = [np.arange(1, 6, dtype=np.float32) * (r + 1) for r in range(ranks)]
     for name in ("star_hier", "var_hier"):   # d = 5 < 2n: a short and (n = 4) an empty shard
         want, want_res, _ = reference(name, [tiny], 0.5, m, n)
