@@ -8,9 +8,9 @@ else, this rank's own top-k entries at other positions included.
 
 The root is known only at run time, so its indices travel by primitives.broadcast with a tensor
 root: a tf.switch_case over one Horovod broadcast per possible root, of the root's length and then
-of its indices. Measured on 4 Gloo ranks of this 2-core machine under load (tf.function, median
-of 15, ms for 1e3 / 1e5 / 1e6 int32 indices, /tmp/artopk/bcast_bench.py in the branch's report):
-masked allreduce (root's indices, zeros elsewhere) 14.8 / 17.2 / 74.5; allgather and a slice
+of its indices. Measured with a 4-rank horovodrun script timing the three in tf.function on this
+2-core machine while other jobs loaded it (median of 15, ms for 1e3 / 1e5 / 1e6 int32 indices):
+masked allreduce (root's indices, zeros elsewhere) 14.8 / 17.2 / 74.5; Horovod allgather, slice
 12.3 / 9.8 / 42.4; switch_case over broadcasts 14.4 / 9.8 / 19.9. The time formulas are tyagi's
 ART-Ring (eq. 4a): a tree broadcast, α·log N + M·β·log N (here twice: length and indices), and a
 ring All-Reduce of the k values.
@@ -98,14 +98,6 @@ def hierarchical(variant):
     return fn
 
 
-def flat_residual_size(d, topo):
-    return d
-
-
-def flat_residual_to_input(residual, d, topo):
-    return residual
-
-
 def tree_broadcast(nbytes, p, alpha, beta):
     """ART-Ring's broadcast term: log2(p)·(α + nbytes·β)."""
     return (math.log2(p) if p > 1 else 0.0) * (alpha + nbytes * beta)
@@ -120,7 +112,8 @@ def _root_choice(variant, p, link):
 
 def flat_time(variant):
     """ART-Ring (tyagi eq. 4a) over all P ranks with 4-byte indices and values: the indices'
-    broadcast (after one of their length) and the values' ring All-Reduce, on the world's slowest link; selection on d, scatter-add and error feedback."""
+    broadcast (after one of their length) and the values' ring All-Reduce, on the world's
+    slowest link; selection on d, scatter-add and error feedback."""
     def time(d, m, n, density, params, options):
         k, p, link = num_selected(density, d), m * n, C.world_link(m, params)
         return {"select": C.select_cost(d, params), **_root_choice(variant, p, link),
