@@ -115,7 +115,8 @@ def test_ar_topk_matches_numpy_on_every_rank(layout, tmp_path):
                 for r in reports:
                     np.testing.assert_array_equal(r[key]["residuals"][b], want_res[r["rank"]], err_msg=f"{key} residual")
             want, left = np.concatenate(want, axis=1), np.concatenate(lefts)
-            for r in reports:   # bit-identical on every rank, every step
+            for r in reports:   # bit-identical on every rank and step, from one trace (STAR's root moves in it)
+                assert r[key]["traces"] == 1, key
                 np.testing.assert_array_equal(np.array(r[key]["results"], np.float32), want,
                                               err_msg=f"{key} rank {r['rank']} on {layout}")
             # error feedback conserves mass: aggregated + left in the residuals = what went in
@@ -138,3 +139,36 @@ def test_ar_topk_matches_numpy_on_every_rank(layout, tmp_path):
         for r in reports:
             np.testing.assert_array_equal(r[f"{name}@tiny"]["results"], want[0], err_msg=f"{name} tiny")
             np.testing.assert_array_equal(r[f"{name}@tiny"]["residual"], want_res[r["rank"]])
+
+
+# tyagi Table VI, ResNet18 (M = 11689512 floats), alpha = 1 ms, 10 and 1 Gbit/s, N = 8:
+# (1/beta in Gbit/s, c) -> (AG, ART-Ring, ART-Tree) in ms
+TABLE_VI = {(10, 0.1): (54, 35, 43.2), (10, 0.01): (7.66, 18.1, 12.2), (10, 0.001): (3.28, 16.7, 9),
+            (1, 0.1): (526.3, 194.7, 345.6), (1, 0.01): (51.93, 34.1, 41.9), (1, 0.001): (8.86, 19.5, 12.8)}
+
+
+@pytest.mark.parametrize("gbit, c", sorted(TABLE_VI))
+def test_tyagi_formulas_reproduce_table_vi(gbit, c):
+    from tf_commlib.collectives import ar_topk as A
+    mc, beta = 11689512 * 4 * c, 8 / (gbit * 1e9)
+    got = [1e3 * f(mc, 8, 1e-3, beta) for f in (A.tyagi_ag, A.art_ring, A.art_tree)]
+    assert got == pytest.approx(TABLE_VI[(gbit, c)], rel=0.08)
+
+
+def test_star_and_var_time_is_art_ring():
+    """The flat collectives' communication is ART-Ring on the world's link plus the length's
+    broadcast (and VAR's norms); star_hier's ART-Ring runs among the m nodes on n shards at once."""
+    from tf_commlib.collectives import ar_topk as A
+    from tf_commlib.costmodel import LinkParams
+    params, d, density = LinkParams(), 1_000_000, 0.01
+    k = math.ceil(density * d)
+    for m, n in ((2, 2), (3, 1), (1, 4)):
+        link = (params.alpha_inter, params.beta_inter) if m > 1 else (params.alpha_intra, params.beta_intra)
+        star = ALGORITHMS["star"].breakdown(d, m, n, density, params)
+        var = ALGORITHMS["var"].breakdown(d, m, n, density, params)
+        assert star["art_ring"] == pytest.approx(A.art_ring(4 * k, m * n, *link))
+        assert star["length"] == pytest.approx(math.log2(m * n) * (link[0] + 4 * link[1]))
+        assert set(var) - set(star) == {"norms"} and var["art_ring"] == star["art_ring"]
+    hier = ALGORITHMS["star_hier"].breakdown(d, 2, 2, density, params)
+    assert hier["art_ring"] == pytest.approx(A.art_ring(4 * math.ceil(density * d / 2) * 2, 2,
+                                                        params.alpha_inter, params.beta_inter))

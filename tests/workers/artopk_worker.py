@@ -36,6 +36,7 @@ for name in NAMES:
                 results.append(np.concatenate([g.numpy().ravel() for g in got]).tolist())
                 sent.append(counter.result())
         out[f"{name}@{density}"] = {"results": results, "sent": sent,
+                                    "traces": call.experimental_get_tracing_count(),   # the root moved inside it
                                     "residuals": [v.numpy().tolist() for v in agg.residual_variables()]}
 
 # d = 5 on n ranks per node: shards of 2, so with n = 4 the last one is empty (eager, step 0,

@@ -12,8 +12,9 @@ of its indices. Measured with a 4-rank horovodrun script timing the three in tf.
 2-core machine while other jobs loaded it (median of 15, ms for 1e3 / 1e5 / 1e6 int32 indices):
 masked allreduce (root's indices, zeros elsewhere) 14.8 / 17.2 / 74.5; Horovod allgather, slice
 12.3 / 9.8 / 42.4; switch_case over broadcasts 14.4 / 9.8 / 19.9. The time formulas are tyagi's
-ART-Ring (eq. 4a): a tree broadcast, α·log N + M·β·log N (here twice: length and indices), and a
-ring All-Reduce of the k values.
+ART-Ring (eq. 4a, art_ring: a tree broadcast of the indices and a ring All-Reduce of the k values,
+after a broadcast of the root's length); his AG (eq. 3) and ART-Tree (eq. 4b) stand beside it
+(tyagi_ag, art_tree) for comparison.
 """
 import math
 
@@ -99,8 +100,26 @@ def hierarchical(variant):
 
 
 def tree_broadcast(nbytes, p, alpha, beta):
-    """ART-Ring's broadcast term: log2(p)·(α + nbytes·β)."""
+    """A binomial-tree broadcast: log2(p)·(α + nbytes·β)."""
     return (math.log2(p) if p > 1 else 0.0) * (alpha + nbytes * beta)
+
+
+# tyagi §3-C, eqs. (3), (4a), (4b), for Mc bytes of selected values (M bytes dense, ratio c) on N
+# ranks: the all-gather Top-k it compares against, and AR-Topk with a ring or a tree All-Reduce.
+def tyagi_ag(mc, p, alpha, beta):
+    """AG = α·log N + 2·Mc·β·(N−1) (values and indices gathered from every rank)."""
+    return (math.log2(p) if p > 1 else 0.0) * alpha + 2 * mc * beta * (p - 1)
+
+
+def art_ring(mc, p, alpha, beta):
+    """ART-Ring = α·[2(N−1) + log N] + Mc·β·[2(N−1)/N + log N]: the indices' tree broadcast and a
+    ring All-Reduce of the values (what star and var run: Horovod's allreduce is a ring)."""
+    return tree_broadcast(mc, p, alpha, beta) + C.ring_allreduce(mc, p, alpha, beta)
+
+
+def art_tree(mc, p, alpha, beta):
+    """ART-Tree = 3α·log N + 3·Mc·β·log N: the broadcast and a tree reduce + broadcast."""
+    return 3 * tree_broadcast(mc, p, alpha, beta)
 
 
 def _root_choice(variant, p, link):
@@ -111,14 +130,13 @@ def _root_choice(variant, p, link):
 
 
 def flat_time(variant):
-    """ART-Ring (tyagi eq. 4a) over all P ranks with 4-byte indices and values: the indices'
-    broadcast (after one of their length) and the values' ring All-Reduce, on the world's
-    slowest link; selection on d, scatter-add and error feedback."""
+    """ART-Ring (tyagi eq. 4a) over all P ranks with Mc = 4·k bytes of indices and of values, on the
+    world's slowest link, after one tree broadcast of the root's length (4 bytes); selection on d,
+    scatter-add and error feedback."""
     def time(d, m, n, density, params, options):
         k, p, link = num_selected(density, d), m * n, C.world_link(m, params)
         return {"select": C.select_cost(d, params), **_root_choice(variant, p, link),
-                "broadcast": tree_broadcast(C.BYTES, p, *link) + tree_broadcast(C.BYTES * k, p, *link),
-                "allreduce": C.ring_allreduce(C.BYTES * k, p, *link),
+                "length": tree_broadcast(C.BYTES, p, *link), "art_ring": art_ring(C.BYTES * k, p, *link),
                 "scatter_add": C.scatter_add_cost(k, d, params), "residual": C.residual_cost(k, d, params)}
     return time
 
@@ -139,7 +157,7 @@ def flat_bytes(variant):
 
 
 def hier_time(variant):
-    """eq. (7) intra reduce-scatter, selection on d/n, ART-Ring over the m nodes on each shard
+    """eq. (7) intra reduce-scatter, selection on d/n, ART-Ring (eq. 4a) over the m nodes on each shard
     (the n concurrent inter-node rounds share each node's link), an intra All-Gather of the k
     aggregated entries (8 bytes each), scatter-add of n·k into d and error feedback on the shard."""
     def time(d, m, n, density, params, options):
@@ -148,8 +166,7 @@ def hier_time(variant):
         a, b = params.alpha_intra, params.beta_intra
         return {"reducescatter": C.reducescatter(C.BYTES * n * s, n, a, b), "select": C.select_cost(s, params),
                 **_root_choice(variant, m, (inter[0], inter[1] * n)),
-                "broadcast": tree_broadcast(C.BYTES * n, m, *inter) + tree_broadcast(C.BYTES * k * n, m, *inter),
-                "inter_allreduce": C.ring_allreduce(C.BYTES * k * n, m, *inter),
+                "length": tree_broadcast(C.BYTES * n, m, *inter), "art_ring": art_ring(C.BYTES * k * n, m, *inter),
                 "intra_allgather": C.allgather(C.SPARSE_BYTES * k, n, a, b),
                 "scatter_add": C.scatter_add_cost(n * k, d, params), "residual": C.residual_cost(k, s, params)}
     return time
