@@ -10,7 +10,7 @@ import pytest
 from tests import hvdrun
 from tests.test_convergence import train
 from tf_commlib.keras import DistributedOptimizer
-from tf_commlib.keras.adaptive import CANDIDATES, knee_density
+from tf_commlib.keras.adaptive import CANDIDATES, knee_density, reprofile_reason
 
 
 def test_knee_of_a_symmetric_tradeoff_is_the_middle():
@@ -47,6 +47,17 @@ def test_knee_matches_a_grid_search(seed):
     want = grid_knee(CANDIDATES, compute, sync, gains)   # within the spacing of 40 individuals over 2 decades
     assert math.log10(got) == pytest.approx(math.log10(want), abs=0.1)
     assert knee_density([0.05], [1.0], [1.0], [0.5]) == 0.05   # one candidate: it
+
+
+def test_reprofile_when_the_gain_moves_ten_percent_or_the_link_changes():
+    from tf_commlib.costmodel import LinkParams
+    link, slower = LinkParams(), LinkParams(beta_inter=8 / 1e9)
+    assert reprofile_reason(None, link, None, None, 0.1) == "first"
+    assert reprofile_reason(link, slower, 0.5, 0.5, 0.1) == "link"
+    assert reprofile_reason(link, LinkParams(), None, 0.3, 0.1) is None   # the first epoch sets the baseline
+    assert reprofile_reason(link, link, 0.5, 0.46, 0.1) is None
+    assert reprofile_reason(link, link, 0.5, 0.45, 0.1) == "gain"
+    assert reprofile_reason(link, link, 0.5, 0.56, 0.1) == "gain"
 
 
 @pytest.mark.parametrize("kwargs, message", [

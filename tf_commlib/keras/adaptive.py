@@ -107,6 +107,19 @@ def gain_between(before, after):
     return float(delta[0] / delta[1]) if delta[1] > 0 else 1.0
 
 
+def reprofile_reason(profiled_link, link, baseline, gain, tolerance):
+    """Why to profile now: "first" (never profiled), "link" (the link parameters changed), "gain"
+    (the last epoch's gain moved >= tolerance from the baseline, the first epoch after the last
+    choice), or None."""
+    if profiled_link is None:
+        return "first"
+    if link != profiled_link:
+        return "link"
+    if baseline is not None and gain is not None and abs(gain - baseline) >= tolerance * baseline * (1 - 1e-9):
+        return "gain"
+    return None
+
+
 class DensityProfiler:
     """Runs `steps` training steps of `model` on `batches` ((x, y) pairs, the same count on every
     rank) per candidate density from a snapshot that it restores exactly afterwards."""
@@ -189,16 +202,10 @@ class AdaptiveDensity(keras.callbacks.Callback):
             with keras.name_scope(opt.name, caller=opt):
                 opt.build(self.model.trainable_variables)
             opt.built = True
-        reason = None
-        if self.profiled_link is None:
-            reason = "first"
-        elif self.link_params != self.profiled_link:
-            reason = "link"
         gain = self.epoch_gain()
+        reason = reprofile_reason(self.profiled_link, self.link_params, self.baseline, gain, self.tolerance)
         if reason is None and self.baseline is None:
             self.baseline = gain
-        elif reason is None and gain is not None and abs(gain - self.baseline) >= self.tolerance * self.baseline:
-            reason = "gain"
         rows = self.choose() if reason else None
         self.history.append({"epoch": epoch, "density": opt.target_density, "profiled": reason, "gain": gain,
                              "profile": rows})
