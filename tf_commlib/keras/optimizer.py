@@ -141,8 +141,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     # -- epoch-driven policy ---------------------------------------------------------------
     def density_at(self, epoch):
-        if epoch < self.warmup:
-            return max(self.target_density, WARMUP_DENSITIES[min(epoch, len(WARMUP_DENSITIES) - 1)])
+        if epoch < self.warmup:   # adaptive: the choice comes after the warm-up, which alone decides
+            warm = WARMUP_DENSITIES[min(epoch, len(WARMUP_DENSITIES) - 1)]
+            return warm if self.adaptive else max(self.target_density, warm)
         return self.target_density
 
     def algorithm_at(self, epoch):
