@@ -7,7 +7,9 @@ node's address, then ``srun --kill-on-bad-exit=1 --distribution=block`` one task
 ranks, so tf_commlib.init() finds the nodes x tasks-per-node layout. Each task (this module again,
 with --task) sets the HOROVOD_* variables of its slot from SLURM_PROCID/LOCALID/NODEID and runs CMD.
 Each rank writes to its own file (srun --output PATTERN, %t = rank, appended across requeues).
-The exit status is the first failing rank's (the first to report a non-zero status), else srun's.
+The exit status is the first failing rank's, else srun's: failing ranks are ordered by when they
+began to exit (slurm_env.exit_notice_at_exit, so a rank that Horovod stopped because another failed
+comes after it), then by when their status arrived.
 On SIGTERM (scancel, preemption, requeue) every rank is stopped; a rank that failed or was stopped
 has the /dev/shm files of its job step removed.
 """
@@ -27,6 +29,7 @@ from tf_commlib import slurm_env
 from tf_commlib.launch_env import BoundRendezvousServer, iface_towards, rank_env
 
 EXIT_SCOPE = "tf_commlib_exit"     # rendezvous scope where each task PUTs its rank's exit status
+EXITING_SCOPE = "tf_commlib_exiting"   # ... and where each rank PUTs as it begins to exit
 GRACE_S = 10.0                      # a task SIGKILLs its rank this long after forwarding SIGTERM
 PLAN_VAR = "TF_COMMLIB_SLURM_PLAN"  # "ADDR:PORT;host1:4,host2:4" from the batch step to its tasks
 SHM_TAG_VAR = "TF_COMMLIB_SHM_TAG"  # tf_commlib.shm.TAG_VAR (not imported: it loads TensorFlow)
@@ -94,12 +97,13 @@ def launch(args, command):
     try:
         rc = _status(proc.wait())
     finally:
-        exits = server.scope(EXIT_SCOPE)
+        exits, exiting = server.scope(EXIT_SCOPE), list(server.scope(EXITING_SCOPE))
         server.stop()
     failed = [(int(rank), int(code)) for rank, code in exits.items() if int(code)]
+    failed.sort(key=lambda f: exiting.index(str(f[0])) if str(f[0]) in exiting else len(exiting))
     if failed:
         _log(f"rank {failed[0][0]} failed first, with exit status {failed[0][1]} (ranks that exited "
-             f"non-zero, in order: {failed}); srun exited with {rc}")
+             f"non-zero, in order: {failed}; began to exit: {exiting}); srun exited with {rc}")
         return failed[0][1]
     if rc == 0 and len(exits) != ntasks:
         _log(f"srun succeeded but only ranks {sorted(map(int, exits))} reported an exit status")
@@ -130,6 +134,7 @@ def task(command):
     tag = f"j{env['SLURM_JOB_ID']}s{env.get('SLURM_STEP_ID', '0')}"
     child_env = dict(env, **rank_env(slot, addr, port, env.get("HOROVOD_GLOO_IFACE") or iface_towards(addr)),
                      PYTHONUNBUFFERED="1", **{SHM_TAG_VAR: tag})
+    child_env[slurm_env.EXIT_NOTICE_VAR] = f"http://{addr}:{port}/{EXITING_SCOPE}/{rank}"
     child_env.pop(PLAN_VAR)
     proc = subprocess.Popen(command, env=child_env)
     deadline = []

@@ -3,9 +3,18 @@
 srun numbers tasks node-major with ``--distribution=block``: the tasks of node 0 come first. Each
 task sees SLURM_PROCID (its rank), SLURM_LOCALID, SLURM_NODEID, SLURM_STEP_NUM_TASKS and
 SLURM_STEP_TASKS_PER_NODE (``4``, ``2(x3)`` or ``2(x3),1``).
+
+A rank that tf_commlib.slurm started also tells the launcher when it begins to exit
+(exit_notice_at_exit): a failing rank makes Horovod stop on the other ranks, which then fail too and
+may finish exiting first, so the launcher orders failures by when each rank began to exit.
 """
+import atexit
 import os
 import re
+import urllib.request
+
+EXIT_NOTICE_VAR = "TF_COMMLIB_EXIT_NOTICE"   # URL a rank PUTs to as it begins to exit
+_notice_registered = []
 
 
 def tasks_per_node(spec):
@@ -34,3 +43,19 @@ def step_layout(env=None):
         raise ValueError(f"Slurm task {rank} is task {local} of node {node} with tasks per node {counts}: "
                          "tf_commlib needs node-major ranks (srun --distribution=block)")
     return size, counts
+
+
+def _exit_notice(url):
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, data=b"1", method="PUT"), timeout=5).close()
+    except OSError:
+        pass   # the launcher then orders this rank by its exit status report
+
+
+def exit_notice_at_exit():
+    """Called right after hvd.init(): at exit, before Horovod's own shutdown handler (atexit runs
+    handlers in reverse order) stops the other ranks, PUT to $TF_COMMLIB_EXIT_NOTICE (if set)."""
+    url = os.environ.get(EXIT_NOTICE_VAR)
+    if url and not _notice_registered:
+        _notice_registered.append(url)
+        atexit.register(_exit_notice, url)

@@ -82,6 +82,7 @@ def init(topology=None):
     extra = [r for r in intra_lists + inter_lists if len(r) != size]
     sets = [hvd.ProcessSet(r) for r in extra]
     hvd.init(process_sets=sets)
+    slurm_env.exit_notice_at_exit()
     if hvd.size() != size:
         hint = ("; under srun, start Gloo ranks with `python -m tf_commlib.slurm -- CMD` (MPI builds: "
                 "srun --mpi=pmix)") if step else ""
