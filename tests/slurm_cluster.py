@@ -1,10 +1,12 @@
-"""A real single-node Slurm (Debian's slurmctld/slurmd 22.05 and munge) for tests/test_slurm.py.
+"""A real Slurm on this machine (Debian's slurmctld/slurmd 22.05 and munge, two nodes) for tests/test_slurm*.py.
 
 start() writes slurm.conf into a temporary directory (free ports, state and spool there), starts
-munged (unless one runs already), slurmctld and slurmd, and waits for the node to be idle; stop()
-cancels what is left and stops the daemons it started by their PID files. Machine-wide: callers
-hold /tmp/tf_commlib_slurm.lock. The node declares at least 4 CPUs (SlurmdParameters=
-config_overrides) so that `--ntasks-per-node=4` jobs fit on a 2-core machine; jobs use --overcommit.
+munged (unless one runs already), slurmctld and one slurmd per node, and waits for the nodes to be
+idle; stop() cancels what is left and stops the daemons it started by their PID files.
+Machine-wide: callers hold /tmp/tf_commlib_slurm.lock. The machine holds NODES nodes (tfc1, tfc2:
+slurmd -N, Debian builds Slurm with multiple-slurmd support) at 127.0.0.1, so that a job can span two
+nodes; each declares at least 4 CPUs (SlurmdParameters=config_overrides) so that
+`--ntasks-per-node=4` jobs fit on a 2-core machine; jobs use --overcommit.
 """
 import os
 import re
@@ -16,6 +18,7 @@ import time
 from pathlib import Path
 
 LOCK = "/tmp/tf_commlib_slurm.lock"
+NODES = ("tfc1", "tfc2")
 MUNGE_PID = Path("/run/munge/munged.pid")
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
         "BOOT_FAIL", "DEADLINE"}
@@ -64,8 +67,8 @@ class SlurmCluster:
 
     def _write_conf(self):
         host = socket.gethostname().split(".")[0]
-        for sub in ("state", "spool"):
-            (self.dir / sub).mkdir(exist_ok=True)
+        for sub in ("state", *(f"spool/{node}" for node in NODES)):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
         d = self.dir
         self.conf.write_text(f"""\
 ClusterName=tfcltest
@@ -73,13 +76,12 @@ SlurmctldHost={host}
 SlurmUser=root
 AuthType=auth/munge
 SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
 StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool
+SlurmdSpoolDir={d}/spool/%n
 SlurmctldPidFile={d}/slurmctld.pid
-SlurmdPidFile={d}/slurmd.pid
+SlurmdPidFile={d}/slurmd.%n.pid
 SlurmctldLogFile={d}/slurmctld.log
-SlurmdLogFile={d}/slurmd.log
+SlurmdLogFile={d}/slurmd.%n.log
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ProctrackType=proctrack/linuxproc
@@ -90,7 +92,8 @@ AccountingStorageType=accounting_storage/none
 SlurmdParameters=config_overrides
 ReturnToService=2
 KillWait=10
-NodeName={host} CPUs={max(4, os.cpu_count())} State=UNKNOWN
+""" + "".join(f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} "
+              f"CPUs={max(4, os.cpu_count())} State=UNKNOWN\n" for node in NODES) + """\
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """)
 
@@ -105,14 +108,15 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe
             subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True)
             self.started_munge = True
         subprocess.run(["slurmctld", "-f", str(self.conf)], check=True, env=self.env)
-        subprocess.run(["slurmd", "-f", str(self.conf)], check=True, env=self.env)
+        for node in NODES:
+            subprocess.run(["slurmd", "-f", str(self.conf), "-N", node], check=True, env=self.env)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            out = self.run("sinfo", "-h", "-o", "%T", check=False).stdout.strip()
-            if out == "idle":
+            out = self.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.split()
+            if out == ["idle"] * len(NODES):
                 return
             time.sleep(0.3)
-        raise RuntimeError(f"the Slurm node is not idle after 60 s (sinfo: {out!r}):\n" + self.logs())
+        raise RuntimeError(f"the Slurm nodes are not idle after 60 s (sinfo: {out!r}):\n" + self.logs())
 
     def logs(self):
         return "\n".join(f"--- {p.name}\n" + p.read_text()[-3000:] for p in sorted(self.dir.glob("*.log")))
@@ -123,7 +127,8 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe
         deadline = time.monotonic() + 30   # jobs end (the node's processes too) before slurmd stops
         while time.monotonic() < deadline and self.run("squeue", "-h", check=False).stdout.strip():
             time.sleep(0.3)
-        _stop(self.dir / "slurmd.pid")
+        for node in NODES:
+            _stop(self.dir / f"slurmd.{node}.pid")
         _stop(self.dir / "slurmctld.pid")
         if self.started_munge:
             _stop(MUNGE_PID)
@@ -145,8 +150,9 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe
         text = self.run("scontrol", "show", "job", "-o", job_id).stdout
         return dict(re.findall(r"(\w+)=(\S*)", text))
 
-    def wait(self, job_id, until=DONE, timeout=300):
-        """Polls scontrol until the job's state is in `until` (sbatch --wait polls too slowly)."""
+    def wait(self, job_id, until=DONE, timeout=900):
+        """Polls scontrol until the job's state is in `until` (sbatch --wait polls too slowly). The
+        timeout only catches hangs: a 3-epoch job takes ~1 min on 2 idle cores, >5 on a busy one."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             info = self.job(job_id)

@@ -1,7 +1,8 @@
-"""scripts/slurm/train.sbatch under a real single-node Slurm (tests/slurm_cluster.py): 4 ranks as
-2x2 through --topology, the same result as horovodrun; a failing rank fails the job with its exit
-status; scancel leaves nothing behind and a requeued job resumes from its checkpoint and ends where
-an uninterrupted run ends. Runs are tiny (3 epochs of digits); jobs use --overcommit (2 cores)."""
+"""scripts/slurm/train.sbatch under a real Slurm on this machine (tests/slurm_cluster.py): 4 ranks on
+one node as 2x2 through --topology, the same result as horovodrun; 2 nodes x 2 tasks with no
+--topology: tf_commlib.init() finds 2x2 from Slurm's layout, and a failing rank fails the job with
+its exit status; scancel leaves nothing behind and a requeued job resumes from its checkpoint and
+ends where an uninterrupted run ends. Runs are tiny (3 epochs of digits); jobs use --overcommit."""
 import json
 import os
 import re
@@ -16,18 +17,19 @@ from tests import hvdrun
 from tests.slurm_cluster import leftovers
 
 TRAIN = hvdrun.ROOT / "scripts" / "slurm" / "train.sbatch"
-SBATCH = ["-n4", "--overcommit"]
-ARGS = ["--topology", "2x2", "--epochs", "3", "--batch-size", "32"]
+SBATCH = ["-N1", "-n4", "--overcommit"]
+ARGS = ["--epochs", "3", "--batch-size", "32"]
+TOPOLOGY = ["--topology", "2x2"]
 ENV = {"TF_COMMLIB_PYTHON": sys.executable, "PYTHONPATH": str(hvdrun.ROOT), "TF_CPP_MIN_LOG_LEVEL": "2",
        "CUDA_VISIBLE_DEVICES": ""}
 
 
-def _train(slurm, tmp_path, sbatch=(), env=None, name="job"):
+def _train(slurm, tmp_path, sbatch=SBATCH, args=TOPOLOGY, env=None, name="job"):
     """Submits train.sbatch with ARGS, a checkpoint directory and a JSON summary; returns (id, dir)."""
     d = tmp_path / name
     d.mkdir()
-    job = slurm.submit(TRAIN, *ARGS, "--ckpt-dir", d / "ckpt", "--json", d / "summary.json",
-                       sbatch=[*SBATCH, *sbatch], env=dict(ENV, **(env or {})), chdir=d)
+    job = slurm.submit(TRAIN, *ARGS, *args, "--ckpt-dir", d / "ckpt", "--json", d / "summary.json",
+                       sbatch=sbatch, env=dict(ENV, **(env or {})), chdir=d)
     return job, d
 
 
@@ -63,7 +65,8 @@ def test_train_job_matches_horovodrun(uninterrupted, tmp_path):
     assert "test acc" in (d / f"slurm-{job}.rank0.out").read_text()
     for rank in range(4):   # every rank ran in the job, with its own output
         assert (d / f"slurm-{job}.rank{rank}.out").exists()
-    assert "4 ranks on" in (d / "job.out").read_text()
+    assert re.search(r"4 ranks on tfc\d:4, ", (d / "job.out").read_text()), _log(d, job)
+    assert "4 ranks as 2x2 (nodes x ranks per node)" in (d / f"slurm-{job}.rank0.out").read_text()
     slurm_run = json.loads((d / "summary.json").read_text())
     assert slurm_run["epochs"][-1]["test_accuracy"] > 0.3   # it learned (10 classes: chance is 0.1)
     assert not list((d / "ckpt").glob("rank*")), "a finished run removes its backups"
@@ -72,11 +75,11 @@ def test_train_job_matches_horovodrun(uninterrupted, tmp_path):
     # The same arguments under horovodrun --gloo on 4 local ranks.
     summary = tmp_path / "horovodrun.json"
     cmd = [str(Path(sys.executable).parent / "horovodrun"), "-np", "4", "-H", "localhost:4", "--gloo",
-           sys.executable, "-m", "tf_commlib.train", *ARGS, "--ckpt-dir", str(tmp_path / "ckpt"),
+           sys.executable, "-m", "tf_commlib.train", *ARGS, *TOPOLOGY, "--ckpt-dir", str(tmp_path / "ckpt"),
            "--json", str(summary)]
     env = dict(os.environ, **ENV)
     env.pop("TF_COMMLIB_TOPOLOGY", None)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, start_new_session=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, start_new_session=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     hvd_run = json.loads(summary.read_text())
     for key in ("algorithm", "density"):
@@ -87,10 +90,15 @@ def test_train_job_matches_horovodrun(uninterrupted, tmp_path):
     assert slurm_run["weights"] == pytest.approx(hvd_run["weights"], rel=1e-6)
 
 
-def test_failing_rank_fails_the_job(slurm, tmp_path):
-    job, d = _train(slurm, tmp_path, env={"TF_COMMLIB_TEST_FAIL_AT": "2:1:7"})
+def test_two_nodes_failing_rank_fails_the_job(slurm, tmp_path):
+    """2 nodes x 2 tasks, no --topology: init() finds 2x2; rank 2 (node 1) exits with 7 as epoch 1
+    begins, Horovod stops the others, and the job fails with 7."""
+    job, d = _train(slurm, tmp_path, sbatch=["-N2", "--ntasks-per-node=2", "--overcommit"], args=[],
+                    env={"TF_COMMLIB_TEST_FAIL_AT": "2:1:7"})
     info = slurm.wait(job)
     log = _log(d, job)
+    assert "4 ranks on tfc1:2,tfc2:2" in (d / "job.out").read_text(), log
+    assert "4 ranks as 2x2 (nodes x ranks per node)" in (d / f"slurm-{job}.rank0.out").read_text(), log
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "7:0"), log
     assert "exiting with 7 at epoch 1" in (d / f"slurm-{job}.rank2.out").read_text(), log
     assert "rank 2 failed first, with exit status 7" in (d / "job.out").read_text(), log
@@ -98,7 +106,7 @@ def test_failing_rank_fails_the_job(slurm, tmp_path):
 
 
 def test_scancel_then_requeue_resumes(slurm, uninterrupted, tmp_path):
-    job, d = _train(slurm, tmp_path, sbatch=["--requeue"])
+    job, d = _train(slurm, tmp_path, sbatch=[*SBATCH, "--requeue"])
     ckpt = d / "ckpt"
 
     def saved_epochs():
@@ -110,7 +118,7 @@ def test_scancel_then_requeue_resumes(slurm, uninterrupted, tmp_path):
                 epochs.append(0)
         return epochs
 
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 900
     while min(saved_epochs()) < 1:   # every rank has backed up epoch 1: cancel it mid-training
         assert slurm.job(job)["JobState"] in ("PENDING", "CONFIGURING", "RUNNING"), _log(d, job)
         assert time.monotonic() < deadline, _log(d, job)

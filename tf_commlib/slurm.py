@@ -16,6 +16,7 @@ has the /dev/shm files of its job step removed.
 import argparse
 import glob
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -54,17 +55,22 @@ def job_hosts(env):
     return list(zip(names, counts))
 
 
-def server_address(hosts, here):
-    """This (the first) node's address that the other nodes reach; a loopback address only when the
-    job has one node."""
-    addr = socket.gethostbyname(here)
-    if addr.startswith("127.") and len(hosts) > 1:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:   # the source address towards node 1
-            s.connect((socket.gethostbyname(hosts[1][0]), 9))
+def node_address(name):
+    """The IPv4 address Slurm reaches node `name` at (its NodeAddr; the name when scontrol has none)."""
+    out = subprocess.run(["scontrol", "show", "node", "-o", name], capture_output=True, text=True).stdout
+    match = re.search(r"\bNodeAddr=(\S+)", out)
+    return socket.gethostbyname(match.group(1) if match else name)
+
+
+def server_address(hosts):
+    """The first node's address that every node of the job reaches: its NodeAddr, or, when that is a
+    loopback address and another node is elsewhere, this node's source address towards that one."""
+    addr = node_address(hosts[0][0])
+    others = [a for a in (node_address(h) for h, _ in hosts[1:]) if not a.startswith("127.")]
+    if addr.startswith("127.") and others:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:   # no packet: asks the routing table
+            s.connect((others[0], 9))
             addr = s.getsockname()[0]
-        if addr.startswith("127."):
-            raise RuntimeError(f"nodes {hosts[0][0]} and {hosts[1][0]} resolve to loopback addresses; "
-                               "pass --addr")
     return addr
 
 
@@ -75,7 +81,7 @@ def launch(args, command):
     hosts = job_hosts(env)
     ntasks = sum(c for _, c in hosts)
     slots = get_host_assignments([HostInfo(h, c) for h, c in hosts], ntasks)
-    addr = args.addr or server_address(hosts, env.get("SLURMD_NODENAME") or socket.gethostname())
+    addr = args.addr or server_address(hosts)
     server = BoundRendezvousServer(addr, args.verbose)
     port = server.start()
     server.init(slots)

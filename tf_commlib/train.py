@@ -146,6 +146,8 @@ def main(argv=None):
                   metrics=["accuracy"], jit_compile=False)
 
     label = f"{args.algorithm}@{args.density}" if args.algorithm not in ("dense", "2dtar") else args.algorithm
+    if topo.rank == 0:
+        print(f"[{label}] {topo.size} ranks as {topo.m}x{topo.n} (nodes x ranks per node)", flush=True)
     report = EpochReport(topo, test, len(y), label)
     extra = [RankBackup(args.ckpt_dir, topo)] if args.ckpt_dir else []
     if os.environ.get("TF_COMMLIB_TEST_FAIL_AT"):
