@@ -1,6 +1,8 @@
 """Input pipelines of the DAWNBench script: an ImageNet-layout folder through DataCache (the
 deterministic decode + resize is cached, augmentation runs after it, anew every epoch), a tfds
 builder with a manual download, or synthetic data. Every rank runs the same number of steps."""
+import sys
+
 import numpy as np
 import tensorflow as tf
 
@@ -38,7 +40,8 @@ class Data:
                                                        class_names=self.train_src.class_names)
             self.num_classes, self.train_size = len(self.train_src.class_names), len(self.train_src)
             if not args.no_datacache:
-                self.cache = datacache.DataCache(redis_url=args.redis_url, local_dir=args.cache_dir)
+                self.cache = datacache.DataCache(redis_url=args.redis_url, local_dir=args.cache_dir,
+                                                progress=sys.stdout.isatty())
         else:
             import tensorflow_datasets as tfds
 
@@ -59,7 +62,7 @@ class Data:
         return min(steps, self.args.steps_per_epoch or steps)
 
     def _onehot(self, x, y):
-        return x, tf.one_hot(tf.cast(y, tf.int32), self.num_classes)
+        return x, tf.one_hot(tf.reshape(tf.cast(y, tf.int32), []), self.num_classes)
 
     def train(self, stage, epoch):
         seed = self.args.seed * 100003 + epoch
@@ -75,7 +78,8 @@ class Data:
                 shard=(self.topo.rank, self.topo.size), shuffle=True, seed=seed, augment=augment)
         else:
             ds = self._tfds("train", res, seed).map(lambda x, y: (augment(x), y), AUTOTUNE)
-        ds = ds.map(self._onehot, AUTOTUNE).batch(stage.batch, drop_remainder=True)
+        ds = ds.map(lambda x, y: self._onehot(tf.ensure_shape(x, [res, res, 3]), y), AUTOTUNE)
+        ds = ds.batch(stage.batch, drop_remainder=True)
         return ds.take(self.steps(stage)).prefetch(AUTOTUNE)
 
     def val(self, stage, batch=256):
@@ -91,7 +95,8 @@ class Data:
                 shard=(self.topo.rank, self.topo.size), shuffle=False)
         else:
             ds = self._tfds("validation", res, None)
-        return ds.map(lambda x, y: (normalize(x), y), AUTOTUNE).batch(batch).prefetch(AUTOTUNE)
+        ds = ds.map(lambda x, y: (tf.ensure_shape(normalize(x), [res, res, 3]), tf.reshape(y, [])), AUTOTUNE)
+        return ds.batch(batch).prefetch(AUTOTUNE)
 
     def _synthetic(self, res, n, seed):
         rng = np.random.default_rng([self.args.seed, self.topo.rank])

@@ -119,7 +119,7 @@ def train(args, topo, data):
                       callbacks=callbacks)
         if report is not None and args.breakdown_steps:
             algorithm = opt.algorithm_at(stage.first_epoch + stage.epochs - 1)
-            phases = breakdown.measure(model, opt, data.train(stage, -1), loss, algorithm,
+            phases = breakdown.measure(model, opt, data.train(stage, stage.first_epoch), loss, algorithm,
                                        opt.density_at(stage.first_epoch + stage.epochs - 1),
                                        args.selector, topo, args.breakdown_steps)
             if topo.rank == 0:
