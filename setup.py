@@ -93,7 +93,7 @@ setup(
     version="0.1.0",
     description="Communication-efficient data-parallel training for TensorFlow + Horovod "
                 "(MSTopK, HiTopKComm, DGC, RedSync, SparCML)",
-    packages=find_packages(include=["tf_commlib", "tf_commlib.*"]),
+    packages=find_packages(include=["tf_commlib", "tf_commlib.*", "pto", "pto.*"]),
     python_requires=">=3.11",
     ext_modules=[Extension("tf_commlib._tf_commlib_ops", sources=[])],
     cmdclass={"build_ext": BuildOps},
