@@ -5,7 +5,7 @@ import keras
 import tensorflow as tf
 
 from pto.layerwise import (LayerwiseTrust, check_exclusions, check_learning_rate, check_non_negative,
-                           is_excluded, norm, serializable, trust_ratio)
+                           check_patterns_match, is_excluded, norm, serializable, trust_ratio)
 
 
 def lars_trust(element, eeta):
@@ -62,6 +62,8 @@ class LARS(LayerwiseTrust, keras.optimizers.Optimizer):
     def build(self, var_list):
         if self.built:
             return
+        check_patterns_match(self.decay_exclusions, "exclude_from_weight_decay", var_list)
+        check_patterns_match(self.adaptation_exclusions, "exclude_from_layer_adaptation", var_list)
         super().build(var_list)
         self.velocities = self.add_optimizer_variables(var_list, "velocity") if self.momentum else []
         self._decays = [0.0 if is_excluded(self.decay_exclusions, v) else self.weight_decay_rate

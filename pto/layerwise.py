@@ -35,6 +35,18 @@ def check_exclusions(value, name):
     return list(patterns)
 
 
+def check_patterns_match(exclusions, name, variables):
+    """Each pattern must match some variable: an unknown pattern (a typo such as "bais") would
+    silently exclude nothing."""
+    if exclusions is None or callable(exclusions):
+        return
+    paths = [getattr(v, "path", None) or v.name for v in variables]
+    for p in exclusions:
+        if not any(re.search(p, path) for path in paths):
+            raise ValueError(f"{name}: pattern {p!r} matches no variable; the variable paths are "
+                             f"{paths[:8]}{' ...' if len(paths) > 8 else ''}")
+
+
 def is_excluded(exclusions, variable):
     if exclusions is None:
         return False
