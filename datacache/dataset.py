@@ -2,9 +2,9 @@
 
 Per epoch: the shard's indices (shuffled with (seed, epoch)) in batches of ``read_batch`` → one
 MGET per batch in a parallel ``tf.numpy_function`` that checks and unpacks the hits into one array
-→ unbatch → per sample, a hit passes through; a miss reads the file (level 1 / source), runs
-``preprocess`` in the graph and queues the value for Redis → ``augment`` (after the cache, so it
-is random every epoch). Every epoch yields each sample of the shard exactly once.
+→ the misses of the batch (none from epoch 2 on) read their file (level 1 / source), run
+``preprocess`` in the graph (in parallel) and queue the value for Redis → unbatch → ``augment``
+(after the cache, so it is random every epoch). Every epoch yields each sample of the shard exactly once.
 """
 import hashlib
 import os
@@ -211,12 +211,6 @@ def _cached(source, preprocess, cache, indices, shuffle, seed, preprocess_key, p
     plan = _Plan(source, indices, cache, codec, f"dc:{hashlib.sha256(key.encode()).hexdigest()[:24]}:",
                  shuffle, seed)
 
-    def lookup(idx, epoch):
-        values, hit, labels = tf.numpy_function(plan.lookup, [idx, epoch], [dtype, tf.bool, tf.int32],
-                                                stateful=True, name="datacache_mget")
-        values.set_shape((None,) + shape)
-        return values, hit, labels, idx, tf.fill(tf.shape(idx), epoch)
-
     def miss(i, epoch):
         data = tf.numpy_function(plan.fetch, [i, epoch], tf.string, stateful=True, name="datacache_read")
         data.set_shape([])
@@ -226,11 +220,21 @@ def _cached(source, preprocess, cache, indices, shuffle, seed, preprocess_key, p
         x = tf.numpy_function(plan.put, [i, epoch, x], dtype, stateful=True, name="datacache_put")
         return tf.ensure_shape(x, shape)
 
-    def resolve(value, hit, label, i, epoch):
-        return tf.cond(hit, lambda: value, lambda: miss(i, epoch)), label
+    def load(idx, epoch):
+        """One MGET for the batch; only the misses go through preprocess (in parallel)."""
+        values, hit, labels = tf.numpy_function(plan.lookup, [idx, epoch], [dtype, tf.bool, tf.int32],
+                                                stateful=True, name="datacache_mget")
+        values.set_shape((None,) + shape)
+        labels.set_shape([None])
+        missing = tf.where(tf.logical_not(hit))[:, 0]
+
+        def fill():
+            fixed = tf.map_fn(lambda j: miss(tf.gather(idx, j), epoch), missing, parallel_iterations=16,
+                              fn_output_signature=tf.TensorSpec(shape, dtype))
+            return tf.tensor_scatter_nd_update(values, missing[:, None], fixed)
+        return tf.cond(tf.size(missing) > 0, fill, lambda: values), labels
 
     batches = tf.data.Dataset.from_generator(
         plan.batches, output_signature=(tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64)))
     order = {} if parallel is None else {"deterministic": True}
-    ds = batches.map(lookup, num_parallel_calls=parallel, **order).unbatch()
-    return ds.map(resolve, num_parallel_calls=parallel, **order)
+    return batches.map(load, num_parallel_calls=parallel, **order).unbatch()
