@@ -7,7 +7,8 @@ from tf_commlib import slurm_env
 
 def _task(rank, node, local, ntasks, per_node):
     return {"SLURM_PROCID": str(rank), "SLURM_NODEID": str(node), "SLURM_LOCALID": str(local),
-            "SLURM_STEP_NUM_TASKS": str(ntasks), "SLURM_STEP_TASKS_PER_NODE": per_node}
+            "SLURM_NTASKS": str(ntasks), "SLURM_STEP_NUM_TASKS": str(ntasks),
+            "SLURM_STEP_TASKS_PER_NODE": per_node}
 
 
 @pytest.mark.parametrize("spec, counts", [("4", [4]), ("2(x3)", [2, 2, 2]), ("2(x3),1", [2, 2, 2, 1]),
@@ -42,3 +43,9 @@ def test_step_layout_rejects_cyclic_ranks():
 def test_step_layout_rejects_inconsistent_counts():
     with pytest.raises(ValueError, match="does not add up"):
         slurm_env.step_layout(_task(0, 0, 0, 5, "2(x2)"))
+
+
+def test_step_layout_rejects_job_count_in_a_smaller_step():
+    env = dict(_task(0, 0, 0, 2, "2"), SLURM_STEP_NUM_TASKS="1")
+    with pytest.raises(ValueError, match="SLURM_STEP_NUM_TASKS"):
+        slurm_env.step_layout(env)

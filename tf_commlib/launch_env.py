@@ -36,13 +36,18 @@ def rank_env(slot, server_ip, port, iface):
     return {k: str(v) for k, v in env.items()}
 
 
+def source_address(address):
+    """This machine's IPv4 address that packets to `address` leave from."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((address, 9))   # no packet is sent: this only asks the routing table
+        return s.getsockname()[0]
+
+
 def iface_towards(address):
     """Name of this machine's network interface that packets to `address` leave from."""
     import psutil
 
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((address, 9))   # no packet is sent: this only asks the routing table
-        local = s.getsockname()[0]
+    local = source_address(address)
     for name, addrs in psutil.net_if_addrs().items():
         if any(a.family == socket.AF_INET and a.address == local for a in addrs):
             return name

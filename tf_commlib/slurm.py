@@ -27,7 +27,7 @@ import urllib.request
 from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
 
 from tf_commlib import slurm_env
-from tf_commlib.launch_env import BoundRendezvousServer, iface_towards, rank_env
+from tf_commlib.launch_env import BoundRendezvousServer, iface_towards, rank_env, source_address
 
 EXIT_SCOPE = "tf_commlib_exit"     # rendezvous scope where each task PUTs its rank's exit status
 EXITING_SCOPE = "tf_commlib_exiting"   # ... and where each rank PUTs as it begins to exit
@@ -67,11 +67,7 @@ def server_address(hosts):
     loopback address and another node is elsewhere, this node's source address towards that one."""
     addr = node_address(hosts[0][0])
     others = [a for a in (node_address(h) for h, _ in hosts[1:]) if not a.startswith("127.")]
-    if addr.startswith("127.") and others:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:   # no packet: asks the routing table
-            s.connect((others[0], 9))
-            addr = s.getsockname()[0]
-    return addr
+    return source_address(others[0]) if addr.startswith("127.") and others else addr
 
 
 def launch(args, command):

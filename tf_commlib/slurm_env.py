@@ -1,8 +1,8 @@
 """The rank layout of a Slurm job step, from the variables srun gives each task.
 
 srun numbers tasks node-major with ``--distribution=block``: the tasks of node 0 come first. Each
-task sees SLURM_PROCID (its rank), SLURM_LOCALID, SLURM_NODEID, SLURM_STEP_NUM_TASKS and
-SLURM_STEP_TASKS_PER_NODE (``4``, ``2(x3)`` or ``2(x3),1``).
+task sees SLURM_PROCID (its rank), SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS (the step's tasks, as
+SLURM_STEP_NUM_TASKS) and SLURM_STEP_TASKS_PER_NODE (``4``, ``2(x3)`` or ``2(x3),1``).
 
 A rank that tf_commlib.slurm started also tells the launcher when it begins to exit
 (exit_notice_at_exit): a failing rank makes Horovod stop on the other ranks, which then fail too and
@@ -32,12 +32,15 @@ def step_layout(env=None):
     """(size, tasks on each node) of the srun step this process is a task of, or None outside one.
     Raises ValueError when the task's SLURM_PROCID/LOCALID/NODEID are not node-major."""
     env = os.environ if env is None else env
-    if not env.get("SLURM_STEP_NUM_TASKS") or not env.get("SLURM_STEP_TASKS_PER_NODE"):
+    if not env.get("SLURM_NTASKS") or not env.get("SLURM_STEP_TASKS_PER_NODE"):
         return None
-    size, counts = int(env["SLURM_STEP_NUM_TASKS"]), tasks_per_node(env["SLURM_STEP_TASKS_PER_NODE"])
+    size, counts = int(env["SLURM_NTASKS"]), tasks_per_node(env["SLURM_STEP_TASKS_PER_NODE"])
+    if int(env.get("SLURM_STEP_NUM_TASKS") or size) != size:
+        raise ValueError(f"SLURM_NTASKS={size} but SLURM_STEP_NUM_TASKS={env['SLURM_STEP_NUM_TASKS']}: "
+                         "a task of an srun step sees its step's task count in both")
     if sum(counts) != size:
         raise ValueError(f"SLURM_STEP_TASKS_PER_NODE={env['SLURM_STEP_TASKS_PER_NODE']} does not add up "
-                         f"to SLURM_STEP_NUM_TASKS={size}")
+                         f"to SLURM_NTASKS={size}")
     rank, node, local = (int(env.get(k, -1)) for k in ("SLURM_PROCID", "SLURM_NODEID", "SLURM_LOCALID"))
     if not (0 <= node < len(counts) and 0 <= local < counts[node] and rank == sum(counts[:node]) + local):
         raise ValueError(f"Slurm task {rank} is task {local} of node {node} with tasks per node {counts}: "

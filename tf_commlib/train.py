@@ -153,7 +153,7 @@ def main(argv=None):
     if os.environ.get("TF_COMMLIB_TEST_FAIL_AT"):
         extra.append(FailAt(topo.rank, os.environ["TF_COMMLIB_TEST_FAIL_AT"]))
     model.fit(x, y, epochs=args.epochs, batch_size=args.batch_size, shuffle=False, verbose=0,
-              callbacks=default_callbacks() + extra + [report])
+              callbacks=default_callbacks() + [report] + extra)   # report, then back up
     if topo.rank == 0 and args.json:
         w = np.concatenate([v.numpy().ravel() for v in model.weights]).astype(np.float64)
         with open(args.json, "w") as f:
