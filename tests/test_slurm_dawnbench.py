@@ -17,7 +17,7 @@ def test_dawnbench_job_completes(slurm, tmp_path):
     data = digits.write_image_folder(tmp_path / "digits", size=32)
     d = tmp_path / "job"
     d.mkdir()
-    args = ["--data", data, "--model", "small", "--stages", "24:1:16,32:1:16", "--steps-per-epoch", "3",
+    args = ["--data", data, "--model", "small", "--stages", "32:1:16,40:1:16", "--steps-per-epoch", "3",
             "--schedule", "0:hitopk,1:2dtar", "--optimizer", "lars", "--breakdown-steps", "0",
             "--log-dir", d / "log", "--ckpt-dir", d / "ckpt", "--cache-dir", d / "cache"]
     job = slurm.submit(DAWNBENCH, *args, sbatch=["-N2", "--ntasks-per-node=2", "--overcommit", "--gpus-per-task=0"],
@@ -33,6 +33,6 @@ def test_dawnbench_job_completes(slurm, tmp_path):
     for rank in range(1, 4):
         assert (d / f"slurm-{job}.rank{rank}.out").exists(), log
     rows = [json.loads(line) for line in (d / "log" / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["epoch"], r["resolution"], r["algorithm"]) for r in rows] == [(1, 24, "hitopk"), (2, 32, "2dtar")]
+    assert [(r["epoch"], r["resolution"], r["algorithm"]) for r in rows] == [(1, 32, "hitopk"), (2, 40, "2dtar")]
     assert all(0.0 <= r["top5"] <= 1.0 for r in rows)
     _assert_clean(job)
