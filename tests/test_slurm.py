@@ -1,7 +1,7 @@
 """scripts/slurm/train.sbatch under a real Slurm on this machine (tests/slurm_cluster.py): 4 ranks on
 one node as 2x2 through --topology, the same result as horovodrun; 2 nodes x 2 tasks with no
 --topology: tf_commlib.init() finds 2x2 from Slurm's layout, and a failing rank fails the job with
-its exit status; scancel leaves nothing behind and a requeued job resumes from its checkpoint and
+its exit status, as does a rank killed by a signal; scancel leaves nothing behind and a requeued job resumes from its checkpoint and
 ends where an uninterrupted run ends. Runs are tiny (3 epochs of digits); jobs use --overcommit."""
 import json
 import os
@@ -103,6 +103,18 @@ def test_two_nodes_failing_rank_fails_the_job(slurm, tmp_path):
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "7:0"), log
     assert "exiting with 7 at epoch 1" in (d / f"slurm-{job}.rank2.out").read_text(), log
     assert "rank 2 failed first, with exit status 7" in (d / "job.out").read_text(), log
+    _assert_clean(job)
+
+
+def test_killed_rank_fails_the_job(slurm, tmp_path):
+    """2 tasks; rank 1 dies (SIGKILL, no Python exit path) as epoch 1 begins: the job fails with its
+    status, 128 + 9, not with the status of rank 0, which the dead peer stopped."""
+    job, d = _train(slurm, tmp_path, sbatch=["-N1", "-n2", "--overcommit"], args=[],
+                    env={"TF_COMMLIB_TEST_FAIL_AT": "1:1:-9"})
+    info = slurm.wait(job)
+    log = _log(d, job)
+    assert (info["JobState"], info["ExitCode"]) == ("FAILED", "137:0"), log
+    assert "rank 1 failed first, with exit status 137" in (d / "job.out").read_text(), log
     _assert_clean(job)
 
 

@@ -9,7 +9,8 @@ with --task) sets the HOROVOD_* variables of its slot from SLURM_PROCID/LOCALID/
 Each rank writes to its own file (srun --output PATTERN, %t = rank, appended across requeues).
 The exit status is the first failing rank's, else srun's: failing ranks are ordered by when they
 began to exit (slurm_env.exit_notice_at_exit, so a rank that Horovod stopped because another failed
-comes after it), then by when their status arrived.
+comes after it; a rank killed by a signal is noted by its task as soon as it ends), then by when
+their status arrived.
 On SIGTERM (scancel, preemption, requeue) every rank is stopped; a rank that failed or was stopped
 has the /dev/shm files of its job step removed.
 """
@@ -150,8 +151,10 @@ def task(command):
     while proc.poll() is None:
         if deadline and time.monotonic() > deadline[0]:
             proc.kill()
-        time.sleep(0.1)
+        time.sleep(0.02)
     code = _status(proc.returncode)
+    if code and not deadline:   # it died on its own (a signal skips its atexit notice): notify now
+        slurm_env.exit_notice(child_env[slurm_env.EXIT_NOTICE_VAR])
     if code:   # the step is failing: remove what this node's ranks left in /dev/shm
         for path in glob.glob(f"/dev/shm/tfcl_{tag}_*"):
             try:

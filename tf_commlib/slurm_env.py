@@ -48,7 +48,8 @@ def step_layout(env=None):
     return size, counts
 
 
-def _exit_notice(url):
+def exit_notice(url):
+    """PUT to the launcher's URL: this rank begins to exit (a repeated notice keeps its first place)."""
     try:
         urllib.request.urlopen(urllib.request.Request(url, data=b"1", method="PUT"), timeout=5).close()
     except OSError:
@@ -61,4 +62,4 @@ def exit_notice_at_exit():
     url = os.environ.get(EXIT_NOTICE_VAR)
     if url and not _notice_registered:
         _notice_registered.append(url)
-        atexit.register(_exit_notice, url)
+        atexit.register(exit_notice, url)

@@ -83,7 +83,7 @@ class RankBackup(keras.callbacks.BackupAndRestore):
 
 class FailAt(keras.callbacks.Callback):
     """Test hook: TF_COMMLIB_TEST_FAIL_AT=RANK:EPOCH:CODE makes that rank exit with CODE as the
-    1-based EPOCH begins."""
+    1-based EPOCH begins; a negative CODE kills it with that signal (-9: a rank that dies)."""
 
     def __init__(self, rank, spec):
         super().__init__()
@@ -94,6 +94,8 @@ class FailAt(keras.callbacks.Callback):
         if self.rank == self.at_rank and epoch + 1 == self.at_epoch:
             print(f"rank {self.rank}: exiting with {self.code} at epoch {epoch + 1} (TF_COMMLIB_TEST_FAIL_AT)",
                   file=sys.stderr, flush=True)
+            if self.code < 0:
+                os.kill(os.getpid(), -self.code)
             raise SystemExit(self.code)
 
 
