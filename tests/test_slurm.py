@@ -1,8 +1,9 @@
 """scripts/slurm/train.sbatch under a real Slurm on this machine (tests/slurm_cluster.py): 4 ranks on
 one node as 2x2 through --topology, the same result as horovodrun; 2 nodes x 2 tasks with no
 --topology: tf_commlib.init() finds 2x2 from Slurm's layout, and a failing rank fails the job with
-its exit status, as does a rank killed by a signal; scancel leaves nothing behind and a requeued job resumes from its checkpoint and
-ends where an uninterrupted run ends. Runs are tiny (3 epochs of digits); jobs use --overcommit."""
+its exit status, as does a rank killed by a signal; scancel leaves nothing behind and a requeued
+job resumes from its checkpoint and ends where an uninterrupted run ends. Runs are tiny (3 epochs
+of digits); jobs use --overcommit."""
 import json
 import os
 import re
