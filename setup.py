@@ -93,7 +93,9 @@ setup(
     version="0.1.0",
     description="Communication-efficient data-parallel training for TensorFlow + Horovod "
                 "(MSTopK, HiTopKComm, DGC, RedSync, SparCML)",
-    packages=find_packages(include=["tf_commlib", "tf_commlib.*"]),
+    packages=find_packages(include=["tf_commlib", "tf_commlib.*", "datacache", "datacache.*",
+                                    "pto", "pto.*"]),
+    entry_points={"console_scripts": ["datacache = datacache.cli:main"]},
     python_requires=">=3.11",
     ext_modules=[Extension("tf_commlib._tf_commlib_ops", sources=[])],
     cmdclass={"build_ext": BuildOps},

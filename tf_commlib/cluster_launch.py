@@ -21,29 +21,12 @@ import time
 
 from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
 from horovod.runner.common.util.safe_shell_exec import prefix_connection
-from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
-from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer, RendezvousServer
 from horovod.runner.util.threads import in_thread
+
+from tf_commlib.launch_env import BoundRendezvousServer, rank_env
 
 STATE = os.environ.get("TF_COMMLIB_CLUSTER_STATE", "/run/tf_commlib_cluster.env")
 GRACE_S = 3.0
-
-
-class BoundRendezvousServer(RendezvousServer):
-    """Horovod's rendezvous server, listening on one address instead of all of them."""
-
-    def __init__(self, address, verbose=0):
-        super().__init__(verbose)
-        self.address = address
-
-    def start(self, handler_cls=RendezvousHandler):
-        self._httpd = RendezvousHTTPServer((self.address, 0), handler_cls, self._verbose)
-        self._listen_thread = in_thread(target=self._httpd.serve_forever)
-        return self._httpd.server_address[1]
-
-    def stop(self):
-        super().stop()
-        self._httpd.server_close()
 
 
 def read_state(path=STATE):
@@ -98,7 +81,7 @@ def launch(args, command):
     try:
         for slot in slots:
             _, netns, iface = nodes[slot.cross_rank]
-            hvd_env = {**create_run_env_vars(server_ip, [iface], port), **create_slot_env_vars(slot)}
+            hvd_env = rank_env(slot, server_ip, port, iface)
             env = dict(os.environ, PYTHONUNBUFFERED="1", TF_COMMLIB_INTER_MBIT=str(mbit or ""))
             env.pop("TF_COMMLIB_TOPOLOGY", None)   # the layout must come from Horovod's ranks
             env_args = ["env"] + [f"{k}={v}" for k, v in hvd_env.items()]

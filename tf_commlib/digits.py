@@ -34,3 +34,23 @@ def small_cnn(seed=0):
         keras.layers.Dense(64, activation="relu"),
         keras.layers.Dense(10),
     ])
+
+
+def write_image_folder(root, size=32, seed=0, val_fraction=0.2):
+    """Writes the digits as an ImageNet-layout JPEG folder, root/{train,val}/<digit>/<i>.jpg (RGB,
+    upscaled to size x size), for the DataCache and DAWNBench tests and demos. Returns root."""
+    import os
+
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = tf.image.resize((data.images / 16.0 * 255.0)[..., None], (size, size), method="bilinear")
+    x = tf.cast(tf.clip_by_value(tf.round(tf.image.grayscale_to_rgb(x)), 0, 255), tf.uint8).numpy()
+    order = np.random.default_rng(seed).permutation(len(x))
+    n_val = int(len(x) * val_fraction)
+    for split, part in (("val", order[:n_val]), ("train", order[n_val:])):
+        for i in part:
+            folder = os.path.join(root, split, str(int(data.target[i])))
+            os.makedirs(folder, exist_ok=True)
+            tf.io.write_file(os.path.join(folder, f"{i:04d}.jpg"), tf.io.encode_jpeg(x[i], quality=95))
+    return root

@@ -9,6 +9,8 @@ so every rank must run the same collectives in the same order, as with Horovod; 
 rank (bad shape, full /dev/shm) makes every rank of the set raise. A rank that does not
 arrive within TF_COMMLIB_SHM_TIMEOUT seconds (default 600) makes the others raise DeadlineExceeded;
 ranks that pass different lengths or dtypes raise InvalidArgument. TF_COMMLIB_SHM=0 turns it off.
+Files are named /dev/shm/tfcl_<TF_COMMLIB_SHM_TAG>_<random>...: a launcher sets the tag per job so
+that it can remove what killed ranks left behind (tf_commlib.slurm does).
 """
 import os
 import re
@@ -18,6 +20,15 @@ import tensorflow as tf
 from tf_commlib._loader import ops as _ops
 
 _prefixes = {}   # process set id -> segment name prefix, or None when the set spans machines
+TAG_VAR = "TF_COMMLIB_SHM_TAG"
+
+
+def name_prefix():
+    """'tfcl_' and the launcher's tag (letters and digits, may be empty) before a segment's name."""
+    tag = os.environ.get(TAG_VAR, "")
+    if not re.fullmatch(r"[A-Za-z0-9]*", tag):
+        raise ValueError(f"{TAG_VAR} may hold only letters and digits, got {tag!r}")
+    return f"tfcl_{tag}_" if tag else "tfcl_"
 
 
 def _machine_id():
@@ -33,18 +44,18 @@ def _probe(process_set):
     import horovod.tensorflow as hvd
 
     root, tag = process_set.ranks[0], f"tf_commlib_shm_probe_{process_set.process_set_id}"
-    token, probe = 0, None
+    token, probe, prefix = 0, None, name_prefix()
     if hvd.rank() == root:
         try:
             token = int.from_bytes(os.urandom(6), "little") | 1
-            probe = f"/dev/shm/tfcl_{token:x}_probe"
+            probe = f"/dev/shm/{prefix}{token:x}_probe"
             open(probe, "x").close()
         except OSError:
             token = 0
     token = int(hvd.broadcast(tf.constant(token, tf.int64), root, process_set=process_set,
                               name=tag + "_token").numpy())
     try:
-        seen = [int(os.path.exists(f"/dev/shm/tfcl_{token:x}_probe") and token != 0)] + _machine_id()
+        seen = [int(os.path.exists(f"/dev/shm/{prefix}{token:x}_probe") and token != 0)] + _machine_id()
     except OSError:
         seen = [0, 0, 0]
     everyone = hvd.allgather(tf.constant([seen], tf.int64), process_set=process_set,
@@ -52,7 +63,7 @@ def _probe(process_set):
     if probe:
         os.unlink(probe)
     shared = token != 0 and all(row[0] == 1 and list(row[1:]) == list(everyone[0][1:]) for row in everyone)
-    return f"tfcl_{token:x}_{process_set.process_set_id}" if shared else None
+    return f"{prefix}{token:x}_{process_set.process_set_id}" if shared else None
 
 
 def available(process_set):

@@ -2,12 +2,15 @@
 
 Ranks are numbered node-major: rank = node * n + local. Each node has an intra-node set (its n
 ranks) and each local index j an inter-node set (rank j of every node), as HiTopKComm needs.
-The real layout comes from Horovod's local/cross sizes; ``topology="2x2"`` or the environment
+The real layout comes from Horovod's local/cross sizes (from Slurm's for ranks that srun started
+without them, as an MPI build under ``srun --mpi=pmix``); ``topology="2x2"`` or the environment
 variable TF_COMMLIB_TOPOLOGY overrides it so that one machine can emulate several nodes.
 """
 import dataclasses
 import os
 import re
+
+from tf_commlib import slurm_env
 
 ENV_VAR = "TF_COMMLIB_TOPOLOGY"
 _current = None
@@ -78,12 +81,14 @@ def init(topology=None):
     global _current
     import horovod.tensorflow as hvd
 
-    size = _env_int(["HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE"], 1)
+    size = _env_int(["HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE"], 0)
+    step = None if size else slurm_env.step_layout()   # (size, tasks per node) of an srun step
+    size = size or (step[0] if step else 1)
     spec = topology if topology is not None else os.environ.get(ENV_VAR)
     if spec:
         m, n = parse_layout(spec, size)
     else:
-        n = _env_int(["HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"], size)
+        n = _env_int(["HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"], max(step[1]) if step else size)
         if size % n:
             raise ValueError(f"world size {size} is not a multiple of the local size {n}: "
                              "tf_commlib needs the same number of ranks on every node")
@@ -95,8 +100,11 @@ def init(topology=None):
     fixed = _fixed_set_class(hvd)
     sets = [fixed(r) for r in extra]
     hvd.init(process_sets=sets)
+    slurm_env.exit_notice_at_exit()
     if hvd.size() != size:
-        raise RuntimeError(f"Horovod reports {hvd.size()} ranks, expected {size}")
+        hint = ("; under srun, start Gloo ranks with `python -m tf_commlib.slurm -- CMD` (MPI builds: "
+                "srun --mpi=pmix)") if step else ""
+        raise RuntimeError(f"Horovod reports {hvd.size()} ranks, expected {size}{hint}")
     rank = hvd.rank()
     if not spec and (hvd.local_rank() != rank % n or hvd.cross_rank() != rank // n):
         raise RuntimeError("tf_commlib needs node-major rank numbering (rank = node * n + local); "

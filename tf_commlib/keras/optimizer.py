@@ -5,9 +5,10 @@ Momentum correction (DGC eqs. 4 and 6): the momentum lives here, not in the wrap
 Each step u <- m*u + g (local momentum), and u (Nesterov: m*u + g) is what gets aggregated; the
 collective's error feedback accumulates it (v <- v + u) and sends the top entries of v. The
 wrapped optimizer then takes a *plain* step with the averaged update. A wrapped
-keras.optimizers.SGD therefore has its momentum moved here (its own momentum is set to 0, so
-momentum is never applied twice); any other wrapped optimizer needs ``momentum=`` and keeps its
-own adaptive rule on top of the aggregated update.
+keras.optimizers.SGD, or an optimizer whose class sets ``movable_momentum = True`` (pto.LARS),
+therefore has its momentum moved here (its own momentum is set to 0, so momentum is never applied
+twice); any other wrapped optimizer needs ``momentum=`` and keeps its own adaptive rule on top of
+the aggregated update.
 """
 import math
 
@@ -66,7 +67,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             raise ValueError(f"local_clip_norm must be positive, got {local_clip_norm!r}")
         m = 0.0
         if momentum_correction:
-            if isinstance(optimizer, keras.optimizers.SGD):
+            if isinstance(optimizer, keras.optimizers.SGD) or getattr(optimizer, "movable_momentum", False):
                 m = float(optimizer.momentum) if momentum is None else float(momentum)
                 nesterov = nesterov or optimizer.nesterov
                 optimizer.momentum, optimizer.nesterov = 0.0, False

@@ -1,0 +1,240 @@
+"""cached_dataset: a tf.data pipeline that reads pre-processed samples from the cache.
+
+Per epoch: the shard's indices (shuffled with (seed, epoch)) in batches of ``read_batch`` → one
+MGET per batch in a parallel ``tf.numpy_function`` that checks and unpacks the hits into one array
+→ the misses of the batch (none from epoch 2 on) read their file (level 1 / source), run
+``preprocess`` in the graph (in parallel) and queue the value for Redis → unbatch → ``augment``
+(after the cache, so it is random every epoch). Every epoch yields each sample of the shard exactly once.
+"""
+import hashlib
+import os
+import threading
+
+import numpy as np
+import tensorflow as tf
+
+from datacache.cache import DataCache, _topology
+from datacache.codec import Codec
+from datacache.fingerprint import preprocess_fingerprint
+from datacache.sources import ImageFolderSource, TfdsSource
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+def shard_range(n, index, count):
+    """[lo, hi) of shard ``index`` of ``count`` over n samples: contiguous, sizes differ by <= 1.
+    With node-major ranks, the shards of a node's ranks form one contiguous part per node."""
+    return index * n // count, (index + 1) * n // count
+
+
+def resolve_shard(shard, n):
+    """(index, count): ``shard`` if given, else (rank, size) of tf_commlib's topology, else (0, 1)."""
+    if shard is None:
+        topo = _topology()
+        return (topo.rank, topo.size) if topo is not None else (0, 1)
+    try:
+        index, count = (int(v) for v in shard)
+    except (TypeError, ValueError):
+        raise ValueError(f"shard must be (index, count), got {shard!r}") from None
+    if not 0 <= index < count:
+        raise ValueError(f"shard={shard!r}: need 0 <= index < count")
+    if count > n:
+        raise ValueError(f"shard={shard!r}: {count} shards of a data set of {n} samples leave some empty")
+    return index, count
+
+
+def as_source(source):
+    if isinstance(source, (str, os.PathLike)):
+        return ImageFolderSource(source)
+    if isinstance(source, ImageFolderSource):
+        return source
+    try:
+        import tensorflow_datasets as tfds
+        if isinstance(source, tfds.folder_dataset.ImageFolder):
+            return TfdsSource(source)
+    except ImportError:
+        pass
+    raise TypeError("source must be a datacache.ImageFolderSource, a datacache.TfdsSource, a "
+                    f"tfds.folder_dataset.ImageFolder or a folder path, got {type(source).__name__}")
+
+
+def _probe(preprocess, data):
+    """Runs preprocess once eagerly: the (dtype, shape) of every sample."""
+    try:
+        x = preprocess(tf.constant(data))
+    except Exception as e:
+        raise ValueError(f"preprocess failed on the first sample: {type(e).__name__}: {e}") from e
+    if not isinstance(x, (tf.Tensor, np.ndarray)):
+        raise TypeError(f"preprocess must return one tensor, got {type(x).__name__}")
+    x = tf.convert_to_tensor(x)
+    Codec(x.dtype.as_numpy_dtype, x.shape)   # checks that the dtype can be stored
+    return x.dtype, tuple(x.shape)
+
+
+class _Plan:
+    """The Python side of one cached dataset: index batches, lookups, misses, counters."""
+
+    def __init__(self, source, indices, cache, codec, prefix, shuffle, seed):
+        self.source, self.indices, self.cache, self.codec = source, indices, cache, codec
+        self.prefix, self.shuffle, self.seed = prefix.encode(), shuffle, seed
+        self.epoch = 0
+        self.records = {}
+        self.bars = {}
+        self._lock = threading.Lock()
+
+    def batches(self):
+        self.epoch += 1
+        epoch = self.epoch
+        self.cache.flush()   # the last epoch's writes are in Redis before this epoch reads
+        self.records[epoch] = self.cache.new_epoch(self.prefix.decode(), epoch, len(self.indices))
+        order = self.indices
+        if self.shuffle:
+            rng = np.random.default_rng(None if self.seed is None else [self.seed, epoch])
+            order = rng.permutation(order)
+        step = self.cache.read_batch
+        for lo in range(0, len(order), step):
+            yield order[lo:lo + step], np.int64(epoch)
+
+    def key(self, i):
+        return self.prefix + b"%d" % i
+
+    def lookup(self, idx, epoch):
+        record = self.records[int(epoch)]
+        out = np.empty((len(idx),) + self.codec.shape, self.codec.dtype)
+        hit = np.zeros(len(idx), bool)
+        store = self.cache.store
+        values = store.mget([self.key(i) for i in idx]) if store is not None else None
+        corrupt = 0
+        if values is not None:
+            for j, (i, v) in enumerate(zip(idx, values)):
+                hit[j] = self.codec.decode_into(v, i, out[j])
+                corrupt += v is not None and not hit[j]
+        hits = int(hit.sum())
+        fallbacks = len(idx) if values is None and store is not None else 0
+        self.cache.count(record, samples=len(idx), hits=hits, misses=len(idx) - hits - fallbacks,
+                         fallbacks=fallbacks, corrupt=corrupt)
+        self._progress(record, hits)
+        return out, hit, self.source.labels[idx]
+
+    def fetch(self, i, epoch):
+        data = self.cache.read(self.source, int(i), self.records[int(epoch)])
+        self.source.check(int(i), data)
+        return data
+
+    def put(self, i, epoch, x):
+        if x.shape != self.codec.shape:
+            raise ValueError(f"preprocess returned shape {x.shape} for sample {i} ({self.source.path(int(i))}) "
+                             f"but {self.codec.shape} for the first sample: preprocess must return one "
+                             "fixed shape (resize or crop to a fixed size)")
+        if self.cache.store is not None:
+            self.cache.store.put(self.key(i), self.codec.encode(i, x))
+        self._progress(self.records[int(epoch)], 1)
+        return x
+
+    def _progress(self, record, done):
+        """A progress bar for an epoch that fills the cache (shown once it has a miss)."""
+        if not self.cache.progress:
+            return
+        import keras
+
+        with self._lock:
+            epoch = record["epoch"]
+            record.setdefault("done", 0)
+            record["done"] += done
+            if epoch not in self.bars and record["misses"] + record["fallbacks"] == 0:
+                return
+            bar = self.bars.get(epoch)
+            if bar is None:
+                print(f"datacache: filling the cache, epoch {epoch}", flush=True)
+                bar = self.bars[epoch] = keras.utils.Progbar(record["size"], unit_name="sample",
+                                                             stateful_metrics=["hits", "misses"])
+            if bar is not False:
+                bar.update(record["done"], [("hits", record["hits"]), ("misses", record["misses"])],
+                           finalize=record["done"] >= record["size"])
+                if record["done"] >= record["size"]:
+                    self.bars[epoch] = False
+
+
+def cached_dataset(source, preprocess, cache=None, shard=None, shuffle=True, seed=None, *,
+                   augment=None, preprocess_key=None, num_parallel_calls=AUTOTUNE):
+    """A tf.data.Dataset of ``(preprocess(encoded file), label)`` over this process' shard.
+
+    source: ImageFolderSource, TfdsSource, a tfds ImageFolder builder or a folder path.
+    preprocess: maps one encoded file (scalar tf.string) to a tensor of one fixed shape and dtype
+        (decode, resize, crop, cast): the deterministic part, and what is cached.
+    cache: a DataCache; None creates the default one (embedded Redis), closed at exit; False reads
+        and preprocesses every epoch (no cache, same sharding and order).
+    shard: (index, count) of this process; default: (rank, size) of tf_commlib.init()'s topology,
+        else (0, 1). Shards are contiguous, so node i caches only its ranks' part.
+    shuffle, seed: a new permutation of the shard every epoch, reproducible with ``seed``.
+    augment: a function x -> x run after the cache (random flips, crops, colour), every epoch anew.
+    preprocess_key: names the preprocess configuration in the cache key (else ``preprocess.config()``
+        or a fingerprint of the function; see datacache.fingerprint).
+    """
+    source = as_source(source)
+    if not callable(preprocess):
+        raise TypeError(f"preprocess must be callable, got {type(preprocess).__name__}")
+    if augment is not None and not callable(augment):
+        raise TypeError(f"augment must be callable or None, got {type(augment).__name__}")
+    index, count = resolve_shard(shard, len(source))
+    lo, hi = shard_range(len(source), index, count)
+    indices = np.arange(lo, hi, dtype=np.int64)
+    if cache is None:
+        cache = DataCache()
+    elif cache is not False and not isinstance(cache, DataCache):
+        raise TypeError(f"cache must be a DataCache, None or False, got {type(cache).__name__}")
+    if cache is False:
+        ds = _uncached(source, preprocess, indices, shuffle, seed, num_parallel_calls)
+    else:
+        ds = _cached(source, preprocess, cache, indices, shuffle, seed, preprocess_key, num_parallel_calls)
+    if augment is not None:
+        ds = ds.map(lambda x, y: (augment(x), y), num_parallel_calls=num_parallel_calls)
+    return ds.apply(tf.data.experimental.assert_cardinality(len(indices)))
+
+
+def _uncached(source, preprocess, indices, shuffle, seed, parallel):
+    paths = tf.constant([source.path(int(i)) for i in indices])
+    labels = tf.constant(source.labels[indices])
+    ds = tf.data.Dataset.range(len(indices))
+    if shuffle:
+        ds = ds.shuffle(len(indices), seed=seed, reshuffle_each_iteration=True)
+    return ds.map(lambda j: (preprocess(tf.io.read_file(paths[j])), labels[j]), num_parallel_calls=parallel)
+
+
+def _cached(source, preprocess, cache, indices, shuffle, seed, preprocess_key, parallel):
+    first = cache.read(source, int(indices[0]))
+    source.check(int(indices[0]), first)
+    dtype, shape = _probe(preprocess, first)
+    codec = Codec(dtype.as_numpy_dtype, shape)
+    key = "\0".join([source.fingerprint(), preprocess_fingerprint(preprocess, preprocess_key),
+                     dtype.name, repr(shape)])
+    plan = _Plan(source, indices, cache, codec, f"dc:{hashlib.sha256(key.encode()).hexdigest()[:24]}:",
+                 shuffle, seed)
+
+    def miss(i, epoch):
+        data = tf.numpy_function(plan.fetch, [i, epoch], tf.string, stateful=True, name="datacache_read")
+        data.set_shape([])
+        x = tf.convert_to_tensor(preprocess(data))
+        if x.dtype != dtype:
+            raise TypeError(f"preprocess returned {x.dtype.name} in the pipeline but {dtype.name} on the first sample")
+        x = tf.numpy_function(plan.put, [i, epoch, x], dtype, stateful=True, name="datacache_put")
+        return tf.ensure_shape(x, shape)
+
+    def load(idx, epoch):
+        """One MGET for the batch; only the misses go through preprocess (in parallel)."""
+        values, hit, labels = tf.numpy_function(plan.lookup, [idx, epoch], [dtype, tf.bool, tf.int32],
+                                                stateful=True, name="datacache_mget")
+        values.set_shape((None,) + shape)
+        labels.set_shape([None])
+        missing = tf.where(tf.logical_not(hit))[:, 0]
+
+        def fill():
+            fixed = tf.map_fn(lambda j: miss(tf.gather(idx, j), epoch), missing, parallel_iterations=16,
+                              fn_output_signature=tf.TensorSpec(shape, dtype))
+            return tf.tensor_scatter_nd_update(values, missing[:, None], fixed)
+        return tf.cond(tf.size(missing) > 0, fill, lambda: values), labels
+
+    batches = tf.data.Dataset.from_generator(
+        plan.batches, output_signature=(tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64)))
+    order = {} if parallel is None else {"deterministic": True}
+    return batches.map(load, num_parallel_calls=parallel, **order).unbatch()

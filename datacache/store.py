@@ -1,0 +1,190 @@
+"""Level 2 client: batched reads, asynchronous batched writes, and Redis outages survived.
+
+A failed command marks Redis down; until the next retry (exponential backoff from
+``retry_interval`` to ``max_retry_interval`` seconds) every read returns None at once (the caller
+counts fallbacks and reads level 1 / the source) and writes are dropped, so an outage costs one
+failed command per retry, not one per sample. A retry pings (restarting the embedded server first
+when this process owns it and it died); when Redis answers, reads and writes resume and the cache
+refills. Writes go through a queue to one thread that sends them in pipelines; a full Redis
+(``maxmemory`` with ``noeviction``: OOM replies) drops the writes and is counted, reads go on.
+"""
+import logging
+import queue
+import threading
+import time
+
+import redis
+
+log = logging.getLogger("datacache")
+
+
+class RedisStore:
+    def __init__(self, connect, server=None, retry_interval=1.0, max_retry_interval=30.0,
+                 write_batch=64, queue_size=2048):
+        self._connect = connect          # () -> (client, is_cluster)
+        self.server = server             # the embedded RedisServer when this process owns it
+        self.client = None
+        self.cluster = False
+        self.up = False
+        self.retry_interval = float(retry_interval)
+        self.max_retry_interval = float(max_retry_interval)
+        self._interval = self.retry_interval
+        self._retry_at = 0.0
+        self._probing = False
+        self._lock = threading.Lock()
+        self.write_batch = int(write_batch)
+        self.counts = {"writes": 0, "write_errors": 0, "writes_dropped": 0, "full": 0, "outages": 0,
+                       "reconnects": 0}
+        self._queue = queue.Queue(queue_size)
+        self._closed = False
+        self._writer = threading.Thread(target=self._write_loop, name="datacache-writer", daemon=True)
+        self._writer.start()
+        self.available()
+
+    def _count(self, key, n=1):
+        with self._lock:
+            self.counts[key] += n
+
+    def available(self):
+        """True when Redis is up; otherwise, at most once per retry interval, tries to reconnect."""
+        if self.up:
+            return True
+        with self._lock:
+            if self._closed or self._probing or time.monotonic() < self._retry_at:
+                return False
+            self._probing = True
+        try:
+            if self.server is not None and not self.server.alive():
+                log.warning("datacache: the embedded redis-server is not running; restarting it")
+                self.server.start()
+            if self.client is None:
+                self.client, self.cluster = self._connect()
+            self.client.ping()
+        except Exception as e:   # any failure to reach Redis means: stay down, retry later
+            with self._lock:
+                self._retry_at = time.monotonic() + self._interval
+                log.warning("datacache: Redis unreachable (%s: %s); reading from level 1 / the source, "
+                            "next try in %.1f s", type(e).__name__, e, self._interval)
+                self._interval = min(self._interval * 2, self.max_retry_interval)
+                self._probing = False
+            return False
+        with self._lock:
+            if self.counts["outages"] or self.counts["reconnects"]:
+                log.warning("datacache: Redis is back; the cache refills")
+            self.counts["reconnects"] += 1
+            self._interval = self.retry_interval
+            self.up = True
+            self._probing = False
+        return True
+
+    def _down(self, error):
+        with self._lock:
+            if not self.up:
+                return
+            self.up = False
+            self.counts["outages"] += 1
+            self._retry_at = time.monotonic() + self._interval
+        log.warning("datacache: Redis failed (%s: %s); reading from level 1 / the source, retrying "
+                    "in %.1f s", type(error).__name__, error, self._interval)
+
+    def mget(self, keys):
+        """Values (bytes or None) of keys, or None when Redis is not available."""
+        if not self.available():
+            return None
+        try:
+            return self.client.mget_nonatomic(keys) if self.cluster else self.client.mget(keys)
+        except (redis.RedisError, OSError) as e:
+            self._down(e)
+            return None
+
+    def put(self, key, value):
+        """Queues one write; dropped (and counted) when Redis is down or the queue stays full."""
+        if not self.up and not self.available():
+            self._count("writes_dropped")
+            return
+        try:
+            self._queue.put((key, value), timeout=1.0)
+        except queue.Full:
+            self._count("writes_dropped")
+
+    def _write_loop(self):
+        while True:
+            items = [self._queue.get()]
+            if items[0] is None:
+                self._queue.task_done()
+                return
+            while len(items) < self.write_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._queue.put(None)   # stop after this batch
+                    self._queue.task_done()
+                    break
+                items.append(item)
+            try:
+                self._send(items)
+            finally:
+                for _ in items:
+                    self._queue.task_done()
+
+    def _send(self, items):
+        if not self.available():
+            self._count("writes_dropped", len(items))
+            return
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key, value in items:
+                pipe.set(key, value)
+            results = pipe.execute(raise_on_error=False)
+        except (redis.RedisError, OSError) as e:
+            if isinstance(e, (redis.ConnectionError, redis.TimeoutError, OSError)):
+                self._down(e)
+            self._count("write_errors", len(items))
+            return
+        errors = [r for r in results if isinstance(r, Exception)]
+        full = sum(isinstance(r, redis.exceptions.OutOfMemoryError) for r in errors)
+        if errors:
+            if not self.counts["full"] and not self.counts["write_errors"]:
+                log.warning("datacache: Redis refused %d of %d writes (%s)%s", len(errors), len(items),
+                            errors[0], "; it is full (maxmemory): raise maxmemory" if full else "")
+            self._count("full", full)
+            self._count("write_errors", len(errors) - full)
+        self._count("writes", len(items) - len(errors))
+
+    def flush(self, timeout=60.0):
+        """Waits until the queued writes are sent (or dropped)."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and time.monotonic() < deadline and self._writer.is_alive():
+            time.sleep(0.005)
+
+    def info(self):
+        """(used_memory bytes, number of keys) of the server(s), or (None, None) when down."""
+        if not self.up:
+            return None, None
+        try:
+            memory = self.client.info("memory")
+            keys = self.client.dbsize()
+        except (redis.RedisError, OSError) as e:
+            self._down(e)
+            return None, None
+        if self.cluster:   # one dict per node
+            used = sum(v.get("used_memory", 0) for v in memory.values() if isinstance(v, dict))
+            return used or memory.get("used_memory"), keys
+        return memory["used_memory"], keys
+
+    def close(self):
+        if self._closed:
+            return
+        self.flush()
+        with self._lock:
+            self._closed = True
+        self._queue.put(None)
+        self._writer.join(5)
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:
+                pass
+        self.up = False

@@ -1,0 +1,55 @@
+"""keras.optimizers.Lamb with its per-layer trust ratios computed with PTO."""
+import keras
+import tensorflow as tf
+
+from pto.layerwise import LayerwiseTrust, check_learning_rate, check_non_negative, norm, serializable, trust_ratio
+
+
+def lamb_trust(element):
+    """||w|| / ||r|| for the Adam direction r; 1 where a norm is 0 (as keras.optimizers.Lamb)."""
+    w, r = element
+    w_norm, r_norm = norm(w), norm(r)
+    return trust_ratio(w_norm, r_norm, w_norm, r_norm)
+
+
+@serializable
+class LAMB(LayerwiseTrust, keras.optimizers.Lamb):
+    """The arguments and update of ``keras.optimizers.Lamb`` (its ``weight_decay`` is Keras's
+    decoupled decay, applied before the step), plus ``pto`` and ``process_set`` as in pto.LARS:
+    each rank computes 1/P of the layers' ||w||, ||r|| and ratios; pto on and off give the same bits.
+    """
+
+    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7, pto=True,
+                 process_set=None, name="LAMB", **kwargs):
+        learning_rate = check_learning_rate(learning_rate)
+        check_non_negative(epsilon=epsilon)
+        for arg, beta in (("beta_1", beta_1), ("beta_2", beta_2)):
+            if not callable(beta):
+                check_non_negative(**{arg: beta})
+                if beta >= 1:
+                    raise ValueError(f"{arg} must be in [0, 1), got {beta!r}")
+        if kwargs.get("weight_decay") is not None:
+            check_non_negative(weight_decay=kwargs["weight_decay"])
+        super().__init__(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
+                         name=name, **kwargs)
+        self.pto, self.process_set = bool(pto), process_set
+        self._trust = lamb_trust
+
+    def _prepare(self, gradient, variable):
+        """keras.optimizers.Lamb.update_step up to the direction r = m_hat / (sqrt(v_hat) + eps)."""
+        g = tf.cast(gradient, variable.dtype)
+        step = tf.cast(self.iterations + 1, variable.dtype)
+        beta_1_power = tf.pow(tf.cast(self.beta_1, variable.dtype), step)
+        beta_2_power = tf.pow(tf.cast(self.beta_2, variable.dtype), step)
+        i = self._get_variable_index(variable)
+        m, v = self._momentums[i], self._velocities[i]
+        self.assign_add(m, (g - m) * (1 - self.beta_1))
+        self.assign_add(v, (tf.square(g) - v) * (1 - self.beta_2))
+        r = (m / (1.0 - beta_1_power)) / (tf.sqrt(v / (1.0 - beta_2_power)) + self.epsilon)
+        return r, (tf.convert_to_tensor(variable), r)
+
+    def _finish(self, variable, r, ratio, learning_rate):
+        self.assign_sub(variable, ratio * tf.cast(learning_rate, variable.dtype) * r)
+
+    def get_config(self):
+        return {**super().get_config(), **self._pto_config()}

@@ -1,0 +1,374 @@
+"""DataCache against a real redis-server: exact epochs, bit-equal values, sharding, faults, security."""
+import hashlib
+import os
+import pickle
+import signal
+import stat
+import time
+
+import numpy as np
+import pytest
+import redis
+import tensorflow as tf
+
+import datacache
+from datacache import DataCache, DecodeResize, ImageFolderSource, RedisServer, cached_dataset
+from datacache.codec import Codec
+from tests import hvdrun
+
+N_CLASSES, PER_CLASS = 3, 14   # 42 images, half JPEG and half PNG
+
+
+def write_folder(root, n_classes=N_CLASSES, per_class=PER_CLASS, size=32, extra=None):
+    """sklearn digits upscaled to size x size RGB, each made unique by a corner block."""
+    from sklearn.datasets import load_digits
+
+    images = load_digits().images
+    for c in range(n_classes):
+        os.makedirs(os.path.join(root, f"class_{c}"), exist_ok=True)
+        for j in range(per_class):
+            k = c * per_class + j
+            x = tf.image.resize(tf.constant(images[k][..., None] * 15.0), (size, size))
+            x = tf.tile(tf.cast(tf.clip_by_value(x, 0, 255), tf.uint8), [1, 1, 3]).numpy()
+            x[:4, :4, :] = 3 * k
+            data = tf.io.encode_jpeg(x, quality=95) if k % 2 else tf.io.encode_png(x)
+            tf.io.write_file(os.path.join(root, f"class_{c}", f"img{k:03d}.{'jpg' if k % 2 else 'png'}"), data)
+    return root
+
+
+def digest(array):
+    return hashlib.sha1(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+class Reference:
+    """The uncached pipeline, sample by sample: index of every value, by its bytes."""
+
+    def __init__(self, source, preprocess):
+        self.values = [preprocess(tf.io.read_file(source.path(i))).numpy() for i in range(len(source))]
+        self.index = {digest(v): i for i, v in enumerate(self.values)}
+        assert len(self.index) == len(source), "test images must be distinct"
+        self.labels = source.labels
+
+    def epoch(self, ds):
+        """The sample indices of one epoch, in order; every value bit-equal to its reference."""
+        out = []
+        for xs, ys in ds.batch(16):
+            for x, y in zip(xs.numpy(), ys.numpy()):
+                i = self.index[digest(x)]   # a KeyError is a wrong value
+                assert y == self.labels[i]
+                out.append(i)
+        return out
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_folder(str(tmp_path_factory.mktemp("images")))
+
+
+@pytest.fixture(scope="module")
+def source(folder):
+    return ImageFolderSource(folder)
+
+
+@pytest.fixture(scope="module")
+def ref16(source):
+    return Reference(source, DecodeResize(16))
+
+
+def bare(**kwargs):
+    """A client that does not retry (a refused login would be retried for seconds)."""
+    return redis.Redis(retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0), **kwargs)
+
+
+def keys_of(client):
+    return sorted(client.scan_iter(match=b"dc:*"))
+
+
+def test_epochs_exact_bit_equal_and_level1(source, ref16, tmp_path):
+    n = len(source)
+    local = str(tmp_path / "local")
+    with DataCache(local_dir=local, progress=False, read_batch=8) as cache:
+        ds = cached_dataset(source, DecodeResize(16), cache, seed=3)
+        epochs = [ref16.epoch(ds) for _ in range(3)]
+        for e in epochs:
+            assert sorted(e) == list(range(n))
+        assert epochs[0] != epochs[1] != epochs[2]   # reshuffled every epoch
+        assert ref16.epoch(cached_dataset(source, DecodeResize(16), cache, seed=3)) == epochs[0]  # seeded
+        s = cache.stats()
+        first, second, third = s["epochs"][:3]
+        assert (first["misses"], first["hits"], second["hits"], third["hits"]) == (n, 0, n, n)
+        assert first["source_bytes"] == int(source.sizes.sum()) - int(source.sizes[0])  # the probe copied #0
+        assert second["source_bytes"] == third["source_bytes"] == 0
+        assert s["redis_keys"] == n and s["redis_bytes"] > 0 and s["fallbacks"] == 0
+        # Shards cover the data set exactly once, each a contiguous block.
+        shards = [ref16.epoch(cached_dataset(source, DecodeResize(16), cache, shard=(i, 3))) for i in range(3)]
+        assert sorted(sum(shards, [])) == list(range(n))
+        assert [sorted(s) for s in shards] == [list(range(i * n // 3, (i + 1) * n // 3)) for i in range(3)]
+    # A second run (new cache, no Redis): level 1 serves every file, 0 bytes from the source.
+    with DataCache(redis_url=False, local_dir=local, progress=False) as cache:
+        assert sorted(ref16.epoch(cached_dataset(source, DecodeResize(16), cache))) == list(range(n))
+        first = cache.stats()["epochs"][0]
+        assert first["source_bytes"] == 0 and first["local_bytes"] == int(source.sizes.sum())
+
+
+def test_resolutions_do_not_collide_and_augment_is_random(source, ref16):
+    n = len(source)
+    ref24 = Reference(source, DecodeResize(24))
+
+    def scaled(data, scale=1.0):   # same shape and dtype: only the preprocess key tells them apart
+        return tf.cast(DecodeResize(16)(data), tf.float32) * scale
+
+    with DataCache(progress=False) as cache:
+        for ref, prep in ((ref16, DecodeResize(16)), (ref24, DecodeResize(24))):
+            for _ in range(2):
+                assert sorted(ref.epoch(cached_dataset(source, prep, cache))) == list(range(n))
+        a = cached_dataset(source, lambda d: scaled(d, 1.0), cache, shuffle=False)
+        b = cached_dataset(source, lambda d: scaled(d, 2.0), cache, shuffle=False)
+        for _ in range(2):
+            xa = np.concatenate([x.numpy() for x, _ in a.batch(64)])
+            xb = np.concatenate([x.numpy() for x, _ in b.batch(64)])
+            np.testing.assert_array_equal(xb, 2 * xa)
+        np.testing.assert_array_equal(xa, np.stack(ref16.values).astype(np.float32))
+        prefixes = {k.rsplit(b":", 1)[0] for k in keys_of(cache.redis)}
+        assert len(prefixes) == 4 and cache.stats()["redis_keys"] == 4 * n
+        hits = {}
+        for e in cache.stats()["epochs"]:
+            hits.setdefault(e["dataset"], []).append(e["hits"])
+        assert list(hits.values()) == [[0, n]] * 4   # no dataset read another's entries
+
+        def noise(x):
+            return tf.cast(x, tf.float32) + tf.random.uniform(tf.shape(x), 0, 0.5)
+        aug = cached_dataset(source, DecodeResize(16), cache, shuffle=False, augment=noise)
+        e1, e2 = (np.concatenate([x.numpy() for x, _ in aug.batch(64)]) for _ in range(2))
+        assert e1.shape == (n, 16, 16, 3) and not np.array_equal(e1, e2)
+        base = np.stack(ref16.values).astype(np.float32)
+        np.testing.assert_array_equal(np.floor(e1), base)   # noise on top of the cached value
+        np.testing.assert_array_equal(np.floor(e2), base)
+
+
+def test_redis_killed_mid_epoch_is_restarted_and_refilled(source, ref16):
+    n = len(source)
+    with DataCache(progress=False, retry_interval=0.05, read_batch=4) as cache:
+        # Sequential maps: lookups happen as samples are consumed, so the kill lands mid-epoch.
+        ds = cached_dataset(source, DecodeResize(16), cache, seed=1, num_parallel_calls=None)
+        ref16.epoch(ds)
+        seen = []
+        for k, (x, y) in enumerate(ds):
+            if k == 6:
+                os.kill(cache.server.proc.pid, signal.SIGKILL)
+            seen.append(ref16.index[digest(x.numpy())])
+            assert y == ref16.labels[seen[-1]]
+        assert sorted(seen) == list(range(n))
+        time.sleep(0.1)
+        assert sorted(ref16.epoch(ds)) == list(range(n))   # the server is back, empty: refills
+        assert sorted(ref16.epoch(ds)) == list(range(n))
+        s = cache.stats()
+        assert s["outages"] >= 1 and s["fallbacks"] > 0 and cache.server.alive()
+        assert s["epochs"][1]["fallbacks"] > 0 and s["epochs"][1]["hits"] > 0
+        assert s["epochs"][3]["hits"] == n
+
+
+def test_redis_unreachable_at_start_then_back(source, ref16, caplog):
+    n = len(source)
+    server = RedisServer(maxmemory="64mb")
+    server.stop(remove=False)
+    try:
+        with DataCache(server.url(with_password=True), progress=False, retry_interval=0.05,
+                       max_retry_interval=0.1) as cache:
+            ds = cached_dataset(source, DecodeResize(16), cache)
+            assert sorted(ref16.epoch(ds)) == list(range(n))
+            assert "Redis unreachable" in caplog.text
+            server.start()
+            time.sleep(0.2)
+            for _ in range(2):
+                assert sorted(ref16.epoch(ds)) == list(range(n))
+            e = cache.stats()["epochs"]
+            assert (e[0]["fallbacks"], e[0]["hits"]) == (n, 0)
+            assert (e[1]["misses"], e[2]["hits"]) == (n, n)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("eviction", ["noeviction", "allkeys-lru"])
+def test_full_redis(source, eviction):
+    n = len(source)
+    big = DecodeResize(64)   # 12 KiB per sample, 0.5 MiB in all
+    ref = Reference(source, big)
+    server = RedisServer(maxmemory="64mb", eviction=eviction)
+    try:
+        with DataCache(server.url(with_password=True), progress=False, read_batch=4, write_batch=4) as cache:
+            # room for about half of the samples
+            cache.redis.config_set("maxmemory", cache.redis.info("memory")["used_memory"] + 250_000)
+            ds = cached_dataset(source, big, cache)
+            for _ in range(3):
+                assert sorted(ref.epoch(ds)) == list(range(n))
+            s = cache.stats()
+            assert s["epochs"][2]["hits"] < n and s["epochs"][2]["misses"] > 0
+            if eviction == "noeviction":   # writes refused: the first half stays cached
+                assert s["full"] > 0 and s["epochs"][2]["hits"] > 0
+            else:
+                assert cache.redis.info("stats")["evicted_keys"] > 0
+    finally:
+        server.stop()
+
+
+def test_corrupt_values_and_pickles_are_misses(source, ref16, tmp_path):
+    n = len(source)
+    marker = tmp_path / "unpickled"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    with DataCache(progress=False) as cache:
+        ds = cached_dataset(source, DecodeResize(16), cache, shuffle=False)
+        ref16.epoch(ds)
+        keys = keys_of(cache.redis)
+        prefix = keys[0].rsplit(b":", 1)[0] + b":"
+        r, good = cache.redis, cache.redis.get(prefix + b"5")
+        flipped = bytearray(r.get(prefix + b"0"))
+        flipped[-1] ^= 1
+        r.set(prefix + b"0", bytes(flipped))                                   # bad CRC
+        r.set(prefix + b"1", r.get(prefix + b"1")[:-10])                       # truncated
+        r.set(prefix + b"2", Codec(np.uint8, (16, 48)).encode(2, ref16.values[2].reshape(16, 48)))  # shape
+        r.set(prefix + b"3", good)                                             # sample 5's value
+        r.set(prefix + b"4", pickle.dumps(Evil()))                             # a pickle
+        assert ref16.epoch(ds) == list(range(n))
+        assert not marker.exists()
+        assert ref16.epoch(ds) == list(range(n))
+        e = cache.stats()["epochs"]
+        assert (e[1]["corrupt"], e[1]["misses"], e[1]["hits"], e[2]["hits"]) == (5, 5, n - 5, n)
+
+
+def test_codec_rejects_everything_but_its_own_values():
+    codec = Codec(np.float32, (2, 3))
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    value, out = codec.encode(7, x), np.zeros((2, 3), np.float32)
+    assert codec.decode_into(value, 7, out) and np.array_equal(out, x)
+    for bad in (None, b"", value[:-1], value + b"\0", b"XXXX" + value[4:], value[:-1] + b"\1",
+                Codec(np.int32, (2, 3)).encode(7, x.astype(np.int32)), pickle.dumps(x)):
+        assert not codec.decode_into(bad, 7, out)
+    assert not codec.decode_into(value, 8, out)
+
+
+def test_embedded_server_is_private(source):
+    with DataCache(progress=False) as cache:
+        cached_dataset(source, DecodeResize(16), cache)
+        server = cache.server
+        assert stat.S_IMODE(os.stat(server.dir).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(server.conf).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(server.socket).st_mode) & 0o077 == 0
+        with open(f"/proc/{server.proc.pid}/cmdline", "rb") as f:
+            assert server.password.encode() not in f.read()
+        with pytest.raises(redis.AuthenticationError):
+            bare(unix_socket_path=server.socket).ping()
+        with pytest.raises(redis.AuthenticationError):
+            bare(unix_socket_path=server.socket, password="guess").ping()
+        cfg = cache.redis.config_get("*")
+        assert cfg["port"] == "0" and cfg["save"] == "" and cfg["appendonly"] == "no"
+        assert cfg["maxmemory-policy"] == "allkeys-lru" and int(cfg["maxmemory"]) == server.maxmemory > 0
+        pid, where = server.proc.pid, server.dir
+    assert not os.path.exists(where)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    import psutil
+    with DataCache(unix_socket=False, progress=False) as cache:
+        listening = [c.laddr for c in psutil.Process(cache.server.proc.pid).net_connections()
+                     if c.status == psutil.CONN_LISTEN]
+        assert listening and all(a.ip == "127.0.0.1" for a in listening)
+        assert bare(port=cache.server.port, password=cache.server.password).ping()
+        with pytest.raises(redis.AuthenticationError):
+            bare(port=cache.server.port).ping()
+
+
+def test_bad_arguments(tmp_path, source):
+    with pytest.raises(ValueError, match="root"):
+        ImageFolderSource(tmp_path / "missing")
+    (tmp_path / "empty" / "class_a").mkdir(parents=True)
+    with pytest.raises(ValueError, match="root .* holds no images"):
+        ImageFolderSource(tmp_path / "empty")
+    bmp = tmp_path / "bmp" / "class_a"
+    bmp.mkdir(parents=True)
+    (bmp / "a.bmp").write_bytes(b"BM")
+    with pytest.raises(ValueError, match="unsupported image format .*a.bmp"):
+        ImageFolderSource(tmp_path / "bmp")
+    fake = tmp_path / "fake" / "class_a"
+    fake.mkdir(parents=True)
+    (fake / "a.jpg").write_bytes(b"GIF89a not really")
+    with pytest.raises(ValueError, match="not a JPEG or PNG"):
+        cached_dataset(ImageFolderSource(tmp_path / "fake"), DecodeResize(8), DataCache(redis_url=False))
+    for shard in [(3, 3), (0, 10_000), "0/2", (-1, 2)]:
+        with pytest.raises(ValueError, match="shard"):
+            cached_dataset(source, DecodeResize(8), False, shard=shard)
+    with pytest.raises(TypeError, match="preprocess"):
+        cached_dataset(source, "resize", False)
+    with pytest.raises(TypeError, match="cache"):
+        cached_dataset(source, DecodeResize(8), "redis://")
+    with pytest.raises(ValueError, match="maxmemory"):
+        DataCache(maxmemory="lots")
+    with pytest.raises(ValueError, match="eviction"):
+        DataCache(eviction="sometimes")
+    with pytest.raises(ValueError, match="redis_url"):
+        DataCache(redis_url="http://localhost")
+    # Varying shapes: decode without resize over images of two sizes.
+    mixed = write_folder(str(tmp_path / "mixed"), n_classes=1, per_class=4)
+    write_folder(str(tmp_path / "mixed2"), n_classes=1, per_class=4, size=40)
+    os.rename(tmp_path / "mixed2" / "class_0", tmp_path / "mixed" / "class_1")
+    with DataCache(redis_url=False) as cache:
+        ds = cached_dataset(mixed, lambda d: tf.io.decode_image(d, 3, expand_animations=False), cache,
+                            shuffle=False)
+        with pytest.raises(tf.errors.OpError, match="preprocess returned shape"):
+            list(ds)
+
+
+def test_tfds_image_folder(tmp_path):
+    import tensorflow_datasets as tfds
+
+    write_folder(str(tmp_path / "train"), n_classes=3, per_class=4)
+    write_folder(str(tmp_path / "test"), n_classes=2, per_class=2)
+    builder = tfds.folder_dataset.ImageFolder(str(tmp_path))
+    want = {os.path.basename(ex["image/filename"].numpy().decode()): int(ex["label"])
+            for ex in builder.as_dataset(split="train", decoders={"image": tfds.decode.SkipDecoding()})}
+    src = datacache.TfdsSource(builder, "train")
+    ref = Reference(src, DecodeResize(16))
+    assert {os.path.basename(f): int(lab) for f, lab in zip(src.files, src.labels)} == want
+    with DataCache(progress=False) as cache:
+        ds = cached_dataset(builder, DecodeResize(16), cache)   # the builder itself is a source
+        assert sorted(ref.epoch(ds)) == list(range(12)) == sorted(ref.epoch(ds))
+        assert cache.stats()["epochs"][1]["hits"] == 12
+    with pytest.raises(ValueError, match="split"):
+        datacache.TfdsSource(builder, "validation")
+
+
+def test_warm_command_fills_a_server(source, ref16, tmp_path, monkeypatch):
+    from datacache.cli import main
+
+    n = len(source)
+    server = RedisServer(maxmemory="64mb")
+    try:
+        monkeypatch.setenv("DATACACHE_REDIS_URL", server.url(with_password=True))
+        assert main(["warm", source.root, "--size", "16", "--local-dir", str(tmp_path), "--shard", "0/2"]) == 0
+        assert main(["warm", source.root, "--size", "16", "--local-dir", str(tmp_path), "--shard", "1/2"]) == 0
+        with DataCache(server.url(with_password=True), str(tmp_path), progress=False) as cache:
+            assert sorted(ref16.epoch(cached_dataset(source, DecodeResize(16), cache))) == list(range(n))
+            first = cache.stats()["epochs"][0]
+            assert (first["hits"], first["source_bytes"]) == (n, 0)
+    finally:
+        server.stop()
+
+
+def test_two_nodes_two_ranks_each(source, ref16, tmp_path):
+    """2x2 under horovodrun: one server per node, each holding exactly its node's part."""
+    n = len(source)
+    reports = hvdrun.run("datacache_worker.py", 4, tmp_path, args=[source.root], topology="2x2", timeout=180)
+    per_rank = []
+    for rank, r in enumerate(reports):
+        epochs = [[ref16.index[h] for h in e] for e in r["epochs"]]
+        assert all(sorted(e) == sorted(epochs[0]) for e in epochs) and len(set(epochs[0])) == len(epochs[0])
+        per_rank.append(sorted(epochs[0]))
+        assert r["owns_server"] == (rank % 2 == 0) and r["hits"] == [0, len(epochs[0])]
+    assert sorted(sum(per_rank, [])) == list(range(n))
+    for node in range(2):
+        part = sorted(per_rank[2 * node] + per_rank[2 * node + 1])
+        assert part == list(range(node * n // 2, (node + 1) * n // 2))
+        assert reports[2 * node]["keys"] == reports[2 * node + 1]["keys"] == part

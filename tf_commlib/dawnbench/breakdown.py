@@ -1,0 +1,79 @@
+"""Per-step time breakdown (shi2021 Fig. 1 analogue), from the script's own timers: each phase of a
+training step is timed on its own over a few steps at the end of a stage, with fresh copies of the
+state it would change (a separate aggregator, a cloned optimizer on copied variables), so that
+profiling never alters training. Every rank runs it at the same point (the phases communicate)."""
+import math
+import time
+
+import keras
+import tensorflow as tf
+
+from tf_commlib import ops
+from tf_commlib.aggregator import GradientAggregator
+from tf_commlib.collectives import ALGORITHMS
+
+
+def _timed(fn, reps):
+    fn()   # trace / warm up
+    t = time.perf_counter()
+    for _ in range(reps):
+        out = fn()
+    tf.nest.map_structure(lambda x: x.numpy() if hasattr(x, "numpy") else x, out)
+    return (time.perf_counter() - t) / reps
+
+
+def measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, topo, reps):
+    """Seconds per step of: input, forward+backward, selection, communication, optimizer."""
+    out = {}
+    it = iter(dataset)
+    x, y = next(it)
+    t = time.perf_counter()
+    n = 0
+    for _ in range(reps):
+        try:
+            next(it)
+            n += 1
+        except StopIteration:
+            break
+    out["input"] = (time.perf_counter() - t) / max(n, 1)
+    variables = model.trainable_variables
+
+    @tf.function
+    def fwd_bwd():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        return tape.gradient(loss, variables)
+
+    out["forward_backward"] = _timed(fwd_bwd, reps)
+    grads = fwd_bwd()
+    sparse = ALGORITHMS[algorithm].sparse
+    d = sum(int(g.shape.num_elements()) for g in grads)
+    out["selection"] = 0.0
+    if sparse:
+        flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
+        if algorithm.startswith("hitopk"):
+            flat = flat[:max(1, d // topo.n)]   # hitopk selects on its d/n shard
+        k = max(1, math.ceil(density * int(flat.shape[0])))
+        select = tf.function(lambda: ops.SELECTORS[selector](flat, k))
+        out["selection"] = _timed(select, reps)
+    agg = GradientAggregator(algorithm, density if sparse else 1.0, selector, topology=topo)
+    agg.build([(g.shape, g.dtype) for g in grads])
+    aggregate = tf.function(lambda: agg.aggregate(list(grads)))
+    out["communication"] = max(0.0, _timed(aggregate, reps) - out["selection"])
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    config = dict(inner.get_config(), learning_rate=0.01)
+    clone = type(inner).from_config(config)
+    copies = [tf.Variable(v) for v in variables]
+    clone.build(copies)
+    apply = tf.function(lambda: clone.apply(list(grads), copies))
+    out["optimizer"] = _timed(apply, reps)
+    return out
+
+
+def table(stage, phases, step_s):
+    total = sum(phases.values())
+    lines = [f"step breakdown, stage {stage.resolution}px batch {stage.batch}/rank "
+             f"(measured step {step_s * 1e3:.1f} ms, phases timed apart):"]
+    for k, v in phases.items():
+        lines.append(f"  {k:17s} {v * 1e3:9.2f} ms  {100 * v / max(total, 1e-12):5.1f} %")
+    return "\n".join(lines)

@@ -1,0 +1,124 @@
+"""Command line of the DAWNBench script: progressive-resizing stages and their validation."""
+import argparse
+import dataclasses
+import os
+
+DEFAULT_STAGES = "96:13:256,128:11:256,224:3:256,288:1:128"   # shi2021 §5.6, batch per GPU
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    resolution: int
+    epochs: int
+    batch: int           # per rank
+    first_epoch: int     # global index of the stage's first epoch
+
+
+def parse_stages(text, epoch_scale=1.0):
+    """'96:13:256,128:11:256' -> [Stage(96, 13, 256, 0), Stage(128, 11, 256, 13)]; every stage's
+    epochs are scaled by epoch_scale and kept >= 1."""
+    if not epoch_scale > 0:
+        raise ValueError(f"--epoch-scale must be positive, got {epoch_scale!r}")
+    stages, first = [], 0
+    for part in str(text).split(","):
+        fields = part.strip().split(":")
+        try:
+            res, epochs, batch = (int(f) for f in fields)
+        except ValueError:
+            raise ValueError(f"--stages: {part.strip()!r} is not resolution:epochs:batch "
+                             "(three integers), e.g. 96:13:256") from None
+        if res < 32 or epochs < 1 or batch < 1:
+            raise ValueError(f"--stages: {part.strip()!r} needs resolution >= 32, epochs >= 1, batch >= 1")
+        epochs = max(1, round(epochs * epoch_scale))
+        stages.append(Stage(res, epochs, batch, first))
+        first += epochs
+    return stages
+
+
+def parse_schedule(text):
+    """'0:hitopk,13:2dtar' -> {0: 'hitopk', 13: '2dtar'} (checked against the registry later)."""
+    out = {}
+    for part in str(text).split(","):
+        try:
+            epoch, name = part.split(":")
+            out[int(epoch)] = name.strip()
+        except ValueError:
+            raise ValueError(f"--schedule: {part!r} is not epoch:algorithm, e.g. 0:hitopk,13:2dtar") from None
+    if 0 not in out:
+        raise ValueError(f"--schedule must start at epoch 0, got {text!r}")
+    return out
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="scripts/dawnbench_resnet50.py", description=__doc__)
+    a = p.add_argument
+    a("--stages", default=DEFAULT_STAGES, help="resolution:epochs:batch per rank, comma separated")
+    a("--epoch-scale", type=float, default=1.0, help="scales every stage's epochs (small runs)")
+    a("--steps-per-epoch", type=int, default=None, help="cut epochs short (and synthetic epoch length)")
+    a("--schedule", default="0:hitopk,13:2dtar", help="epoch:algorithm switches")
+    a("--density", type=float, default=0.01)
+    a("--selector", default="mstopk")
+    a("--dgc-warmup", type=int, default=0, help="DGC density warm-up epochs")
+    a("--optimizer", choices=("lars", "lamb", "sgd"), default="lars")
+    a("--lr", type=float, default=None, help="peak learning rate (default per optimizer)")
+    a("--warmup-epochs", type=float, default=2.0, help="linear LR warm-up, then linear decay to 0")
+    a("--momentum", type=float, default=0.9)
+    a("--weight-decay", type=float, default=5e-5, help="not applied to BN and bias variables")
+    a("--eeta", type=float, default=0.001, help="LARS trust coefficient")
+    a("--label-smoothing", type=float, default=0.1)
+    a("--model", choices=("resnet50", "small"), default="resnet50")
+    a("--data", default=None, help="DIR with train/ and val/ in ImageNet layout (through DataCache)")
+    a("--tfds", default=None, help="tfds builder name, e.g. imagenet2012 (needs --manual-dir)")
+    a("--manual-dir", default=None)
+    a("--synthetic", action="store_true")
+    a("--num-classes", type=int, default=1000, help="synthetic data only")
+    a("--no-datacache", action="store_true", help="decode every epoch (no DataCache)")
+    a("--redis-url", default=None, help="an existing Redis (default: one embedded per node)")
+    a("--cache-dir", default=None, help="DataCache level-1 directory")
+    a("--target-top5", type=float, default=0.93)
+    a("--log-dir", default="dawnbench_out")
+    a("--ckpt-dir", default=None, help="BackupAndRestore per rank; a restarted run resumes here")
+    a("--breakdown-steps", type=int, default=3, help="steps timed per phase at each stage end (0: off)")
+    a("--topology", default=None)
+    a("--seed", type=int, default=0)
+    a("--deterministic", action="store_true", help="TF op determinism (bit-reproducible resume)")
+    return p
+
+
+def parse(argv=None):
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        check(args)
+    except ValueError as e:
+        p.error(str(e))
+    return args
+
+
+def check(args):
+    args.stage_list = parse_stages(args.stages, args.epoch_scale)
+    args.schedule_map = parse_schedule(args.schedule)
+    sources = [bool(args.data), bool(args.tfds), args.synthetic]
+    if sum(sources) != 1:
+        raise ValueError("give exactly one of --data DIR, --tfds NAME, --synthetic")
+    if args.data:
+        for sub in ("train", "val"):
+            if not os.path.isdir(os.path.join(args.data, sub)):
+                raise ValueError(f"--data {args.data!r}: no {sub}/ folder (ImageNet layout: train/CLASS/*.jpg, val/CLASS/*.jpg)")
+    if args.tfds and not (args.manual_dir and os.path.isdir(args.manual_dir)):
+        raise ValueError(f"--tfds needs --manual-dir DIR with the downloaded archives, got {args.manual_dir!r}")
+    if not 0 < args.target_top5 <= 1:
+        raise ValueError(f"--target-top5 must be in (0, 1], got {args.target_top5!r}")
+    if not 0 < args.density <= 1:
+        raise ValueError(f"--density must be in (0, 1], got {args.density!r}")
+    if args.steps_per_epoch is not None and args.steps_per_epoch < 1:
+        raise ValueError(f"--steps-per-epoch must be >= 1, got {args.steps_per_epoch!r}")
+    if args.synthetic and args.steps_per_epoch is None:
+        args.steps_per_epoch = 10
+    if args.lr is not None and not args.lr > 0:
+        raise ValueError(f"--lr must be positive, got {args.lr!r}")
+    for name in ("warmup_epochs", "weight_decay", "label_smoothing", "momentum", "breakdown_steps"):
+        if not getattr(args, name) >= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)!r}")
+    if args.num_classes < 2:
+        raise ValueError(f"--num-classes must be >= 2, got {args.num_classes!r}")

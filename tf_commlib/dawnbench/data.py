@@ -1,0 +1,121 @@
+"""Input pipelines of the DAWNBench script: an ImageNet-layout folder through DataCache (the
+deterministic decode + resize is cached, augmentation runs after it, anew every epoch), a tfds
+builder with a manual download, or synthetic data. Every rank runs the same number of steps."""
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+def normalize(x):
+    return tf.cast(x, tf.float32) / 127.5 - 1.0
+
+
+def augment(x):
+    """Random horizontal flip and a random crop of the image padded by 1/8 (uint8 in, float out)."""
+    size = tf.shape(x)[:2]
+    pad = size[0] // 8
+    x = tf.image.random_flip_left_right(x)
+    x = tf.pad(x, [[pad, pad], [pad, pad], [0, 0]], mode="REFLECT")
+    x = tf.image.random_crop(x, tf.concat([size, tf.shape(x)[2:]], 0))
+    return normalize(x)
+
+
+class Data:
+    """Datasets for one run; ``train(stage, epoch)`` is rebuilt each epoch with a seed derived from
+    the epoch, so a resumed run sees the same order and augmentation as an uninterrupted one."""
+
+    def __init__(self, args, topo):
+        self.args, self.topo = args, topo
+        self.cache = None
+        if args.synthetic:
+            self.num_classes, self.train_size = args.num_classes, None
+        elif args.data:
+            import datacache
+
+            self.train_src = datacache.ImageFolderSource(f"{args.data}/train")
+            self.val_src = datacache.ImageFolderSource(f"{args.data}/val",
+                                                       class_names=self.train_src.class_names)
+            self.num_classes, self.train_size = len(self.train_src.class_names), len(self.train_src)
+            if not args.no_datacache:
+                self.cache = datacache.DataCache(redis_url=args.redis_url, local_dir=args.cache_dir,
+                                                progress=sys.stdout.isatty())
+        else:
+            import tensorflow_datasets as tfds
+
+            self.builder = tfds.builder(args.tfds)
+            self.builder.download_and_prepare(
+                download_config=tfds.download.DownloadConfig(manual_dir=args.manual_dir))
+            self.num_classes = self.builder.info.features["label"].num_classes
+            self.train_size = self.builder.info.splits["train"].num_examples
+
+    def steps(self, stage):
+        """Steps per epoch: the smallest shard's full batches (the same on every rank)."""
+        if self.train_size is None:
+            return self.args.steps_per_epoch
+        steps = self.train_size // self.topo.size // stage.batch
+        if steps < 1:
+            raise ValueError(f"--stages: batch {stage.batch} per rank is larger than a rank's share "
+                             f"({self.train_size // self.topo.size} images) of the training set")
+        return min(steps, self.args.steps_per_epoch or steps)
+
+    def _onehot(self, x, y):
+        return x, tf.one_hot(tf.reshape(tf.cast(y, tf.int32), []), self.num_classes)
+
+    def train(self, stage, epoch):
+        seed = self.args.seed * 100003 + epoch
+        tf.random.set_seed(seed)
+        res = stage.resolution
+        if self.args.synthetic:
+            ds = self._synthetic(res, stage.batch * self.args.steps_per_epoch, seed)
+        elif self.args.data:
+            import datacache
+
+            ds = datacache.cached_dataset(
+                self.train_src, datacache.DecodeResize(res), False if self.cache is None else self.cache,
+                shard=(self.topo.rank, self.topo.size), shuffle=True, seed=seed, augment=augment)
+        else:
+            ds = self._tfds("train", res, seed).map(lambda x, y: (augment(x), y), AUTOTUNE)
+        ds = ds.map(lambda x, y: self._onehot(tf.ensure_shape(x, [res, res, 3]), y), AUTOTUNE)
+        ds = ds.batch(stage.batch, drop_remainder=True)
+        return ds.take(self.steps(stage)).prefetch(AUTOTUNE)
+
+    def val(self, stage, batch=256):
+        """This rank's share of the validation set (None for synthetic data)."""
+        res = stage.resolution
+        if self.args.synthetic:
+            return None
+        if self.args.data:
+            import datacache
+
+            ds = datacache.cached_dataset(
+                self.val_src, datacache.DecodeResize(res), False if self.cache is None else self.cache,
+                shard=(self.topo.rank, self.topo.size), shuffle=False)
+        else:
+            ds = self._tfds("validation", res, None)
+        ds = ds.map(lambda x, y: (tf.ensure_shape(normalize(x), [res, res, 3]), tf.reshape(y, [])), AUTOTUNE)
+        return ds.batch(batch).prefetch(AUTOTUNE)
+
+    def _synthetic(self, res, n, seed):
+        rng = np.random.default_rng([self.args.seed, self.topo.rank])
+        x = rng.integers(0, 256, (min(n, 64), res, res, 3), dtype=np.uint8)
+        y = rng.integers(0, self.num_classes, min(n, 64)).astype(np.int32)
+        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().take(n).map(
+            lambda x, y: (normalize(x), y), AUTOTUNE)
+
+    def _tfds(self, split, res, seed):
+        import tensorflow_datasets as tfds
+
+        part = tfds.even_splits(split, n=self.topo.size)[self.topo.rank]
+        ds = self.builder.as_dataset(split=part, as_supervised=True,
+                                     shuffle_files=seed is not None, read_config=tfds.ReadConfig(shuffle_seed=seed))
+        if seed is not None:
+            ds = ds.shuffle(10_000, seed=seed)
+        return ds.map(lambda x, y: (tf.cast(tf.round(tf.clip_by_value(
+            tf.image.resize(x, (res, res)), 0, 255)), tf.uint8), y), AUTOTUNE)
+
+    def close(self):
+        if self.cache is not None:
+            self.cache.close()

@@ -1,0 +1,140 @@
+"""DAWNBench ResNet-50 (shi2021 §5.6): progressive resizing, a collective schedule (MSTopK-SGD then
+2DTAR-SGD), LARS/LAMB through PTO, DataCache, per-rank checkpoints; run on every rank of a job::
+
+  horovodrun -np 4 -H localhost:4 --gloo python scripts/dawnbench_resnet50.py --synthetic
+"""
+import json
+import os
+
+import keras
+import tensorflow as tf
+
+import tf_commlib
+from tf_commlib import primitives as P
+from tf_commlib.dawnbench import breakdown, config, models
+from tf_commlib.dawnbench.data import Data
+from tf_commlib.dawnbench.report import EpochReport, Log
+from tf_commlib.dawnbench.schedule import PEAK_PER_256, StagedLinear
+from tf_commlib.keras import DistributedOptimizer, default_callbacks
+
+
+# Biases and batch normalisation: no weight decay, no layer adaptation (variable paths).
+EXCLUDED = ["bias", "gamma", "beta"]
+
+
+def make_optimizer(args, data, topo):
+    stages = args.stage_list
+    global_batch = stages[0].batch * topo.size
+    peak = args.lr or PEAK_PER_256[args.optimizer] * global_batch / 256
+    lr = StagedLinear(peak, args.warmup_epochs, [s.epochs for s in stages],
+                      [data.steps(s) for s in stages])
+    if args.optimizer == "lars":
+        import pto
+
+        inner = pto.LARS(lr, momentum=args.momentum, weight_decay_rate=args.weight_decay, eeta=args.eeta,
+                         exclude_from_weight_decay=EXCLUDED, exclude_from_layer_adaptation=EXCLUDED)
+    elif args.optimizer == "lamb":
+        import pto
+
+        inner = pto.LAMB(lr, weight_decay=args.weight_decay)
+        inner.exclude_from_weight_decay(var_names=EXCLUDED)
+    else:
+        inner = keras.optimizers.SGD(lr, momentum=args.momentum, weight_decay=args.weight_decay)
+        inner.exclude_from_weight_decay(var_names=EXCLUDED)
+    return DistributedOptimizer(inner, algorithm=args.schedule_map[0], density=args.density,
+                                selector=args.selector, schedule=args.schedule_map,
+                                momentum=None if args.optimizer != "lamb" else args.momentum,
+                                momentum_correction=args.optimizer != "lamb",
+                                warmup=args.dgc_warmup, seed=args.seed)
+
+
+def resume_epoch(ckpt_dir, topo):
+    """The epoch every rank's BackupAndRestore checkpoint ends at (0 without one)."""
+    epoch = 0
+    if ckpt_dir:
+        path = os.path.join(ckpt_dir, f"rank{topo.rank}", "training_metadata.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                epoch = int(json.load(f)["epoch"])
+    epochs = P.allgather(tf.constant([epoch], tf.int64), topo.world).numpy().tolist()
+    if len(set(epochs)) != 1:
+        raise RuntimeError(f"--ckpt-dir {ckpt_dir}: the ranks' checkpoints end at different epochs "
+                           f"{epochs}; restore them from one consistent save")
+    return epochs[0]
+
+
+def weights_digest(model, topo):
+    """Checks that every rank holds the same weights; returns their digest."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for v in model.variables:
+        h.update(v.numpy().tobytes())
+    digest = h.hexdigest()
+    codes = P.allgather(tf.constant([int(digest[:15], 16)], tf.int64), topo.world).numpy()
+    if len(set(codes.tolist())) != 1:
+        raise RuntimeError(f"the ranks' weights differ after training (digests {codes.tolist()})")
+    return digest
+
+
+def main(argv=None):
+    run(config.parse(argv))
+
+
+def run(args):
+    if args.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    topo = tf_commlib.init(args.topology)
+    if tf.config.list_physical_devices("GPU"):
+        keras.mixed_precision.set_global_policy("mixed_float16")
+    data = Data(args, topo)
+    try:
+        return train(args, topo, data)
+    finally:
+        data.close()
+
+
+def train(args, topo, data):
+    model = models.build(args.model, data.num_classes, args.seed)
+    loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing)
+    opt = make_optimizer(args, data, topo)
+    model.compile(opt, loss, jit_compile=False)
+    start = resume_epoch(args.ckpt_dir, topo)
+    log = Log(args.log_dir, topo, start, args.target_top5)
+    if topo.rank == 0:
+        print(f"dawnbench: {args.model}, {topo.m}x{topo.n} ranks, stages "
+              f"{[(s.resolution, s.epochs, s.batch) for s in args.stage_list]}, optimizer {args.optimizer}"
+              + (f", resuming at epoch {start}" if start else ""), flush=True)
+    for stage in args.stage_list:
+        report = None
+        for epoch in range(stage.first_epoch, stage.first_epoch + stage.epochs):
+            if epoch < start:
+                continue
+            report = EpochReport(log, data.val(stage), stage, data.steps(stage), topo)
+            callbacks = default_callbacks() + [report]
+            if args.ckpt_dir:
+                callbacks.append(keras.callbacks.BackupAndRestore(
+                    os.path.join(args.ckpt_dir, f"rank{topo.rank}"), delete_checkpoint=False))
+            model.fit(data.train(stage, epoch), initial_epoch=epoch, epochs=epoch + 1, verbose=0,
+                      callbacks=callbacks)
+        if report is not None and args.breakdown_steps:
+            algorithm = opt.algorithm_at(stage.first_epoch + stage.epochs - 1)
+            phases = breakdown.measure(model, opt, data.train(stage, stage.first_epoch), loss, algorithm,
+                                       opt.density_at(stage.first_epoch + stage.epochs - 1),
+                                       args.selector, topo, args.breakdown_steps)
+            if topo.rank == 0:
+                print(breakdown.table(stage, phases, report.step_s), flush=True)
+                with open(os.path.join(args.log_dir, "breakdown.jsonl"), "a") as f:
+                    f.write(json.dumps({"resolution": stage.resolution, "algorithm": algorithm,
+                                        "step_s": report.step_s, **phases}) + "\n")
+    digest = weights_digest(model, topo)
+    if topo.rank == 0:
+        print(f"weights identical on all {topo.size} ranks: sha256 {digest}", flush=True)
+        if log.tta is None:
+            print(f"time-to-accuracy: top-5 {args.target_top5} not reached", flush=True)
+        log.plot(os.path.join(args.log_dir, "accuracy_throughput.png"))
+    return log.rows
+
+
+if __name__ == "__main__":
+    main()
