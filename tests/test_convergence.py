@@ -1,28 +1,44 @@
-"""Convergence on real data (sklearn digits), 4 ranks as 2x2: HiTopKComm + MSTopK at density 0.01
-reaches the test accuracy of dense aggregation within 1 percentage point, same epochs and seeds."""
+"""Convergence on real data (sklearn digits), 4 ranks as 2x2: HiTopKComm + MSTopK at density 0.01,
+and at tyagi's adaptive density, reach the test accuracy of dense aggregation within 1 percentage
+point, same epochs and seeds (one dense run for both)."""
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def train(tmp_path, *args):
+def train(tmp_path, *args, epochs=20):
     out = tmp_path / f"{args[1]}.json"
     cmd = [str(Path(sys.executable).parent / "horovodrun"), "-np", "4", "-H", "localhost:4", "--gloo",
-           sys.executable, "-m", "tf_commlib.train", *args, "--epochs", "20", "--json", str(out)]
+           sys.executable, "-m", "tf_commlib.train", *args, "--epochs", str(epochs), "--json", str(out)]
     env = dict(os.environ, TF_COMMLIB_TOPOLOGY="2x2", PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400, cwd=ROOT)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())["epochs"]
 
 
-def test_hitopk_matches_dense_accuracy(tmp_path):
-    dense = train(tmp_path, "--algorithm", "dense")
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("dense"), "--algorithm", "dense")
+
+
+def test_hitopk_matches_dense_accuracy(tmp_path, dense):
     sparse = train(tmp_path, "--algorithm", "hitopk", "--density", "0.01", "--selector", "mstopk")
     assert dense[-1]["test_accuracy"] > 0.9  # it did learn
     assert sparse[-1]["test_accuracy"] >= dense[-1]["test_accuracy"] - 0.01, (sparse[-1], dense[-1])
     assert [e["density"] for e in sparse[:5]] == [0.25, 0.0625, 0.015625, 0.01, 0.01]  # DGC warm-up
     assert sparse[-1]["bytes_per_step"] < dense[-1]["bytes_per_step"]
+
+
+def test_adaptive_density_matches_dense_accuracy(tmp_path, dense):
+    from tf_commlib.keras.adaptive import CANDIDATES
+    adaptive = train(tmp_path, "--algorithm", "hitopk", "--density", "adaptive", "--selector", "mstopk")
+    assert adaptive[-1]["test_accuracy"] >= dense[-1]["test_accuracy"] - 0.01, (adaptive[-1], dense[-1])
+    densities = [e["density"] for e in adaptive]   # warm-up, then the knee chosen among the candidates
+    assert densities[:4] == [0.25, 0.0625, 0.015625, 0.004], densities
+    assert all(min(CANDIDATES) <= d <= max(CANDIDATES) for d in densities[4:]), densities

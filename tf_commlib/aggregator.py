@@ -29,6 +29,10 @@ def check_config(algorithm, density, selector, op="average", algorithm_options=N
     resolve_algorithm_options(algorithm_options)
 
 
+def _sum_squares(x):
+    return tf.reduce_sum(tf.square(tf.cast(x, tf.float64)))
+
+
 def _tf_variable(shape, dtype, name):
     return tf.Variable(tf.zeros(shape, dtype), trainable=False, name=name)
 
@@ -47,12 +51,15 @@ class GradientAggregator:
     the next aggregation, so nothing is lost. ``set_density`` changes the density (warm-up).
     State variables come from ``variable_factory(shape, dtype, name)`` (default tf.Variable).
     ``algorithm_options`` = {algorithm: {option: value}} reaches each call of that collective in its
-    Context, with the step and a seed (tf_commlib.collectives.Context).
+    Context, with the step and a seed (tf_commlib.collectives.Context). ``track_gain``: ``gain``
+    (float64 [2]) accumulates this rank's ||g_c||^2 and ||g_e||^2 over the sparse buckets: g_e is the
+    input plus the residual, g_c what left it (g_e minus the new residual, both in input space),
+    tyagi's compression gain is their ratio (tf_commlib.keras.adaptive).
     """
 
     def __init__(self, algorithm="hitopk", density=0.01, selector="mstopk", op="average",
                  fusion_threshold_bytes=64 << 20, topology=None, seed=None, cost_params=None,
-                 check_consistency=True, variable_factory=None, algorithm_options=None):
+                 check_consistency=True, variable_factory=None, algorithm_options=None, track_gain=False):
         check_config(algorithm, density, selector, op, algorithm_options)
         self.algorithm_options = resolve_algorithm_options(algorithm_options)
         self.candidates = [algorithm] if isinstance(algorithm, str) else list(algorithm)
@@ -62,6 +69,7 @@ class GradientAggregator:
         self.seed, self.cost_params = seed, cost_params
         self.check_consistency = check_consistency
         self.variable_factory = variable_factory or _tf_variable
+        self.track_gain, self.gain = track_gain, None
         self.buckets = None
         self.residuals = {}  # (bucket index, algorithm name) -> variable
         self._checked = set()
@@ -79,6 +87,8 @@ class GradientAggregator:
             self.density = make((), tf.float64, "aggregator_density")
             self.density.assign(self.initial_density)
             self.active = make((), tf.int32, "aggregator_algorithm")
+            if self.track_gain:
+                self.gain = make((2,), tf.float64, "aggregator_gain")
             for i, bucket in enumerate(self.buckets):
                 d = sum(bucket.sizes)
                 for name in sorted({self._resolve(c, d) for c in self.candidates}):
@@ -88,7 +98,8 @@ class GradientAggregator:
                                                          bucket.dtype, f"residual_{i}_{name}")
 
     def variables(self):
-        return [self.step, self.density, self.active] + [self.residuals[k] for k in sorted(self.residuals)]
+        return ([self.step, self.density, self.active] + ([self.gain] if self.gain is not None else [])
+                + [self.residuals[k] for k in sorted(self.residuals)])
 
     def set_algorithm(self, name):
         self.active.assign(self.candidates.index(name))
@@ -150,6 +161,10 @@ class GradientAggregator:
         seed = None if common is None else common * self.topo.size + self.topo.rank
         residual = self.residuals[(i, name)]
         agg, new_residual, sent = coll.fn(flat, self.topo, self.density, self._select(seed), residual, ctx)
+        if self.gain is not None:   # this rank's ||g_c||^2 (sent) and ||g_e||^2 (input + residual)
+            error_fed = flat + coll.residual_to_input(tf.convert_to_tensor(residual), d, self.topo)
+            sent_part = error_fed - coll.residual_to_input(new_residual, d, self.topo)
+            self.gain.assign_add(tf.stack([_sum_squares(sent_part), _sum_squares(error_fed)]))
         residual.assign(new_residual)
         mask = tf.scatter_nd(tf.cast(sent[:, None], tf.int64), tf.ones_like(sent, flat.dtype), [d])
         return agg, tf.minimum(mask, 1)

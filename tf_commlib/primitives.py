@@ -9,6 +9,7 @@ each counts the bytes this rank sends on each link (see link_bytes for the conve
 import os
 
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 
 from tf_commlib import link_bytes, shm
@@ -108,8 +109,32 @@ def alltoall(x, splits, process_set, name=None):
 
 
 def broadcast(x, root_rank, process_set, name=None):
-    """x of the set's root_rank (a global rank) on every rank of the set."""
+    """x of the set's root_rank (a global rank) on every rank of the set.
+
+    root_rank may be a tensor, the same on every rank but known only at run time (AR-Topk's root
+    inside tf.function); x's length along axis 0 may then differ by rank (the root's comes back):
+    the root's length is broadcast first, then x, each by a tf.switch_case over one Horovod
+    broadcast per possible root (counted as the two broadcasts). On Gloo that beat a masked
+    allreduce and an allgather (tf_commlib/collectives/ar_topk.py has the numbers).
+    """
     if _alone(process_set):
         return tf.identity(x)
-    link_bytes.record("broadcast", x, process_set, root_rank=root_rank)
-    return hvd.broadcast(x, root_rank, process_set=process_set, name=name)
+    if isinstance(root_rank, (int, np.integer)):
+        link_bytes.record("broadcast", x, process_set, root_rank=root_rank)
+        return hvd.broadcast(x, root_rank, process_set=process_set, name=name)
+    x, ranks = tf.convert_to_tensor(x), list(process_set.ranks)
+    root = tf.cast(root_rank, tf.int64)
+    match = tf.equal(tf.constant(ranks, tf.int64), root)
+    tf.debugging.assert_equal(tf.reduce_any(match), True, message=f"broadcast: root_rank is not in {ranks}")
+    position = tf.cast(tf.reduce_min(tf.where(match)), tf.int32)
+
+    def from_root(t, tag):
+        link_bytes.record("broadcast", t, process_set, root_rank=root)
+        label = None if name is None else f"{name}_{tag}"
+        return tf.switch_case(position, [
+            (lambda r: lambda: hvd.broadcast(t, r, process_set=process_set, name=label))(r) for r in ranks])
+
+    is_root = tf.equal(root, process_set.ranks[process_set.rank()])
+    length = from_root(tf.shape(x, out_type=tf.int32)[:1], "length")
+    shape = tf.concat([length, tf.shape(x, out_type=tf.int32)[1:]], 0)
+    return from_root(tf.cond(is_root, lambda: x, lambda: tf.zeros(shape, x.dtype)), "data")

@@ -15,7 +15,8 @@ import numpy as np
 import tf_commlib
 from tf_commlib import digits
 from tf_commlib.collectives import ALGORITHMS
-from tf_commlib.keras import DistributedOptimizer, default_callbacks
+from tf_commlib.keras import AdaptiveDensity, DistributedOptimizer, default_callbacks
+from tf_commlib.keras.adaptive import profile_batches
 
 
 def parse_schedule_arg(text):
@@ -29,11 +30,16 @@ def parse_schedule_arg(text):
     return out
 
 
+def density_arg(text):
+    return text if text == "adaptive" else float(text)
+
+
 def parser():
     p = argparse.ArgumentParser(prog="python -m tf_commlib.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--algorithm", default="hitopk", choices=sorted(ALGORITHMS))
-    p.add_argument("--density", type=float, default=0.01)
+    p.add_argument("--density", type=density_arg, default=0.01, help="a fraction, or 'adaptive'")
+    p.add_argument("--candidates", default=None, help="densities for --density adaptive, e.g. 0.1,0.01")
     p.add_argument("--selector", default="mstopk")
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=16, help="per rank")
@@ -94,14 +100,15 @@ def main(argv=None):
         momentum_correction=not args.no_momentum_correction,
         momentum_masking=not args.no_momentum_masking, warmup=args.warmup,
         local_clip_norm=args.local_clip_norm, schedule=parse_schedule_arg(args.schedule),
-        seed=args.seed)
+        seed=args.seed, candidates=None if args.candidates is None else [float(c) for c in args.candidates.split(",")])
     model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], jit_compile=False)
 
     label = f"{args.algorithm}@{args.density}" if args.algorithm not in ("dense", "2dtar") else args.algorithm
     report = EpochReport(topo, test, len(y), label)
+    adapt = [AdaptiveDensity(profile_batches(x, y, args.batch_size))] if args.density == "adaptive" else []
     model.fit(x, y, epochs=args.epochs, batch_size=args.batch_size, shuffle=False, verbose=0,
-              callbacks=default_callbacks() + [report])
+              callbacks=default_callbacks() + [report] + adapt)   # the profiling counts in the epoch time
     if topo.rank == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump({"label": label, "args": vars(args), "epochs": report.rows}, f, indent=1)

@@ -1,5 +1,6 @@
 """Convergence benchmark (DGC Fig. 3 ordering): 4 ranks (2x2) on digits with dense aggregation,
-naive allgather top-k with and without momentum correction, and HiTopKComm; table and PNG."""
+naive allgather top-k with and without momentum correction, HiTopKComm, AR-Topk (star, var) and
+star with tyagi's adaptive density; table and PNG."""
 import argparse
 import os
 import sys
@@ -12,6 +13,9 @@ CONFIGS = {
                                     "--no-momentum-masking", "--warmup", "0"],
     "naive_ag + DGC": ["--algorithm", "naive_ag"],
     "hitopk + DGC": ["--algorithm", "hitopk"],
+    "star + DGC": ["--algorithm", "star"],
+    "var + DGC": ["--algorithm", "var"],
+    "star, adaptive density": ["--algorithm", "star", "--density", "adaptive"],
 }
 
 
@@ -24,7 +28,7 @@ def main(argv):
     os.makedirs(args.out, exist_ok=True)
     runs = []
     for name, extra in CONFIGS.items():
-        if name != "dense":
+        if name != "dense" and "--density" not in extra:
             extra = extra + ["--density", str(args.density)]
         runs.append(train(4, args.out, name, *extra, "--epochs", str(args.epochs)))
     print("\n" + summary_table(runs))

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tf_commlib import link_bytes
 from tf_commlib.aggregator import GradientAggregator, check_config
+from tf_commlib.keras import adaptive
 from tf_commlib.keras.policy import WARMUP_DENSITIES, default_dense_layers, parse_schedule
 from tf_commlib.topology import topology as current_topology
 
@@ -41,6 +42,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
       dense_warmup_epochs: RedSync's dense warm-up: the first epochs use "2dtar".
       qrgc: RedSync's quantized selection (selector "qrgc", one tensor per bucket) for every
         sparse variable except the output layer (the last one), which keeps ``selector``.
+      density="adaptive": tyagi's adaptive compression ratio over ``candidates`` (default
+        (0.1, 0.033, 0.011, 0.004, 0.001)), driven by the callback tf_commlib.keras.AdaptiveDensity
+        (which profiles them and sets the density); until then the first candidate.
       fusion_threshold_bytes, seed, algorithm_options: passed to the GradientAggregator
         (algorithm_options = {algorithm: {option: value}}, see tf_commlib.collectives).
     The epoch-driven parts (warm-up, schedule) are driven by ``set_epoch``, which the callback
@@ -51,7 +55,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                  momentum_correction=True, momentum=None, nesterov=False, local_clip_norm=None,
                  momentum_masking=True, warmup=None, dense_layers=None, schedule=None,
                  dense_warmup_epochs=0, qrgc=False, fusion_threshold_bytes=64 << 20, seed=None,
-                 name=None, algorithm_options=None):
+                 name=None, algorithm_options=None, candidates=None):
+        candidates, is_adaptive = adaptive.check_candidates(density, candidates), density == "adaptive"
+        density = candidates[0] if is_adaptive else density
         check_config(algorithm, density, selector, algorithm_options=algorithm_options)
         schedule = parse_schedule(schedule, algorithm, dense_warmup_epochs)
         if warmup is not None and (not isinstance(warmup, int) or warmup < 0):
@@ -79,6 +85,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.dense_layers = dense_layers or default_dense_layers
         self.fusion_threshold_bytes, self.seed, self.qrgc = fusion_threshold_bytes, seed, qrgc
         self.algorithm_options = algorithm_options
+        self.candidates, self.adaptive = candidates, is_adaptive
 
     # -- state -----------------------------------------------------------------------------
     def _factory(self, shape, dtype, name):
@@ -97,7 +104,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             return GradientAggregator(algorithm, self.target_density, selector, topology=topo,
                                       fusion_threshold_bytes=fusion, seed=self.seed,
                                       variable_factory=self._factory,
-                                      algorithm_options=self.algorithm_options)
+                                      algorithm_options=self.algorithm_options, track_gain=self.adaptive)
 
         # (aggregator, variable indices, sparse?) groups
         self._groups = []
@@ -134,8 +141,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     # -- epoch-driven policy ---------------------------------------------------------------
     def density_at(self, epoch):
-        if epoch < self.warmup:
-            return max(self.target_density, WARMUP_DENSITIES[min(epoch, len(WARMUP_DENSITIES) - 1)])
+        if epoch < self.warmup:   # adaptive: the choice comes after the warm-up, which alone decides
+            warm = WARMUP_DENSITIES[min(epoch, len(WARMUP_DENSITIES) - 1)]
+            return warm if self.adaptive else max(self.target_density, warm)
         return self.target_density
 
     def algorithm_at(self, epoch):
@@ -145,6 +153,15 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         """{"intra": B, "inter": B} a step sends per rank at this epoch (the collectives' formulas)."""
         return link_bytes.add(*(agg.sent_bytes(self.algorithm_at(epoch), self.density_at(epoch))
                                 if sparse else agg.sent_bytes() for agg, _, sparse in self._groups))
+
+    def set_target_density(self, density):
+        """The density after warm-up (AdaptiveDensity's choice); takes effect without retracing
+        (the aggregators' density is a variable that feeds k)."""
+        check_config(self.algorithm_at(0), density, self.selector)
+        self.target_density = float(density)
+
+    def sparse_aggregators(self):
+        return [agg for agg, _, sparse in self._groups if sparse]
 
     def set_epoch(self, epoch):
         """Sets density and collective for an epoch (called by CompressionScheduler)."""
@@ -194,7 +211,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             raise NotImplementedError("a DistributedOptimizer with a custom dense_layers predicate "
                                       "cannot be serialised; save weights instead")
         return {"name": self.name, "optimizer": keras.optimizers.serialize(self.inner_optimizer),
-                "algorithm": self.algorithm, "density": self.target_density,
+                "algorithm": self.algorithm, "density": "adaptive" if self.adaptive else self.target_density,
+                "candidates": list(self.candidates) if self.adaptive else None,
                 "selector": self.selector, "momentum_correction": self.momentum_correction,
                 "momentum": self.m if self.momentum_correction else None, "nesterov": self.nesterov,
                 "local_clip_norm": self.local_clip_norm, "momentum_masking": self.momentum_masking,

@@ -1,0 +1,9 @@
+"""STAR-Topk (tyagi §3-B): AR-Topk over all ranks with the root chosen round robin, step mod N
+(the step from the aggregator's Context). See ar_topk.py."""
+from tf_commlib.collectives import ar_topk as A
+from tf_commlib.collectives import naive_ag
+from tf_commlib.collectives.interface import Collective
+
+COLLECTIVE = Collective("star", A.flat(A.STAR), A.flat_time(A.STAR), A.flat_bytes(A.STAR), sparse=True,
+                        residual_size=naive_ag.residual_size,
+                        residual_to_input=naive_ag.residual_to_input)

@@ -1,0 +1,9 @@
+"""STAR-Topk on each intra-node shard: intra reduce-scatter (as hitopk's step 1), AR-Topk over
+the inter-node set with root node step mod m, sparse intra allgather. See ar_topk.py."""
+from tf_commlib.collectives import ar_topk as A
+from tf_commlib.collectives import hitopk
+from tf_commlib.collectives.interface import Collective
+
+COLLECTIVE = Collective("star_hier", A.hierarchical(A.STAR), A.hier_time(A.STAR), A.hier_bytes(A.STAR),
+                        sparse=True, residual_size=hitopk.residual_size,
+                        residual_to_input=hitopk.residual_to_input)

@@ -1,0 +1,9 @@
+"""VAR-Topk (tyagi §3-B): AR-Topk over all ranks with the root of the largest ‖top-k values‖²
+(all-gathered, ties to the lowest rank). See ar_topk.py."""
+from tf_commlib.collectives import ar_topk as A
+from tf_commlib.collectives import naive_ag
+from tf_commlib.collectives.interface import Collective
+
+COLLECTIVE = Collective("var", A.flat(A.VAR), A.flat_time(A.VAR), A.flat_bytes(A.VAR), sparse=True,
+                        residual_size=naive_ag.residual_size,
+                        residual_to_input=naive_ag.residual_to_input)

@@ -1,0 +1,10 @@
+"""VAR-Topk on each intra-node shard: intra reduce-scatter (as hitopk's step 1), AR-Topk over
+the inter-node set with the root node of the largest ‖top-k values‖² of the shard, sparse intra
+allgather. See ar_topk.py."""
+from tf_commlib.collectives import ar_topk as A
+from tf_commlib.collectives import hitopk
+from tf_commlib.collectives.interface import Collective
+
+COLLECTIVE = Collective("var_hier", A.hierarchical(A.VAR), A.hier_time(A.VAR), A.hier_bytes(A.VAR),
+                        sparse=True, residual_size=hitopk.residual_size,
+                        residual_to_input=hitopk.residual_to_input)
