@@ -1,0 +1,51 @@
+"""QSGD codec (tf_commlib/collectives/qsgd.py) against a numpy reference: unbiased over seeds,
+deterministic for a seed, levels in range, bad bits rejected."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_commlib.collectives import qsgd
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_levels_and_norms_match_numpy(bits):
+    x = np.random.default_rng(0).normal(size=2500).astype(np.float32)
+    levels, norms = qsgd.encode(tf.constant(x), bits, seed=7)
+    levels, norms = levels.numpy(), norms.numpy()
+    s = 2 ** (bits - 1) - 1
+    rows = np.pad(x, (0, 3072 - 2500)).reshape(3, 1024)
+    np.testing.assert_allclose(norms, np.linalg.norm(rows, axis=1), rtol=1e-6)
+    scaled = np.abs(rows) / norms[:, None] * s
+    # every level is the floor or the ceiling of the scaled magnitude, with x's sign
+    assert np.all(np.abs(levels) <= s)
+    mag = np.abs(levels.astype(np.float64))
+    assert np.all((mag == np.floor(scaled)) | (mag == np.floor(scaled) + 1))
+    assert np.all((levels == 0) | (np.sign(levels) == np.sign(rows)))
+
+
+def test_same_seed_same_result_other_seed_differs():
+    x = tf.constant(np.random.default_rng(1).normal(size=3000).astype(np.float32))
+    a = qsgd.decode(*qsgd.encode(x, 4, seed=3), 3000, 4).numpy()
+    b = qsgd.decode(*qsgd.encode(x, 4, seed=3), 3000, 4).numpy()
+    c = qsgd.decode(*qsgd.encode(x, 4, seed=4), 3000, 4).numpy()
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_unbiased_over_seeds(bits):
+    # 400 copies of one bucket in one call: each copy draws its own random numbers
+    x = np.random.default_rng(2).normal(size=1024).astype(np.float32)
+    copies = 400
+    out = qsgd.decode(*qsgd.encode(tf.constant(np.tile(x, copies)), bits, seed=11), 1024 * copies, bits)
+    mean = out.numpy().reshape(copies, 1024).mean(axis=0)
+    s = 2 ** (bits - 1) - 1
+    step = np.linalg.norm(x) / s          # one level; a draw is off by less than a level
+    assert np.max(np.abs(mean - x)) < 6 * step / 2 / np.sqrt(copies)
+    assert abs(np.mean(mean - x)) < 6 * step / 2 / np.sqrt(copies * 1024)
+
+
+@pytest.mark.parametrize("bits", [0, 1, 3, 16, "4"])
+def test_bad_bits_raise_naming_bits(bits):
+    with pytest.raises(ValueError, match="bits"):
+        qsgd.encode(tf.zeros([10]), bits, seed=0)

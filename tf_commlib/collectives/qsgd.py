@@ -1,0 +1,47 @@
+"""QSGD (Alistarh et al., used by SparCML's DSAR in its dense phase): a codec step, not a
+collective. Each bucket of BUCKET entries is sent as its L2 norm and, per entry, a signed level
+in [-s, s] with s = 2^(bits-1) - 1, rounded stochastically so that E[decode(encode(x))] = x.
+The randomness comes from a stateless generator seeded by (seed, bucket index): the same seed gives
+the same bits on every rank, so a rank that quantises a shared dense vector gets the same result
+as every other rank."""
+import tensorflow as tf
+
+BUCKET = 1024
+BITS = (2, 4, 8)
+
+
+def check_bits(bits):
+    if bits not in BITS:
+        raise ValueError(f"QSGD bits must be one of {BITS}, got {bits!r}")
+    return bits
+
+
+def encode(x, bits, seed, bucket=BUCKET):
+    """Flat float32 x -> (levels int8 [buckets, bucket], norms float32 [buckets]); x is padded
+    with zeros to whole buckets. seed: an int (or int64 tensor), identical on the ranks that must
+    agree."""
+    s = float(2 ** (check_bits(bits) - 1) - 1)
+    d = tf.shape(x)[0]
+    padded = tf.pad(x, [[0, (-d) % bucket]])
+    rows = tf.reshape(padded, [-1, bucket])
+    norms = tf.norm(rows, axis=1)
+    scaled = tf.math.divide_no_nan(tf.abs(rows), norms[:, None]) * s     # in [0, s]
+    lower = tf.floor(scaled)
+    u = tf.random.stateless_uniform(tf.shape(rows), seed=tf.stack([tf.cast(seed, tf.int64),
+                                                                   tf.constant(0x5153, tf.int64)]))
+    level = lower + tf.cast(u < scaled - lower, tf.float32)
+    return tf.cast(tf.sign(rows) * level, tf.int8), norms
+
+
+def decode(levels, norms, d, bits):
+    """The inverse of encode, in expectation: flat float32 of length d."""
+    s = float(2 ** (check_bits(bits) - 1) - 1)
+    rows = tf.cast(levels, tf.float32) * (norms[:, None] / s)
+    return tf.reshape(rows, [-1])[:d]
+
+
+def wire_bytes(d, bits, bucket=BUCKET):
+    """Bytes of one encoded vector of d entries: bits per entry (packed) and one float32 norm per
+    bucket."""
+    buckets = -(-d // bucket)
+    return buckets * (bucket * bits // 8 + 4)
