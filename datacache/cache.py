@@ -81,7 +81,7 @@ class DataCache:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(COUNTERS, 0)
         self._epochs = []
-        common = dict(socket_timeout=10, socket_connect_timeout=2,
+        common = dict(socket_timeout=10, socket_connect_timeout=2, socket_read_size=1 << 20,
                       retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0))
         common.update(redis_kwargs or {})
         if redis_url is None:

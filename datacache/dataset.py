@@ -2,9 +2,10 @@
 
 Per epoch: the shard's indices (shuffled with (seed, epoch)) in batches of ``read_batch`` → one
 MGET per batch in a parallel ``tf.numpy_function`` that checks and unpacks the hits into one array
-→ the misses of the batch (none from epoch 2 on) read their file (level 1 / source), run
-``preprocess`` in the graph (in parallel) and queue the value for Redis → unbatch → ``augment``
-(after the cache, so it is random every epoch). Every epoch yields each sample of the shard exactly once.
+and reads the files of the misses (none from epoch 2 on) through level 1 → ``preprocess`` of the
+misses in the graph (in parallel), queued for Redis in one call → unbatch → ``augment`` (after the
+cache, so it is random every epoch). Python runs once per batch, not once per sample. Every epoch
+yields each sample of the shard exactly once.
 """
 import hashlib
 import os
@@ -99,6 +100,8 @@ class _Plan:
         return self.prefix + b"%d" % i
 
     def lookup(self, idx, epoch):
+        """One MGET for a batch of indices: (values, hit, labels, positions of the misses, their
+        encoded files read through level 1, their paths)."""
         record = self.records[int(epoch)]
         out = np.empty((len(idx),) + self.codec.shape, self.codec.dtype)
         hit = np.zeros(len(idx), bool)
@@ -114,22 +117,23 @@ class _Plan:
         self.cache.count(record, samples=len(idx), hits=hits, misses=len(idx) - hits - fallbacks,
                          fallbacks=fallbacks, corrupt=corrupt)
         self._progress(record, hits)
-        return out, hit, self.source.labels[idx]
+        missing = np.flatnonzero(~hit)
+        files = np.array([self.fetch(int(idx[j]), record) for j in missing], object)
+        paths = np.array([self.source.path(int(idx[j])).encode() for j in missing], object)
+        return out, hit, self.source.labels[idx], missing.astype(np.int64), files, paths
 
-    def fetch(self, i, epoch):
-        data = self.cache.read(self.source, int(i), self.records[int(epoch)])
-        self.source.check(int(i), data)
+    def fetch(self, i, record):
+        data = self.cache.read(self.source, i, record)
+        self.source.check(i, data)
         return data
 
-    def put(self, i, epoch, x):
-        if x.shape != self.codec.shape:
-            raise ValueError(f"preprocess returned shape {x.shape} for sample {i} ({self.source.path(int(i))}) "
-                             f"but {self.codec.shape} for the first sample: preprocess must return one "
-                             "fixed shape (resize or crop to a fixed size)")
+    def put(self, idx, epoch, xs):
+        """Queues the pre-processed misses for Redis; returns them."""
         if self.cache.store is not None:
-            self.cache.store.put(self.key(i), self.codec.encode(i, x))
-        self._progress(self.records[int(epoch)], 1)
-        return x
+            for i, x in zip(idx, xs):
+                self.cache.store.put(self.key(i), self.codec.encode(i, x))
+        self._progress(self.records[int(epoch)], len(idx))
+        return xs
 
     def _progress(self, record, done):
         """A progress bar for an epoch that fills the cache (shown once it has a miss)."""
@@ -187,6 +191,8 @@ def cached_dataset(source, preprocess, cache=None, shard=None, shuffle=True, see
         ds = _uncached(source, preprocess, indices, shuffle, seed, num_parallel_calls)
     else:
         ds = _cached(source, preprocess, cache, indices, shuffle, seed, preprocess_key, num_parallel_calls)
+    # Static shapes for model code: a scalar label, and (cached) the preprocessed value's shape.
+    ds = ds.map(lambda x, y: (x, tf.ensure_shape(y, [])))
     if augment is not None:
         ds = ds.map(lambda x, y: (augment(x), y), num_parallel_calls=num_parallel_calls)
     return ds.apply(tf.data.experimental.assert_cardinality(len(indices)))
@@ -211,27 +217,37 @@ def _cached(source, preprocess, cache, indices, shuffle, seed, preprocess_key, p
     plan = _Plan(source, indices, cache, codec, f"dc:{hashlib.sha256(key.encode()).hexdigest()[:24]}:",
                  shuffle, seed)
 
-    def miss(i, epoch):
-        data = tf.numpy_function(plan.fetch, [i, epoch], tf.string, stateful=True, name="datacache_read")
-        data.set_shape([])
+    want = tf.constant(shape, tf.int32)
+
+    def checked(data, path):
         x = tf.convert_to_tensor(preprocess(data))
         if x.dtype != dtype:
             raise TypeError(f"preprocess returned {x.dtype.name} in the pipeline but {dtype.name} on the first sample")
-        x = tf.numpy_function(plan.put, [i, epoch, x], dtype, stateful=True, name="datacache_put")
-        return tf.ensure_shape(x, shape)
+        got = tf.shape(x)
+        same = tf.logical_and(tf.equal(tf.size(got), len(shape)),
+                              tf.reduce_all(tf.equal(tf.pad(got, [[0, len(shape)]])[:len(shape)], want)))
+        check = tf.debugging.Assert(same, ["preprocess returned shape", got, "for", path, "but", want,
+                                           "for the first sample: preprocess must return one fixed shape "
+                                           "(resize or crop to a fixed size)"])
+        with tf.control_dependencies([check]):
+            return tf.reshape(x, shape)
 
     def load(idx, epoch):
         """One MGET for the batch; only the misses go through preprocess (in parallel)."""
-        values, hit, labels = tf.numpy_function(plan.lookup, [idx, epoch], [dtype, tf.bool, tf.int32],
-                                                stateful=True, name="datacache_mget")
+        values, hit, labels, missing, files, paths = tf.numpy_function(
+            plan.lookup, [idx, epoch], [dtype, tf.bool, tf.int32, tf.int64, tf.string, tf.string],
+            stateful=True, name="datacache_mget")
         values.set_shape((None,) + shape)
         labels.set_shape([None])
-        missing = tf.where(tf.logical_not(hit))[:, 0]
+        missing.set_shape([None])
 
         def fill():
-            fixed = tf.map_fn(lambda j: miss(tf.gather(idx, j), epoch), missing, parallel_iterations=16,
-                              fn_output_signature=tf.TensorSpec(shape, dtype))
-            return tf.tensor_scatter_nd_update(values, missing[:, None], fixed)
+            fixed = (tf.data.Dataset.from_tensor_slices((files, paths))   # the batch's misses, in parallel
+                     .map(checked, num_parallel_calls=AUTOTUNE, deterministic=True)
+                     .batch(cache.read_batch).get_single_element())
+            fixed = tf.numpy_function(plan.put, [tf.gather(idx, missing), epoch, fixed], dtype,
+                                      stateful=True, name="datacache_put")
+            return tf.tensor_scatter_nd_update(values, missing[:, None], tf.ensure_shape(fixed, (None,) + shape))
         return tf.cond(tf.size(missing) > 0, fill, lambda: values), labels
 
     batches = tf.data.Dataset.from_generator(

@@ -89,6 +89,8 @@ def test_epochs_exact_bit_equal_and_level1(source, ref16, tmp_path):
     local = str(tmp_path / "local")
     with DataCache(local_dir=local, progress=False, read_batch=8) as cache:
         ds = cached_dataset(source, DecodeResize(16), cache, seed=3)
+        x_spec, y_spec = ds.element_spec   # static shapes: what a Keras model needs
+        assert x_spec.shape == (16, 16, 3) and y_spec.shape == () and y_spec.dtype == tf.int32
         epochs = [ref16.epoch(ds) for _ in range(3)]
         for e in epochs:
             assert sorted(e) == list(range(n))
