@@ -20,10 +20,10 @@ DIGITS = ["--model", "small", "--stages", "32:2:32,40:1:32,48:1:32,56:1:16", "--
           "--density", "0.05", "--dgc-warmup", "1", "--optimizer", "lars", "--lr", "0.2", "--eeta", "0.1",
           "--warmup-epochs", "1", "--label-smoothing", "0", "--breakdown-steps", "1", "--deterministic",
           "--target-top5", "0.9"]
-# Chance is 0.1 on 10 classes; every digits run of this configuration we made ended at top-1 >= 0.85
-# (see the closing note); 0.7 leaves room for run-to-run noise while any break in the pipeline
+# Chance is 0.1 on 10 classes; the run of this configuration we measured ended at top-1 0.74
+# (55 steps in all; see the closing note); 0.5 leaves room for run-to-run noise while any break in the pipeline
 # (labels, cache, aggregation, LARS) leaves it near chance.
-MIN_TOP1 = 0.7
+MIN_TOP1 = 0.5
 
 
 def _launch(args, log_dir):
