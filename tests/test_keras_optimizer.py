@@ -108,3 +108,9 @@ def test_warmup_and_schedule_policy():
                                dense_warmup_epochs=2)
     assert [opt.density_at(e) for e in range(5)] == [0.25, 0.0625, 0.015625, 0.01, 0.01]
     assert [opt.algorithm_at(e) for e in range(4)] == ["2dtar", "2dtar", "hitopk", "hitopk"]
+
+
+def test_epoch_policy_applies_from_the_first_step_of_fit(tmp_path):
+    for r in hvdrun.run("epoch_policy_worker.py", 2, tmp_path):
+        assert r["0"] == [[0.25, "hitopk"]] * 4          # warm-up density from step 0
+        assert r["3"] == [[0.01, "naive_ag"]] * 4        # a resumed epoch's density and algorithm

@@ -5,7 +5,8 @@ Clusters" (MLSys'21) and the techniques it builds on (DGC, RedSync, SparCML, AR-
 """
 from tf_commlib.topology import Topology, init, topology
 
-__all__ = ["Topology", "init", "topology", "GradientAggregator"]
+__all__ = ["Topology", "init", "topology", "GradientAggregator", "ops", "collectives", "keras"]
+_SUBMODULES = {"ops", "collectives", "keras", "costmodel", "primitives"}
 
 
 def __getattr__(name):
@@ -13,4 +14,7 @@ def __getattr__(name):
     if name == "GradientAggregator":
         from tf_commlib.aggregator import GradientAggregator
         return GradientAggregator
+    if name in _SUBMODULES:   # `import tf_commlib; tf_commlib.ops.mstopk(...)`, as the README shows
+        import importlib
+        return importlib.import_module(f"tf_commlib.{name}")
     raise AttributeError(f"module 'tf_commlib' has no attribute {name!r}")

@@ -7,13 +7,14 @@ import sys
 from pathlib import Path
 
 
-def horovodrun(np_, module, *args, topology="2x2"):
-    """Runs `python -m module args` on np_ local ranks; prints rank 0's output; raises on failure."""
+def horovodrun(np_, module, *args, topology="2x2", launcher=None):
+    """Runs `python -m module args` on np_ local ranks (or through `launcher`, a command prefix
+    such as tf_commlib.emulated's); prints rank 0's output; raises on failure."""
     run = Path(sys.executable).parent / "horovodrun"
     env = dict(os.environ, TF_COMMLIB_TOPOLOGY=topology, TF_CPP_MIN_LOG_LEVEL="2")
-    cmd = [str(run), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
-           sys.executable, "-m", module, *args]
-    print("$", " ".join(cmd[1:]), flush=True)
+    prefix = launcher or [str(run), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo"]
+    cmd = [*prefix, sys.executable, "-m", module, *args]
+    print("$", " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout.splitlines():  # rank 0's output, without Horovod's prefix
         if line.startswith("[0]<stdout>:"):
@@ -23,10 +24,10 @@ def horovodrun(np_, module, *args, topology="2x2"):
         raise SystemExit(f"{module} failed with exit code {proc.returncode}")
 
 
-def train(np_, out_dir, name, *args, topology="2x2"):
+def train(np_, out_dir, name, *args, topology="2x2", launcher=None):
     """Runs tf_commlib.train and returns its summary (written by rank 0)."""
     summary = Path(out_dir) / f"{name}.json"
-    horovodrun(np_, "tf_commlib.train", *args, "--json", str(summary), topology=topology)
+    horovodrun(np_, "tf_commlib.train", *args, "--json", str(summary), topology=topology, launcher=launcher)
     run = json.loads(summary.read_text())
     run["label"] = name
     return run

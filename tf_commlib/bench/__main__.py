@@ -1,7 +1,7 @@
 import importlib
 import sys
 
-BENCHMARKS = ("topk", "comm", "convergence")
+BENCHMARKS = ("topk", "comm", "convergence", "e2e")
 USAGE = f"usage: python -m tf_commlib.bench {{{','.join(BENCHMARKS)}}} [options]  (-h after the name for its options)"
 
 

@@ -23,7 +23,18 @@ def _timed(fn, reps):
 
 
 def measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, topo, reps):
-    """Seconds per step of: input, forward+backward, selection, communication, optimizer."""
+    """Seconds per step of: input, forward+backward, selection, communication, optimizer. The
+    model's non-trainable state (BN moving statistics, which a training forward pass updates on
+    each rank from its own data) is put back afterwards, so every rank keeps the same model."""
+    saved = [v.numpy() for v in model.non_trainable_variables]
+    try:
+        return _measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, topo, reps)
+    finally:
+        for v, value in zip(model.non_trainable_variables, saved):
+            v.assign(value)
+
+
+def _measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, topo, reps):
     out = {}
     it = iter(dataset)
     x, y = next(it)
@@ -63,7 +74,7 @@ def measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, to
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     config = dict(inner.get_config(), learning_rate=0.01)
     clone = type(inner).from_config(config)
-    copies = [tf.Variable(v) for v in variables]
+    copies = [keras.Variable(v.value, name=v.name) for v in variables]   # names: for exclusions
     clone.build(copies)
     apply = tf.function(lambda: clone.apply(list(grads), copies))
     out["optimizer"] = _timed(apply, reps)

@@ -49,6 +49,15 @@ def parse_schedule(text):
     return out
 
 
+def check_algorithms(schedule):
+    """Last of the checks: the registry imports TensorFlow."""
+    from tf_commlib.collectives import ALGORITHMS
+
+    unknown = sorted(set(schedule.values()) - set(ALGORITHMS))
+    if unknown:
+        raise ValueError(f"--schedule: unknown algorithm(s) {unknown}; known: {sorted(ALGORITHMS)}")
+
+
 def parser():
     p = argparse.ArgumentParser(prog="scripts/dawnbench_resnet50.py", description=__doc__)
     a = p.add_argument
@@ -122,3 +131,4 @@ def check(args):
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)!r}")
     if args.num_classes < 2:
         raise ValueError(f"--num-classes must be >= 2, got {args.num_classes!r}")
+    check_algorithms(args.schedule_map)

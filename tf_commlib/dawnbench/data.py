@@ -116,6 +116,18 @@ class Data:
         return ds.map(lambda x, y: (tf.cast(tf.round(tf.clip_by_value(
             tf.image.resize(x, (res, res)), 0, 255)), tf.uint8), y), AUTOTUNE)
 
+    def stats_line(self):
+        """DataCache's hits / misses / fallbacks summed over the ranks (None without DataCache)."""
+        if self.cache is None:
+            return None
+        from tf_commlib import primitives as P
+
+        s = self.cache.stats()
+        keys = ("hits", "misses", "fallbacks", "source_bytes")
+        total = P.allreduce(tf.constant([float(s.get(k) or 0) for k in keys], tf.float64), self.topo.world,
+                            average=False).numpy()
+        return "datacache (all ranks): " + ", ".join(f"{k} {int(v)}" for k, v in zip(keys, total))
+
     def close(self):
         if self.cache is not None:
             self.cache.close()

@@ -2,6 +2,10 @@
 progressive resizing) and a small residual network for tests on small images."""
 import keras
 
+# The small model trains for tens of steps per epoch: its BN moving statistics must follow the
+# weights within a few steps, or validation (which uses them) lags far behind training.
+BN_MOMENTUM = 0.6
+
 
 def build(name, num_classes, seed=0):
     keras.utils.set_random_seed(seed)
@@ -22,18 +26,18 @@ def _block(x, filters, stride, name):
     shortcut = x
     if stride != 1 or x.shape[-1] != filters:
         shortcut = L.Conv2D(filters, 1, stride, use_bias=False, name=f"{name}_proj")(x)
-        shortcut = L.BatchNormalization(momentum=0.9, name=f"{name}_proj_bn")(shortcut)
+        shortcut = L.BatchNormalization(momentum=BN_MOMENTUM, name=f"{name}_proj_bn")(shortcut)
     y = L.Conv2D(filters, 3, stride, padding="same", use_bias=False, name=f"{name}_conv1")(x)
-    y = L.ReLU()(L.BatchNormalization(momentum=0.9, name=f"{name}_bn1")(y))
+    y = L.ReLU()(L.BatchNormalization(momentum=BN_MOMENTUM, name=f"{name}_bn1")(y))
     y = L.Conv2D(filters, 3, padding="same", use_bias=False, name=f"{name}_conv2")(y)
-    y = L.BatchNormalization(momentum=0.9, name=f"{name}_bn2")(y)
+    y = L.BatchNormalization(momentum=BN_MOMENTUM, name=f"{name}_bn2")(y)
     return L.ReLU()(L.Add()([shortcut, y]))
 
 
 def _small_resnet(x):
     L = keras.layers
     x = L.Conv2D(32, 3, padding="same", use_bias=False, name="stem_conv")(x)
-    x = L.ReLU()(L.BatchNormalization(momentum=0.9, name="stem_bn")(x))
+    x = L.ReLU()(L.BatchNormalization(momentum=BN_MOMENTUM, name="stem_bn")(x))
     x = _block(x, 32, 1, "block1")
     x = _block(x, 64, 2, "block2")
     x = _block(x, 128, 2, "block3")

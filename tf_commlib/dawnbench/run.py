@@ -128,7 +128,10 @@ def train(args, topo, data):
                     f.write(json.dumps({"resolution": stage.resolution, "algorithm": algorithm,
                                         "step_s": report.step_s, **phases}) + "\n")
     digest = weights_digest(model, topo)
+    cache_line = data.stats_line()
     if topo.rank == 0:
+        if cache_line:
+            print(cache_line, flush=True)
         print(f"weights identical on all {topo.size} ranks: sha256 {digest}", flush=True)
         if log.tta is None:
             print(f"time-to-accuracy: top-5 {args.target_top5} not reached", flush=True)

@@ -122,7 +122,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                            for v in var_list] if self.momentum_correction else []
         self.inner_optimizer.build(var_list)
         super().build(var_list)
-        self.set_epoch(0)
+        self._apply_epoch(self._epoch)
 
     @property
     def variables(self):
@@ -164,10 +164,25 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def sparse_aggregators(self):
         return [agg for agg, _, sparse in self._groups if sparse]
 
+    _epoch = 0
+
     def set_epoch(self, epoch):
-        """Sets density and collective for an epoch (called by CompressionScheduler)."""
-        if not self.built:
-            return
+        """Sets density and collective for an epoch (called by CompressionScheduler); before the
+        optimizer is built (the first step builds it) the epoch is kept and applied by build()."""
+        self._epoch = epoch
+        if self._groups_built():
+            self._apply_epoch(epoch)
+
+    def _groups_built(self):
+        return bool(getattr(self, "_groups", None))
+
+    def _apply_epoch(self, epoch):
+        # eagerly: build() runs while Keras traces the first train step, where an assign would
+        # only be recorded in that graph (and never run)
+        with tf.init_scope():
+            self._assign_epoch(epoch)
+
+    def _assign_epoch(self, epoch):
         for agg, _, sparse in self._groups:
             if sparse:
                 agg.set_density(self.density_at(epoch))

@@ -1,0 +1,145 @@
+"""The DAWNBench script (scripts/dawnbench_resnet50.py) end to end on 4 ranks (2x2): real JPEGs
+(sklearn digits as an ImageNet-layout folder) through DataCache, progressive resizing over four
+stages, hitopk + mstopk then 2dtar, LARS through PTO; kill and resume; synthetic ResNet-50."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests import hvdrun
+
+SCRIPT = hvdrun.ROOT / "scripts" / "dawnbench_resnet50.py"
+# 4 stages at 32-56 px (the recipe's 96/128/224/288 scaled to 8x8 digits upscaled to 32 px);
+# the switch to 2dtar at epoch 3 as the recipe's at 13 of 28.
+DIGITS = ["--model", "small", "--stages", "32:2:32,40:1:32,48:1:32,56:1:16", "--schedule", "0:hitopk,3:2dtar",
+          "--density", "0.05", "--dgc-warmup", "1", "--optimizer", "lars", "--lr", "0.2", "--eeta", "0.1",
+          "--warmup-epochs", "1", "--label-smoothing", "0", "--breakdown-steps", "1", "--deterministic",
+          "--target-top5", "0.9"]
+# Chance is 0.1 on 10 classes; the run of this configuration we measured ended at top-1 0.74
+# (55 steps in all; see the closing note); 0.5 leaves room for run-to-run noise while any break in the pipeline
+# (labels, cache, aggregation, LARS) leaves it near chance.
+MIN_TOP1 = 0.5
+
+
+def _launch(args, log_dir):
+    cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "4", "-H", "localhost:4",
+           "--gloo", sys.executable, str(SCRIPT), *args, "--log-dir", str(log_dir)]
+    env = dict(os.environ, PYTHONPATH=str(hvdrun.ROOT), TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
+               TF_COMMLIB_TOPOLOGY="2x2")
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+
+
+def _run(args, log_dir, timeout=600):
+    proc = _launch(args, log_dir)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"timed out:\n{out[-4000:]}")
+    assert proc.returncode == 0, out[-6000:]
+    return out
+
+
+def _digest(out):
+    found = re.findall(r"weights identical on all 4 ranks: sha256 ([0-9a-f]{64})", out)
+    assert len(found) == 1, out[-3000:]
+    return found[0]
+
+
+def _rows(log_dir):
+    with open(log_dir / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    from tf_commlib.digits import write_image_folder
+
+    return write_image_folder(str(tmp_path_factory.mktemp("digits_jpeg")), size=32)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(digits, tmp_path_factory):
+    log = tmp_path_factory.mktemp("db_full")
+    out = _run(["--data", digits, *DIGITS, "--ckpt-dir", str(log / "ckpt")], log)
+    return log, out
+
+
+def test_digits_learn_through_datacache_hitopk_2dtar_lars(uninterrupted):
+    log, out = uninterrupted
+    rows = _rows(log)
+    assert [r["epoch"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [r["resolution"] for r in rows] == [32, 32, 40, 48, 56]
+    assert [r["algorithm"] for r in rows] == ["hitopk"] * 3 + ["2dtar"] * 2
+    assert all(r["images_per_s"] > 0 and 0 <= r["top1"] <= r["top5"] <= 1 for r in rows)
+    assert rows[-1]["top1"] >= MIN_TOP1, rows
+    _digest(out)   # the script itself checks that all ranks hold the same weights
+    assert out.count("step breakdown, stage") == 4
+    for phase in ("input", "forward_backward", "selection", "communication", "optimizer"):
+        assert re.search(rf"\b{phase}\s+\d+\.\d+ ms", out), phase
+    assert (log / "accuracy_throughput.png").stat().st_size > 0
+    assert list((log / "tensorboard").iterdir())
+    assert int(re.search(r"datacache \(all ranks\): hits (\d+)", out).group(1)) > 0, out[-3000:]
+
+
+def test_killed_run_resumes_to_the_uninterrupted_weights(digits, uninterrupted, tmp_path):
+    full_log, full_out = uninterrupted
+    ckpt = tmp_path / "ckpt"
+    proc = _launch(["--data", digits, *DIGITS, "--ckpt-dir", str(ckpt)], tmp_path)
+    deadline = time.monotonic() + 600
+
+    def saved_epochs():
+        epochs = []
+        for r in range(4):
+            try:
+                with open(ckpt / f"rank{r}" / "training_metadata.json") as f:
+                    epochs.append(json.load(f)["epoch"])
+            except (OSError, ValueError, KeyError):
+                epochs.append(0)
+        return epochs
+
+    try:
+        while saved_epochs() != [3] * 4:   # killed in the middle of stage 3 (epoch 4 of 5)
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-4000:]
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    resumed = _run(["--data", digits, *DIGITS, "--ckpt-dir", str(ckpt)], tmp_path)
+    assert "resuming at epoch 3" in resumed
+    assert _digest(resumed) == _digest(full_out)
+    assert [r["epoch"] for r in _rows(tmp_path)] == [1, 2, 3, 4, 5]
+
+
+def test_synthetic_resnet50_few_steps_on_4_ranks(tmp_path):
+    out = _run(["--synthetic", "--model", "resnet50", "--stages", "64:1:2", "--steps-per-epoch", "2",
+                "--schedule", "0:hitopk", "--density", "0.01", "--breakdown-steps", "0"], tmp_path)
+    rows = _rows(tmp_path)
+    assert len(rows) == 1 and rows[0]["resolution"] == 64 and rows[0]["images_per_s"] > 0
+    _digest(out)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--synthetic", "--stages", "96:13"], "--stages: '96:13' is not resolution:epochs:batch"),
+    (["--synthetic", "--stages", "96:x:256"], "--stages"),
+    (["--data", "/nonexistent/imagenet"], "--data '/nonexistent/imagenet': no train/ folder"),
+    (["--synthetic", "--target-top5", "1.5"], "--target-top5 must be in (0, 1]"),
+    (["--synthetic", "--target-top5", "0"], "--target-top5 must be in (0, 1]"),
+    (["--synthetic", "--schedule", "5:hitopk"], "--schedule must start at epoch 0"),
+    (["--synthetic", "--schedule", "0:nosuch"], "--schedule"),
+    (["--synthetic", "--density", "0"], "--density"),
+    (["--tfds", "imagenet2012"], "--tfds needs --manual-dir"),
+    ([], "give exactly one of --data DIR, --tfds NAME, --synthetic"),
+])
+def test_bad_arguments_exit_2_with_the_flag_named(args, message):
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(hvdrun.ROOT)))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr, proc.stderr
