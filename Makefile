@@ -37,7 +37,7 @@ test: install
 	$(VENV)/bin/python -m pytest -q tests
 
 demo: install
-	$(PY) -m tf_commlib.demo
+	$(PY) -m tf_commlib.apps.demo
 
 # Compiles the CUDA kernels with nvcc (no TensorFlow needed), to check them on a CPU-only machine.
 cuda-check:

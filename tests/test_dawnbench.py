@@ -60,7 +60,7 @@ def _rows(log_dir):
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
-    from tf_commlib.digits import write_image_folder
+    from tf_commlib.apps.digits import write_image_folder
 
     return write_image_folder(str(tmp_path_factory.mktemp("digits_jpeg")), size=32)
 

@@ -10,7 +10,7 @@ import tensorflow as tf
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import tf_commlib  # noqa: E402
 from _report import report  # noqa: E402
-from tf_commlib import digits  # noqa: E402
+from tf_commlib.apps import digits  # noqa: E402
 from tf_commlib.keras import DistributedOptimizer, default_callbacks  # noqa: E402
 
 topo = tf_commlib.init()

@@ -3,7 +3,7 @@ tf_commlib.collectives.ALGORITHMS against the calibrated cost model, the model's
 fastest measured, and the per-step breakdown of HiTopKComm. Run it on every rank of a Horovod job:
 
     scripts/emulate_cluster.sh up 2 2 --inter-mbit 500
-    python -m tf_commlib.cluster_launch -- .venv/bin/python -m tf_commlib.bench comm [--quick]
+    python -m tf_commlib.apps.cluster_launch -- .venv/bin/python -m tf_commlib.bench comm [--quick]
     scripts/emulate_cluster.sh down
 
 (or ``horovodrun -np 4 -H localhost:4 --gloo`` with TF_COMMLIB_TOPOLOGY=2x2). Every timed run

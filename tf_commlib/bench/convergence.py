@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 
-from tf_commlib.local_run import plot_accuracy, summary_table, train
+from tf_commlib.apps.local_run import plot_accuracy, summary_table, train
 
 CONFIGS = {
     "dense": ["--algorithm", "dense"],

@@ -45,7 +45,7 @@ def worker(args):
     import tensorflow as tf
 
     import tf_commlib
-    from tf_commlib.dawnbench import breakdown, models
+    from tf_commlib.apps.dawnbench import breakdown, models
     from tf_commlib.keras import DistributedOptimizer, default_callbacks
 
     class StepClock(keras.callbacks.Callback):
@@ -142,7 +142,7 @@ def main(argv):
         p.error(f"--layout must be MxN (nodes x ranks per node), got {args.layout!r}")
     if args.worker:
         return worker(args)
-    from tf_commlib import emulated
+    from tf_commlib.apps import emulated
 
     passed = [a for a in argv if a != "--json"]
     with emulated.launcher(m, n, args.inter_mbit) as (prefix, link):

@@ -1,0 +1,177 @@
+"""Distributed training of a small CNN on sklearn's digits with tf_commlib (run under horovodrun
+or tf_commlib.apps.cluster_launch or scripts/slurm/train.sbatch). Prints per-epoch test accuracy,
+samples/s and the bytes a rank sends per step inside its node (intra) and between nodes (inter),
+from the collectives' formulas; rank 0 writes a JSON summary. With --ckpt-dir every rank backs up
+its state after each epoch and a restarted (requeued) run resumes from there.
+
+  horovodrun -np 4 -H localhost:4 --gloo python -m tf_commlib.apps.train --algorithm hitopk --density 0.01
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tf_commlib
+from tf_commlib.apps import digits
+from tf_commlib import primitives as P
+from tf_commlib.collectives import ALGORITHMS
+from tf_commlib.keras import AdaptiveDensity, DistributedOptimizer, default_callbacks
+from tf_commlib.keras.adaptive import profile_batches
+
+
+def parse_schedule_arg(text):
+    """'0:hitopk,13:2dtar' -> {0: 'hitopk', 13: '2dtar'}"""
+    if not text:
+        return None
+    out = {}
+    for part in text.split(","):
+        epoch, name = part.split(":")
+        out[int(epoch)] = name.strip()
+    return out
+
+
+def density_arg(text):
+    return text if text == "adaptive" else float(text)
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="python -m tf_commlib.apps.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--algorithm", default="hitopk", choices=sorted(ALGORITHMS))
+    p.add_argument("--density", type=density_arg, default=0.01, help="a fraction, or 'adaptive'")
+    p.add_argument("--candidates", default=None, help="densities for --density adaptive, e.g. 0.1,0.01")
+    p.add_argument("--selector", default="mstopk")
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=16, help="per rank")
+    p.add_argument("--lr", type=float, default=0.05, help="peak learning rate (cosine decay to 0)")
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--no-momentum-correction", action="store_true")
+    p.add_argument("--no-momentum-masking", action="store_true")
+    p.add_argument("--warmup", type=int, default=4, help="DGC density warm-up epochs")
+    p.add_argument("--local-clip-norm", type=float, default=None)
+    p.add_argument("--schedule", default=None, help="e.g. 0:hitopk,13:2dtar")
+    p.add_argument("--topology", default=None, help="e.g. 2x2 (default: Horovod's layout)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="rank 0 writes the per-epoch summary here")
+    p.add_argument("--ckpt-dir", default=None,
+                   help="back up each rank's state here after every epoch and resume from it")
+    return p
+
+
+class RankBackup(keras.callbacks.BackupAndRestore):
+    """Keras BackupAndRestore in <ckpt_dir>/rank<R>: residuals and DGC momentum are per rank. A job
+    killed while its ranks were saving one epoch leaves some of them an epoch ahead; on restore
+    those go back to their previous backup (double_checkpoint), so that all resume at one epoch."""
+
+    def __init__(self, ckpt_dir, topo):
+        super().__init__(os.path.join(ckpt_dir, f"rank{topo.rank}"), double_checkpoint=True)
+        self.topo = topo
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        mine = int(self.model._initial_epoch or 0)
+        epochs = P.allgather(tf.constant([mine], tf.int64), self.topo.world).numpy().tolist()
+        if mine > min(epochs):
+            if mine - min(epochs) > 1 or not os.path.exists(self._prev_weights_path):
+                raise RuntimeError(f"rank {self.topo.rank}: the ranks' backups in {self.backup_dir}/.. "
+                                   f"are at epochs {epochs}; cannot resume them at one epoch")
+            for prev, cur in ((self._prev_weights_path, self._weights_path),
+                              (self._prev_training_metadata_path, self._training_metadata_path)):
+                shutil.copyfile(prev, cur)
+            self._load_model()
+
+
+class FailAt(keras.callbacks.Callback):
+    """Test hook: TF_COMMLIB_TEST_FAIL_AT=RANK:EPOCH:CODE makes that rank exit with CODE as the
+    1-based EPOCH begins; a negative CODE kills it with that signal (-9: a rank that dies)."""
+
+    def __init__(self, rank, spec):
+        super().__init__()
+        self.rank = rank
+        self.at_rank, self.at_epoch, self.code = (int(v) for v in spec.split(":"))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.rank == self.at_rank and epoch + 1 == self.at_epoch:
+            print(f"rank {self.rank}: exiting with {self.code} at epoch {epoch + 1} (TF_COMMLIB_TEST_FAIL_AT)",
+                  file=sys.stderr, flush=True)
+            if self.code < 0:
+                os.kill(os.getpid(), -self.code)
+            raise SystemExit(self.code)
+
+
+class EpochReport(keras.callbacks.Callback):
+    """Test accuracy, samples/s and bytes sent per step after each epoch (rank 0 prints)."""
+
+    def __init__(self, topo, test, samples_per_epoch, label):
+        super().__init__()
+        self.topo, self.test, self.samples, self.label = topo, test, samples_per_epoch, label
+        self.rows = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        elapsed = time.perf_counter() - self.start
+        _, acc = self.model.evaluate(*self.test, verbose=0, batch_size=512)
+        opt = self.model.optimizer
+        algo = opt.algorithm_at(epoch)
+        density = opt.density_at(epoch) if algo == "auto" or ALGORITHMS[algo].sparse else 1.0
+        sent = opt.sent_bytes_at(epoch)
+        row = {"epoch": epoch + 1, "algorithm": algo, "density": density,
+               "train_loss": float(logs.get("loss", np.nan)), "test_accuracy": float(acc),
+               "samples_per_s": self.samples * self.topo.size / elapsed,
+               "intra_bytes_per_step": sent["intra"], "inter_bytes_per_step": sent["inter"],
+               "bytes_per_step": sent["intra"] + sent["inter"]}
+        self.rows.append(row)
+        if self.topo.rank == 0:
+            print(f"[{self.label}] epoch {row['epoch']:3d}  {algo:8s} density {density:<8.4g} "
+                  f"loss {row['train_loss']:.4f}  test acc {acc:.4f}  "
+                  f"{row['samples_per_s']:8.1f} samples/s  kB/step intra {sent['intra'] / 1e3:8.1f} "
+                  f"inter {sent['inter'] / 1e3:8.1f}", flush=True)
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    topo = tf_commlib.init(args.topology)
+    (x, y), test = digits.load(topo.rank, topo.size, args.seed)
+    model = digits.small_cnn(args.seed)
+    steps = args.epochs * (len(y) // args.batch_size + (len(y) % args.batch_size > 0))
+    lr = keras.optimizers.schedules.CosineDecay(args.lr, steps)
+    opt = DistributedOptimizer(
+        keras.optimizers.SGD(lr, momentum=args.momentum), algorithm=args.algorithm,
+        density=args.density, selector=args.selector,
+        momentum_correction=not args.no_momentum_correction,
+        momentum_masking=not args.no_momentum_masking, warmup=args.warmup,
+        local_clip_norm=args.local_clip_norm, schedule=parse_schedule_arg(args.schedule),
+        seed=args.seed, candidates=None if args.candidates is None else [float(c) for c in args.candidates.split(",")])
+    model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], jit_compile=False)
+
+    label = f"{args.algorithm}@{args.density}" if args.algorithm not in ("dense", "2dtar") else args.algorithm
+    if topo.rank == 0:
+        print(f"[{label}] {topo.size} ranks as {topo.m}x{topo.n} (nodes x ranks per node)", flush=True)
+    report = EpochReport(topo, test, len(y), label)
+    adapt = [AdaptiveDensity(profile_batches(x, y, args.batch_size))] if args.density == "adaptive" else []
+    extra = [RankBackup(args.ckpt_dir, topo)] if args.ckpt_dir else []
+    if os.environ.get("TF_COMMLIB_TEST_FAIL_AT"):
+        extra.append(FailAt(topo.rank, os.environ["TF_COMMLIB_TEST_FAIL_AT"]))
+    # the report first, then the backup; the profiling counts in the epoch time
+    model.fit(x, y, epochs=args.epochs, batch_size=args.batch_size, shuffle=False, verbose=0,
+              callbacks=default_callbacks() + [report] + adapt + extra)
+    if topo.rank == 0 and args.json:
+        w = np.concatenate([v.numpy().ravel() for v in model.weights]).astype(np.float64)
+        with open(args.json, "w") as f:
+            json.dump({"label": label, "args": vars(args), "epochs": report.rows,
+                       "weights": {"count": int(w.size), "sum": float(w.sum()),
+                                   "l2": float(np.sqrt((w * w).sum()))}}, f, indent=1)
+    return report.rows
+
+
+if __name__ == "__main__":
+    main()
