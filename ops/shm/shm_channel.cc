@@ -45,6 +45,13 @@ Status Abandoned(ShmChannel* ch, const ShmSet& set, int64_t why) {
   }
 }
 
+bool AllArrived(const ShmControl* c, const ShmSet& set, uint64_t ticket) {
+  for (int j = 0; j < set.size; ++j) {
+    if (c->arrived[j].load(std::memory_order_acquire) < ticket) return false;
+  }
+  return true;
+}
+
 bool Same(const uint64_t a[2], const uint64_t b[2]) { return a[0] == b[0] && a[1] == b[1]; }
 
 }  // namespace
@@ -122,7 +129,12 @@ Status Barrier(ShmChannel* ch, const ShmSet& set) {
                                     "the same collectives in the same order");
     }
   }
-  if (ch->control_linked) {   // the first barrier: every rank has mapped the control segment
+  if (ch->control_linked) {   // the first barrier: once every rank has mapped the control segment
+    // after a failure other than a timeout, a late rank must still find it and read why it closed
+    for (int spin = 0; !st.ok() && !errors::IsDeadlineExceeded(st) && !AllArrived(c, set, ticket) &&
+                       Since(start) <= set.timeout; ++spin) {
+      Pause(spin);
+    }
     Unlink(ch->name);
     ch->control_linked = false;
   }

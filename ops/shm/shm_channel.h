@@ -4,10 +4,12 @@
 //
 // Rank 0 of the set creates the control segment under the name the op was given (an HMAC of the
 // set's secret); the others wait for it to appear and open it; rank 0 unlinks it after the first
-// barrier, where every rank has mapped it. A rank creates its data segment under a random name and
-// publishes the name in the control segment; the others open it (read-only) after that barrier and
-// its creator unlinks it after the next one. Every value read from the control segment is checked
-// before use: an invalid one closes the channel with an error on every rank.
+// barrier, where every rank has mapped it (after a failure there, once every rank has arrived or
+// the timeout passed, so that a late rank reads why the channel closed instead of waiting for it).
+// A rank creates its data segment under a random name and publishes the name in the control
+// segment; the others open it (read-only) after that barrier and its creator unlinks it after the
+// next one. Every value read from the control segment is checked before use: an invalid one closes
+// the channel with an error on every rank.
 #ifndef TF_COMMLIB_SHM_CHANNEL_H_
 #define TF_COMMLIB_SHM_CHANNEL_H_
 

@@ -43,6 +43,13 @@ Status AllSucceeded(const ShmSet& set, const Status& local, const std::vector<Sh
   return st;
 }
 
+// The call's first barrier, then every rank's entry for the call (range-checked) and who failed it.
+Status Exchange(ShmChannel* ch, const ShmSet& set, int p, const Status& local, std::vector<ShmEntry>* entries) {
+  TF_RETURN_IF_ERROR(Barrier(ch, set));
+  TF_RETURN_IF_ERROR(ReadEntries(ch, set, p, entries));
+  return AllSucceeded(set, local, *entries);
+}
+
 // Each rank's value of an entry field must equal this rank's.
 Status SameOnAllRanks(const ShmSet& set, const std::vector<ShmEntry>& entries, int64_t ShmEntry::*field,
                       const char* what) {
@@ -151,13 +158,11 @@ struct ShmReduceScatter {
       }
     }
     Publish(ch, set, p, local.ok() ? n : kFailed, 0, 0);
-    Status st = Barrier(ch, set);
     std::vector<ShmEntry> entries;
+    Status st = Exchange(ch, set, p, local, &entries);
+    if (st.ok()) st = SameOnAllRanks(set, entries, &ShmEntry::rows, "lengths");
     bool any_fresh = false;
     Status mapped;
-    if (st.ok()) st = ReadEntries(ch, set, p, &entries);
-    if (st.ok()) st = AllSucceeded(set, local, entries);
-    if (st.ok()) st = SameOnAllRanks(set, entries, &ShmEntry::rows, "lengths");
     if (st.ok()) st = MapPeers(ch, set, entries, &any_fresh, &mapped);
     if (st.ok() && any_fresh) st = Mapped(ch, set, p, mapped);
     for (int j = 0; j < P.size && st.ok(); ++j) {
@@ -215,14 +220,12 @@ struct ShmAllgather {
       local = EnsureOwn(ch, rows * row_bytes);
     }
     Publish(ch, set, p, local.ok() ? rows : kFailed, local.ok() ? RowShapeHash(x) : 0, row_bytes);
-    Status st = Barrier(ch, set);
     std::vector<ShmEntry> entries;
-    bool any_fresh = false;
-    Status mapped;
-    if (st.ok()) st = ReadEntries(ch, set, p, &entries);
-    if (st.ok()) st = AllSucceeded(set, local, entries);
+    Status st = Exchange(ch, set, p, local, &entries);
     if (st.ok()) st = SameOnAllRanks(set, entries, &ShmEntry::row_shape, "dtypes or row shapes (hashed)");
     if (st.ok()) st = SameOnAllRanks(set, entries, &ShmEntry::row_bytes, "row sizes");
+    bool any_fresh = false;
+    Status mapped;
     if (st.ok()) {
       std::memcpy(ch->own.segment.base, x.tensor_data().data(), rows * row_bytes);
       st = MapPeers(ch, set, entries, &any_fresh, &mapped);
