@@ -3,7 +3,10 @@ set that run on one machine, through /dev/shm (what NCCL's shared-memory transpo
 of a GPU node; Horovod's Gloo sends them through loopback TCP).
 
 A set uses it when every rank sees the same /dev/shm and the same network stack (an emulated node
-is a network namespace); that is checked once per set with two collectives on the set. Each
+is a network namespace); that is checked once per set with one allgather on the set, which also
+gives the set a secret that names its segments. Segments are files of mode 0600 created exclusively
+under unguessable names, opened only after checking their owner (ops/shm/shm_segment.h): another
+local user can neither read them nor make the job use a file of theirs. Each
 collective op instance gets its own segments (eagerly: one per set; in a tf.function: one per op),
 so every rank must run the same collectives in the same order, as with Horovod; a failure on one
 rank (bad shape, full /dev/shm) makes every rank of the set raise. A rank that does not
@@ -12,58 +15,59 @@ ranks that pass different lengths or dtypes raise InvalidArgument. TF_COMMLIB_SH
 Files are named /dev/shm/tfcl_<TF_COMMLIB_SHM_TAG>_<random>...: a launcher sets the tag per job so
 that it can remove what killed ranks left behind (tf_commlib.apps.slurm does).
 """
+import hashlib
+import hmac
 import os
 import re
+import stat
+import uuid
 
+import numpy as np
 import tensorflow as tf
 
 from tf_commlib._loader import ops as _ops
 
-_prefixes = {}   # process set id -> segment name prefix, or None when the set spans machines
+_secrets = {}   # process set id -> the set's secret (bytes), or None when its ranks do not share memory
 TAG_VAR = "TF_COMMLIB_SHM_TAG"
 
 
 def name_prefix():
     """'tfcl_' and the launcher's tag (letters and digits, may be empty) before a segment's name."""
     tag = os.environ.get(TAG_VAR, "")
-    if not re.fullmatch(r"[A-Za-z0-9]*", tag):
-        raise ValueError(f"{TAG_VAR} may hold only letters and digits, got {tag!r}")
+    if not re.fullmatch(r"[A-Za-z0-9]{0,24}", tag):
+        raise ValueError(f"{TAG_VAR} may hold only letters and digits (at most 24), got {tag!r}")
     return f"tfcl_{tag}_" if tag else "tfcl_"
 
 
-def _machine_id():
-    """(boot id, network namespace): equal for the ranks of one (emulated) node."""
+def _machine():
+    """What ranks that share /dev/shm have in common: boot id, network namespace (an emulated node is
+    one), the /dev/shm file system and directory, and uid; then 1 when /dev/shm is safe to use (a
+    directory of root or this user where others cannot remove what is ours: sticky or not writable).
+    Not the mount namespace: `ip netns exec` gives each process of an emulated node its own."""
     with open("/proc/sys/kernel/random/boot_id") as f:
-        boot = int(f.read().strip().replace("-", "")[:15], 16)
-    return [boot, os.stat("/proc/self/ns/net").st_ino]
+        boot = np.frombuffer(uuid.UUID(f.read().strip()).bytes, np.int64).tolist()
+    shm, uid = os.stat("/dev/shm"), os.geteuid()
+    safe = stat.S_ISDIR(shm.st_mode) and shm.st_uid in (0, uid) and \
+        bool(shm.st_mode & stat.S_ISVTX or not shm.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+    return boot + [os.stat("/proc/self/ns/net").st_ino, shm.st_dev, shm.st_ino, uid, int(safe)]
 
 
-def _probe(process_set):
-    """The set's root creates a file in /dev/shm and broadcasts its random token; the set may use
-    shared memory if every rank sees that file and has the root's machine id."""
+def _handshake(process_set):
+    """One allgather on the set: each rank's _machine() and 32 random bytes. The set shares memory
+    when every rank has the same safe machine; its secret, a hash of every rank's random bytes, names
+    its segments (_segment) and never leaves the ranks: no file in /dev/shm reveals it."""
     import horovod.tensorflow as hvd
 
-    root, tag = process_set.ranks[0], f"tf_commlib_shm_probe_{process_set.process_set_id}"
-    token, probe, prefix = 0, None, name_prefix()
-    if hvd.rank() == root:
-        try:
-            token = int.from_bytes(os.urandom(6), "little") | 1
-            probe = f"/dev/shm/{prefix}{token:x}_probe"
-            open(probe, "x").close()
-        except OSError:
-            token = 0
-    token = int(hvd.broadcast(tf.constant(token, tf.int64), root, process_set=process_set,
-                              name=tag + "_token").numpy())
     try:
-        seen = [int(os.path.exists(f"/dev/shm/{prefix}{token:x}_probe") and token != 0)] + _machine_id()
-    except OSError:
-        seen = [0, 0, 0]
-    everyone = hvd.allgather(tf.constant([seen], tf.int64), process_set=process_set,
-                             name=tag + "_seen").numpy()
-    if probe:
-        os.unlink(probe)
-    shared = token != 0 and all(row[0] == 1 and list(row[1:]) == list(everyone[0][1:]) for row in everyone)
-    return f"{prefix}{token:x}_{process_set.process_set_id}" if shared else None
+        ident = _machine()
+    except (OSError, ValueError):
+        ident = [0] * 7
+    row = np.array(ident + np.frombuffer(os.urandom(32), np.int64).tolist(), np.int64)
+    everyone = hvd.allgather(tf.constant(row[None]), process_set=process_set,
+                             name=f"tf_commlib_shm_handshake_{process_set.process_set_id}").numpy()
+    ids = everyone[:, :len(ident)]
+    shared = bool((ids == ids[0]).all() and ids[0, -1] == 1)
+    return hashlib.sha256(everyone[:, len(ident):].tobytes()).digest() if shared else None
 
 
 def available(process_set):
@@ -71,10 +75,10 @@ def available(process_set):
     if os.environ.get("TF_COMMLIB_SHM", "1") == "0" or process_set.size() == 1:
         return False
     key = process_set.process_set_id
-    if key not in _prefixes:
+    if key not in _secrets:
         with tf.init_scope():   # once, eagerly, even when first reached while tracing a tf.function
-            _prefixes[key] = _probe(process_set)
-    return _prefixes[key] is not None
+            _secrets[key] = _handshake(process_set)
+    return _secrets[key] is not None
 
 
 def _timeout():
@@ -106,9 +110,15 @@ def _attrs(process_set, kind):
         raise ValueError(f"process set {process_set.ranks} does not share memory (ranks on different "
                          "machines or network namespaces, or TF_COMMLIB_SHM=0)")
     key = kind if tf.executing_eagerly() else _graph_key(kind)
-    key = re.sub(r"[^A-Za-z0-9_-]", "_", key)
-    return dict(segment=f"{_prefixes[process_set.process_set_id]}_{key}", rank=process_set.rank(),
-                size=process_set.size(), timeout_seconds=_timeout())
+    return dict(segment=_segment(process_set, key), rank=process_set.rank(), size=process_set.size(),
+                timeout_seconds=_timeout())
+
+
+def _segment(process_set, key):
+    """The control segment's name for a key of the set: an HMAC under the set's secret, so the names
+    seen in /dev/shm tell nothing about the next one."""
+    mac = hmac.new(_secrets[process_set.process_set_id], key.encode(), hashlib.sha256)
+    return name_prefix() + mac.hexdigest()[:32]
 
 
 def reducescatter(x, process_set):

@@ -2,7 +2,8 @@
 //
 // Both are async: the wait for the other ranks runs on its own thread, so a graph with several
 // collectives in flight never blocks TensorFlow's thread pools (the ranks may start them in
-// different orders). Every rank of the set must run each op the same number of times.
+// different orders). Every rank of the set must run each op the same number of times. The
+// segments and their checks are in shm_channel.h and shm_segment.h.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -10,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "shm/shm_segment.h"
+#include "shm/shm_channel.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/types.h"
 
@@ -30,58 +31,59 @@ struct ShmParams {
   int rank, size;
   float timeout;
 
-  // Arrives at the barrier; the first barrier of a channel is where every rank has mapped it.
-  Status Arrive(ShmChannel* ch, const char* op) const {
-    Status st = Barrier(ch, rank, size, timeout, op);
-    if (ch->fresh) {
-      Unlink(segment + ".ctl");
-      ch->fresh = false;
-    }
-    return st;
-  }
-
-  // The name of a data segment of the channel. A failed call moves every rank to a new epoch, so
-  // no rank re-creates a name that a slower rank is about to unlink.
-  std::string Data(const ShmChannel* ch, const char* kind, int64_t size) const {
-    return segment + ".e" + std::to_string(ch->epoch) + kind + std::to_string(size);
-  }
-
-  // Every rank unmaps the channel's data segments and moves to the next epoch.
-  void Forget(ShmChannel* ch) const {
-    ForgetData(segment + ".");
-    ++ch->epoch;
-  }
-
-  // After the exchange: this rank's own error, else the first rank whose `table` entry says it
-  // failed. Every rank then forgets the call's data segments and raises.
-  Status AllSucceeded(ShmChannel* ch, const Status& local, const int64_t* table, int64_t failed,
-                      const char* op) const {
-    Status st = local;
-    for (int j = 0; j < size && st.ok(); ++j) {
-      if (table[j] == failed) st = errors::Aborted(op, ": rank ", j, " of the process set failed this call");
-    }
-    if (!st.ok()) Forget(ch);
-    return st;
-  }
-
-  // Each rank's entry of a parity's table must equal this rank's.
-  Status SameOnAllRanks(ShmChannel* ch, const int64_t* table, const char* what, const char* op) const {
-    bool same = true;
-    std::string all;
-    for (int j = 0; j < size; ++j) {
-      same = same && table[j] == table[rank];
-      all += (j ? ", " : "") + std::to_string(table[j]);
-    }
-    if (same) return tensorflow::OkStatus();
-    Forget(ch);
-    return errors::InvalidArgument(op, ": ranks of the process set passed tensors with different ", what,
-                                   " (by rank of the set: ", all, "); this is rank ", rank);
-  }
+  ShmSet Set(const char* op) const { return ShmSet{rank, size, timeout, op}; }
 };
 
+// After the call's first barrier: this rank's own error, else the first rank that says it failed.
+Status AllSucceeded(const ShmSet& set, const Status& local, const std::vector<ShmEntry>& entries) {
+  Status st = local;
+  for (int j = 0; j < set.size && st.ok(); ++j) {
+    if (entries[j].rows == kFailed) st = errors::Aborted(set.op, ": rank ", j, " of the process set failed this call");
+  }
+  return st;
+}
+
+// The call's first barrier, then every rank's entry for the call (range-checked) and who failed it.
+Status Exchange(ShmChannel* ch, const ShmSet& set, int p, const Status& local, std::vector<ShmEntry>* entries) {
+  TF_RETURN_IF_ERROR(Barrier(ch, set));
+  TF_RETURN_IF_ERROR(ReadEntries(ch, set, p, entries));
+  return AllSucceeded(set, local, *entries);
+}
+
+// Each rank's value of an entry field must equal this rank's.
+Status SameOnAllRanks(const ShmSet& set, const std::vector<ShmEntry>& entries, int64_t ShmEntry::*field,
+                      const char* what) {
+  bool same = true;
+  std::string all;
+  for (int j = 0; j < set.size; ++j) {
+    same = same && entries[j].*field == entries[set.rank].*field;
+    all += (j ? ", " : "") + std::to_string(entries[j].*field);
+  }
+  if (same) return tensorflow::OkStatus();
+  return errors::InvalidArgument(set.op, ": ranks of the process set passed tensors with different ", what,
+                                 " (by rank of the set: ", all, "); this is rank ", set.rank);
+}
+
+// The barrier after MapPeers: each rank says whether it mapped the call's new data segments, their
+// creators unlink them, and a rank that could not map them makes every rank fail.
+Status Mapped(ShmChannel* ch, const ShmSet& set, int p, const Status& mapped) {
+  ch->control->entry[p][set.rank].mapped = mapped.ok();
+  Status st = Barrier(ch, set);
+  UnlinkOwn(ch);
+  TF_RETURN_IF_ERROR(st);
+  TF_RETURN_IF_ERROR(mapped);
+  for (int j = 0; j < set.size; ++j) {
+    const int64_t m = ch->control->entry[p][j].mapped;
+    if (m == 0) return errors::Aborted(set.op, ": rank ", j, " of the process set could not map this call's shared memory");
+    if (m != 1) return Invalid(ch, set, "mapped flag " + std::to_string(m) + " of rank " + std::to_string(j));
+  }
+  return tensorflow::OkStatus();
+}
+
 // Collective::Run(params, ctx, x, channel, parity) runs one call; parity alternates between calls.
-// A call that fails on one rank still goes through every barrier and says so in the control
-// segment, so all ranks raise together and stay in step; only a timeout closes the channel.
+// A call that fails on one rank still goes through the call's first barrier and says so in the
+// control segment, so all ranks raise together and stay in step; a timeout or an invalid value in
+// the control segment closes the channel.
 template <typename Collective>
 class ShmOp : public AsyncOpKernel {
  public:
@@ -94,17 +96,26 @@ class ShmOp : public AsyncOpKernel {
                          params_.rank < params_.size,
                 errors::InvalidArgument("shm collective: need 0 <= rank < size <= ", kMaxShmRanks,
                                         ", got rank ", params_.rank, ", size ", params_.size));
+    OP_REQUIRES(ctx, ValidName(params_.segment),
+                errors::InvalidArgument("shm collective: segment must be 1 to 63 of [A-Za-z0-9_.-], got '",
+                                        params_.segment, "'"));
+    OP_REQUIRES(ctx, params_.timeout > 0 && params_.timeout < 1e9,
+                errors::InvalidArgument("shm collective: timeout_seconds must be positive, got ", params_.timeout));
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     auto call = [params = params_, ctx, x = ctx->input(0), done] {
-      ShmChannel* ch = nullptr;
-      Status st = OpenChannel(params.segment + ".ctl", &ch);
-      if (st.ok()) {
+      ShmChannel* ch = GetChannel(params.segment);
+      Status st;
+      {
         std::lock_guard<std::mutex> lock(ch->mu);
         st = ch->broken;
+        if (st.ok() && !ch->control) st = OpenControl(ch, params.Set(Collective::kOp));
         if (st.ok()) st = Collective::Run(params, ctx, x, ch, ch->calls++ & 1);
-        if (tensorflow::errors::IsDeadlineExceeded(st) || ch->control->abandoned.load()) ch->broken = st;
+        if (!st.ok() && ch->control && (tensorflow::errors::IsDeadlineExceeded(st) || ch->control->abandoned.load())) {
+          ch->broken = st;
+          Close(ch);
+        }
       }
       ctx->SetStatus(st);
       done();
@@ -121,42 +132,53 @@ class ShmOp : public AsyncOpKernel {
   ShmParams params_;
 };
 
-// Rank r writes the blocks j != r of its input into its slot, waits, then sums block r of every
-// rank in rank order (its own block from its input): the (p-1)/p volume of eq. (7). Two slot sets
-// alternate between calls, so one barrier per call suffices: a rank writes set p again only after
-// all ranks passed the next call's barrier, i.e. finished reading set p.
+// Rank r writes the blocks j != r of its input into its data segment, waits, then sums block r of
+// every rank in rank order (its own block from its input): the (p-1)/p volume of eq. (7). The two
+// halves of a data segment alternate between calls, so one barrier per call suffices: a rank writes
+// a half again only after all ranks passed the next call's barrier, i.e. finished reading it.
 struct ShmReduceScatter {
+  static constexpr const char* kOp = "shm reduce-scatter";
+
   static Status Run(const ShmParams& P, OpKernelContext* ctx, const Tensor& x, ShmChannel* ch, int p) {
-    const char* op = "shm reduce-scatter";
-    const int64_t n = x.NumElements(), s = n / P.size, slot = (P.size - 1) * s;
-    // slot[src] holds src's blocks for the other ranks: block j at position j - (j > src)
-    const std::string data = P.Data(ch, ".rs", n);
+    const ShmSet set = P.Set(kOp);
+    const int64_t n = x.NumElements(), s = n / P.size;
+    const size_t half = sizeof(float) * (P.size - 1) * s;   // block j of rank r at j - (j > r)
     Status local = (x.dims() == 1 && n % P.size == 0)
         ? tensorflow::OkStatus()
-        : errors::InvalidArgument(op, ": x must be a vector whose length is a multiple of the set size ",
+        : errors::InvalidArgument(kOp, ": x must be a vector whose length is a multiple of the set size ",
                                   P.size, ", got shape ", x.shape().DebugString());
     Tensor* out = nullptr;
     if (local.ok()) local = ctx->allocate_output(0, TensorShape({s}), &out);
-    char* base = nullptr;
-    bool fresh = false;
-    if (local.ok()) local = MapData(data, sizeof(float) * 2 * P.size * std::max<int64_t>(slot, 1), &base, &fresh);
-    float* slots = reinterpret_cast<float*>(base) + static_cast<int64_t>(p) * P.size * slot;
+    if (local.ok()) local = EnsureOwn(ch, 2 * half);
     const float* in = x.flat<float>().data();
     if (local.ok()) {
+      float* mine = reinterpret_cast<float*>(ch->own.segment.base + p * (ch->own.segment.bytes / 2));
       for (int j = 0; j < P.size; ++j) {
-        if (j != P.rank) std::memcpy(slots + P.rank * slot + (j - (j > P.rank)) * s, in + j * s, sizeof(float) * s);
+        if (j != P.rank) std::memcpy(mine + (j - (j > P.rank)) * s, in + j * s, sizeof(float) * s);
       }
     }
-    ShmControl* c = ch->control;
-    c->rows[p][P.rank] = local.ok() ? n : kFailed;
-    Status st = P.Arrive(ch, op);
-    if (fresh) Unlink(data);
-    TF_RETURN_IF_ERROR(st);
-    TF_RETURN_IF_ERROR(P.AllSucceeded(ch, local, c->rows[p], kFailed, op));
-    TF_RETURN_IF_ERROR(P.SameOnAllRanks(ch, c->rows[p], "lengths", op));
+    Publish(ch, set, p, local.ok() ? n : kFailed, 0, 0);
+    std::vector<ShmEntry> entries;
+    Status st = Exchange(ch, set, p, local, &entries);
+    if (st.ok()) st = SameOnAllRanks(set, entries, &ShmEntry::rows, "lengths");
+    bool any_fresh = false;
+    Status mapped;
+    if (st.ok()) st = MapPeers(ch, set, entries, &any_fresh, &mapped);
+    if (st.ok() && any_fresh) st = Mapped(ch, set, p, mapped);
+    for (int j = 0; j < P.size && st.ok(); ++j) {
+      if (j != P.rank && ch->peer[j].segment.bytes / 2 < half) {
+        st = Invalid(ch, set, "data segment of rank " + std::to_string(j) + " too small");
+      }
+    }
+    if (!st.ok()) {
+      DropFresh(ch);
+      return st;
+    }
     std::vector<const float*> src(P.size);
     for (int j = 0; j < P.size; ++j) {
-      src[j] = j == P.rank ? in + P.rank * s : slots + j * slot + (P.rank - (P.rank > j)) * s;
+      const Segment& seg = ch->peer[j].segment;
+      src[j] = j == P.rank ? in + P.rank * s
+                           : reinterpret_cast<const float*>(seg.base + p * (seg.bytes / 2)) + (P.rank - (P.rank > j)) * s;
     }
     float* o = out->flat<float>().data();
     if (P.size == 1) {
@@ -173,9 +195,11 @@ struct ShmReduceScatter {
 };
 
 // Rows of every rank, concatenated in rank order. The first barrier publishes the row counts and
-// row shapes (every rank then knows the offsets), the second the rows; a rank writes the buffer
-// again only after the next call's first barrier, when every rank has copied it out.
+// row shapes; each rank then writes its rows into its data segment (every rank has finished reading
+// the previous call's) and maps the others' new ones; after the second, it copies every rank's rows.
 struct ShmAllgather {
+  static constexpr const char* kOp = "shm allgather";
+
   static int64_t RowShapeHash(const Tensor& x) {
     uint64_t h = 1469598103934665603ull ^ static_cast<uint64_t>(x.dtype());
     for (int i = 1; i < x.dims(); ++i) h = (h ^ static_cast<uint64_t>(x.dim_size(i))) * 1099511628211ull;
@@ -183,45 +207,52 @@ struct ShmAllgather {
   }
 
   static Status Run(const ShmParams& P, OpKernelContext* ctx, const Tensor& x, ShmChannel* ch, int p) {
-    const char* op = "shm allgather";
+    const ShmSet set = P.Set(kOp);
     Status local = x.dims() >= 1 && tensorflow::DataTypeCanUseMemcpy(x.dtype())
         ? tensorflow::OkStatus()
-        : errors::InvalidArgument(op, ": x must have rank >= 1 and a numeric or bool dtype, got ",
+        : errors::InvalidArgument(kOp, ": x must have rank >= 1 and a numeric or bool dtype, got ",
                                   tensorflow::DataTypeString(x.dtype()), " of shape ", x.shape().DebugString());
     int64_t rows = 0, row_bytes = 0;
     if (local.ok()) {
       rows = x.dim_size(0);
       row_bytes = tensorflow::DataTypeSize(x.dtype());
       for (int i = 1; i < x.dims(); ++i) row_bytes *= x.dim_size(i);
+      local = EnsureOwn(ch, rows * row_bytes);
     }
-    ShmControl* c = ch->control;
-    c->rows[p][P.rank] = local.ok() ? rows : kFailed;
-    c->row_shape[p][P.rank] = local.ok() ? RowShapeHash(x) : 0;
-    TF_RETURN_IF_ERROR(P.Arrive(ch, op));
-    TF_RETURN_IF_ERROR(P.AllSucceeded(ch, local, c->rows[p], kFailed, op));
-    TF_RETURN_IF_ERROR(P.SameOnAllRanks(ch, c->row_shape[p], "dtypes or row shapes (hashed)", op));
-    int64_t total = 0, offset = 0;
-    for (int j = 0; j < P.size; ++j) {
-      if (j == P.rank) offset = total;
-      total += c->rows[p][j];
+    Publish(ch, set, p, local.ok() ? rows : kFailed, local.ok() ? RowShapeHash(x) : 0, row_bytes);
+    std::vector<ShmEntry> entries;
+    Status st = Exchange(ch, set, p, local, &entries);
+    if (st.ok()) st = SameOnAllRanks(set, entries, &ShmEntry::row_shape, "dtypes or row shapes (hashed)");
+    if (st.ok()) st = SameOnAllRanks(set, entries, &ShmEntry::row_bytes, "row sizes");
+    bool any_fresh = false;
+    Status mapped;
+    if (st.ok()) {
+      std::memcpy(ch->own.segment.base, x.tensor_data().data(), rows * row_bytes);
+      st = MapPeers(ch, set, entries, &any_fresh, &mapped);
     }
-    size_t capacity = 4096;
-    while (capacity < static_cast<size_t>(total * row_bytes)) capacity *= 2;
-    const std::string data = P.Data(ch, ".ag", capacity);
-    char* base = nullptr;
-    bool fresh = false;
-    local = MapData(data, capacity, &base, &fresh);
-    if (local.ok()) std::memcpy(base + offset * row_bytes, x.tensor_data().data(), rows * row_bytes);
-    c->mapped[p][P.rank] = local.ok();
-    Status st = P.Arrive(ch, op);
-    if (fresh) Unlink(data);
-    TF_RETURN_IF_ERROR(st);
-    TF_RETURN_IF_ERROR(P.AllSucceeded(ch, local, c->mapped[p], 0, op));
+    if (st.ok()) st = Mapped(ch, set, p, mapped);
+    int64_t total = 0;
+    for (int j = 0; j < P.size && st.ok(); ++j) {
+      const int64_t r = entries[j].rows;
+      if (j != P.rank && row_bytes > 0 && r > static_cast<int64_t>(ch->peer[j].segment.bytes) / row_bytes) {
+        st = Invalid(ch, set, std::to_string(r) + " rows of rank " + std::to_string(j) + " do not fit its data segment");
+      }
+      total += r;
+    }
+    if (!st.ok()) {
+      DropFresh(ch);
+      return st;
+    }
     TensorShape out_shape = x.shape();
     out_shape.set_dim(0, total);
     Tensor* out = nullptr;
     TF_RETURN_IF_ERROR(ctx->allocate_output(0, out_shape, &out));
-    std::memcpy(const_cast<char*>(out->tensor_data().data()), base, total * row_bytes);
+    char* o = const_cast<char*>(out->tensor_data().data());
+    for (int j = 0; j < P.size; ++j) {
+      const int64_t bytes = entries[j].rows * row_bytes;
+      std::memcpy(o, j == P.rank ? x.tensor_data().data() : ch->peer[j].segment.base, bytes);
+      o += bytes;
+    }
     return tensorflow::OkStatus();
   }
 };

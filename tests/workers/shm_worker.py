@@ -1,7 +1,7 @@
 """Shared-memory reduce-scatter and all-gather on the intra-node sets and the world set: eager,
 several in flight in one tf.function, different lengths by rank, and the errors (mismatched
 lengths or dtypes, a rank that never arrives)."""
-import glob
+import os
 import sys
 
 import numpy as np
@@ -71,5 +71,9 @@ if pset.rank() == 0:   # the others never come: this rank must raise, not hang
 tf_commlib.topology()  # keep the ranks alive until the timeout has fired
 import horovod.tensorflow as hvd  # noqa: E402
 hvd.allreduce(tf.zeros([1]), name="shm_worker_done")
-out["left_in_dev_shm"] = glob.glob(f"/dev/shm/{shm._prefixes[pset.process_set_id]}*")
+# every segment this rank maps was unlinked once mapped ("(deleted)"); its control segments are gone
+out["left_in_dev_shm"] = [line.split()[-1] for line in open("/proc/self/maps")
+                          if "/dev/shm/tfcl_" in line and not line.rstrip().endswith("(deleted)")]
+out["left_in_dev_shm"] += [name for name in (shm._segment(pset, key) for key in ("rs", "ag"))
+                           if os.path.exists("/dev/shm/" + name)]
 report(topo.rank, out)
