@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cctype>
+#include <cstdlib>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>

@@ -7,6 +7,7 @@ import json
 import os
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 import tf_commlib
@@ -64,17 +65,18 @@ def resume_epoch(ckpt_dir, topo):
 
 
 def weights_digest(model, topo):
-    """Checks that every rank holds the same weights; returns their digest."""
+    """Checks that every rank holds the same weights; returns their digest, or raises naming the
+    variables that differ."""
     import hashlib
 
-    h = hashlib.sha256()
-    for v in model.variables:
-        h.update(v.numpy().tobytes())
-    digest = h.hexdigest()
-    codes = P.allgather(tf.constant([int(digest[:15], 16)], tf.int64), topo.world).numpy()
-    if len(set(codes.tolist())) != 1:
-        raise RuntimeError(f"the ranks' weights differ after training (digests {codes.tolist()})")
-    return digest
+    codes = [int(hashlib.sha256(v.numpy().tobytes()).hexdigest()[:15], 16) for v in model.variables]
+    mine = tf.constant([codes], tf.int64)
+    every = P.allgather(mine, topo.world).numpy()
+    differ = [v.path for j, v in enumerate(model.variables) if len(set(every[:, j].tolist())) != 1]
+    if differ:
+        raise RuntimeError(f"the ranks' weights differ after training: {len(differ)} of "
+                           f"{len(codes)} variables, e.g. {differ[:5]}")
+    return hashlib.sha256(np.asarray(codes, np.int64).tobytes()).hexdigest()
 
 
 def main(argv=None):
