@@ -74,7 +74,7 @@ def _measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, t
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     config = dict(inner.get_config(), learning_rate=0.01)
     clone = type(inner).from_config(config)
-    copies = [keras.Variable(v.value, name=v.name) for v in variables]   # names: for exclusions
+    copies = [keras.Variable(v.numpy(), name=v.name) for v in variables]   # copies (names: for exclusions)
     clone.build(copies)
     apply = tf.function(lambda: clone.apply(list(grads), copies))
     out["optimizer"] = _timed(apply, reps)
