@@ -33,8 +33,18 @@ class MstopkOp : public OpKernel {
     const int64_t d = xt.NumElements();
     OP_REQUIRES_OK(ctx, CheckIndexType<Tidx>("mstopk", d));
     const T* x = xt.flat<T>().data();
-    int64_t seed = ctx->input(2).scalar<int64_t>()();
+    int64_t seed;
+    OP_REQUIRES_OK(ctx, ReadScalar(ctx, 2, "mstopk", "seed", &seed));
     if (seed < 0) seed = static_cast<int64_t>(std::random_device()() >> 1);
+    if (d == 0) {  // nothing to select: thresholds and counts are all 0
+      OP_REQUIRES_OK(ctx, WriteSelection<T, Tidx>(ctx, x, {}));
+      Tensor *thr = nullptr, *cnt = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(2, {4}, &thr));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(3, {4}, &cnt));
+      thr->vec<double>().setZero();
+      cnt->vec<int64_t>().setZero();
+      return;
+    }
 
     ProbeEngine<T> engine(ctx, x, d, std::min(k, d));
     const AbsStats& st = engine.stats();

@@ -26,6 +26,13 @@ class ThresholdSearchOp : public OpKernel {
     const int64_t d = xt.NumElements();
     OP_REQUIRES_OK(ctx, CheckIndexType<Tidx>("threshold_search", d));
     const T* x = xt.flat<T>().data();
+    if (d == 0) {  // nothing to select, threshold 0
+      OP_REQUIRES_OK(ctx, WriteSelection<T, Tidx>(ctx, x, {}));
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(2, {}, &out));
+      out->scalar<double>()() = 0.0;
+      return;
+    }
     ProbeEngine<T> engine(ctx, x, d, std::min(2 * k, d));
     OP_REQUIRES_OK(ctx, CheckNan("threshold_search", engine.stats().n_nan, allow_nan_));
     // Search on the ratio (RedSync prints thresholds and k/2 here; NOTES.md): stop at the first
@@ -73,7 +80,8 @@ class ThresholdSelectOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& xt = ctx->input(0);
-    const double threshold = ctx->input(1).scalar<double>()();
+    double threshold;
+    OP_REQUIRES_OK(ctx, ReadScalar(ctx, 1, "threshold_select", "threshold", &threshold));
     const int64_t d = xt.NumElements();
     OP_REQUIRES_OK(ctx, CheckIndexType<Tidx>("threshold_select", d));
     const T* x = xt.flat<T>().data();
@@ -89,18 +97,6 @@ class ThresholdSelectOp : public OpKernel {
   }
 
  private:
-  static int64_t CountNan(OpKernelContext* ctx, const T* x, int64_t d) {
-    const int64_t blocks = NumBlocks(d);
-    std::vector<int64_t> part(blocks, 0);
-    ForEachBlock(ctx, d, blocks, [&](int64_t b, int64_t i0, int64_t i1) {
-      int64_t n = 0;
-      for (int64_t i = i0; i < i1; ++i) n += static_cast<float>(x[i]) != static_cast<float>(x[i]);
-      part[b] = n;
-    });
-    int64_t n = 0;
-    for (int64_t p : part) n += p;
-    return n;
-  }
   bool allow_nan_;
 };
 
@@ -114,18 +110,20 @@ class RatioCountsOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& xt = ctx->input(0);
     const int64_t d = xt.NumElements();
-    OP_REQUIRES(ctx, d > 0, errors::InvalidArgument("ratio_counts: x is empty"));
-    const T* x = xt.flat<T>().data();
-    const AbsStats st = ComputeAbsStats(ctx, x, d);
-    OP_REQUIRES_OK(ctx, CheckNan("ratio_counts", st.n_nan, allow_nan_));
+    OP_REQUIRES_OK(ctx, CheckRatios(ctx->input(1), kMaxCounted));
     auto ratios = ctx->input(1).vec<double>();
-    std::vector<double> thresholds(ratios.size());
-    for (int64_t j = 0; j < ratios.size(); ++j)
-      thresholds[j] = Threshold(st.mean, st.max, ratios(j));
-    OP_REQUIRES(ctx, ratios.size() <= kMaxCounted,
-                errors::InvalidArgument("ratio_counts: at most ", kMaxCounted, " ratios"));
-    const std::vector<int64_t> counts =
-        CountAndCollect(ctx, x, d, thresholds, std::numeric_limits<double>::infinity(), nullptr);
+    const T* x = xt.flat<T>().data();
+    AbsStats st;  // an empty x: mean = max = 0, every count 0
+    std::vector<int64_t> counts(ratios.size(), 0);
+    if (d > 0) {
+      st = ComputeAbsStats(ctx, x, d);
+      OP_REQUIRES_OK(ctx, CheckNan("ratio_counts", st.n_nan, allow_nan_));
+      std::vector<double> thresholds(ratios.size());
+      for (int64_t j = 0; j < ratios.size(); ++j)
+        thresholds[j] = Threshold(st.mean, st.max, ratios(j));
+      counts = CountAndCollect(ctx, x, d, thresholds, std::numeric_limits<double>::infinity(),
+                               nullptr);
+    }
     Tensor *stats = nullptr, *out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {2}, &stats));
     stats->vec<double>()(0) = st.mean;
