@@ -46,7 +46,18 @@ def _scalar(v, name, op, integer):
                        f"got {t.dtype.name}")
     if t.shape.rank is not None and t.shape.rank != 0:
         raise _invalid(f"{op}: {name} must be a scalar, got shape {_shape_str(t.shape)}")
+    if t.shape.rank is None:  # a graph input of unknown shape: checked when the graph runs
+        with tf.control_dependencies(
+                [tf.debugging.assert_rank(t, 0, message=f"{op}: {name} must be a scalar")]):
+            t = tf.identity(t)
     return tf.cast(t, tf.int64 if integer else tf.float64)
+
+
+def _flag(v, name, op):
+    """v as a Python bool; raises naming `name` unless it is True or False."""
+    if not isinstance(v, (bool, np.bool_)):
+        raise _invalid(f"{op}: {name} must be True or False, got {v!r}")
+    return bool(v)
 
 
 def _vector(t, name, op):
@@ -93,8 +104,10 @@ def _prepare(x, k, name):
 def _checked(x, k, name, allow_nan):
     """_prepare plus the kernel-side checks (k, NaN); returns (flat x, n = min(k, size), tidx)."""
     x, k, tidx = _prepare(x, k, name)
-    n = _ops.commlib_check_selection(x, k, op_name=name, allow_nan=bool(allow_nan))
-    return tf.reshape(x, [-1]), n, tidx
+    n = _ops.commlib_check_selection(x, k, op_name=name,
+                                     allow_nan=_flag(allow_nan, "allow_nan", name))
+    with tf.control_dependencies([n]):  # in a graph too, nothing reads x before the checks
+        return tf.reshape(x, [-1]), n, tidx
 
 
 def _nan_to_zero(v):
@@ -124,13 +137,15 @@ def mstopk_with_stats(x, k, num_samplings=30, seed=None, allow_nan=False):
     if not 1 <= num_samplings <= 52:
         raise _invalid(f"mstopk: num_samplings must be in [1, 52], got {num_samplings}")
     return _ops.commlib_mstopk(x, k, _seed(seed, "mstopk"), Tidx=tidx,
-                               num_samplings=int(num_samplings), allow_nan=bool(allow_nan))
+                               num_samplings=int(num_samplings),
+                               allow_nan=_flag(allow_nan, "allow_nan", "mstopk"))
 
 
 def threshold_search(x, k, allow_nan=False):
     """RedSync Alg. 3 (corrected): (values, indices, threshold) with k <= count < 2k where ties allow."""
     x, k, tidx = _prepare(x, k, "threshold_search")
-    return _ops.commlib_threshold_search(x, k, Tidx=tidx, allow_nan=bool(allow_nan))
+    return _ops.commlib_threshold_search(x, k, Tidx=tidx,
+                                         allow_nan=_flag(allow_nan, "allow_nan", "threshold_search"))
 
 
 def threshold_select(x, threshold, allow_nan=False):
@@ -138,7 +153,8 @@ def threshold_select(x, threshold, allow_nan=False):
     x = check_float(x, "x")
     threshold = _scalar(threshold, "threshold", "threshold_select", integer=False)
     tidx = tf.int64 if (x.shape.num_elements() or 0) >= 2**31 else tf.int32
-    return _ops.commlib_threshold_select(x, threshold, Tidx=tidx, allow_nan=bool(allow_nan))
+    return _ops.commlib_threshold_select(x, threshold, Tidx=tidx,
+                                         allow_nan=_flag(allow_nan, "allow_nan", "threshold_select"))
 
 
 def _magnitudes(flat):

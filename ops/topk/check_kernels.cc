@@ -1,5 +1,6 @@
 // Kernels of CommlibCheckSelection: the input checks of the selectors written with TensorFlow ops.
 #define EIGEN_USE_THREADS
+#include <algorithm>
 #include <string>
 
 #include "tensorflow/core/framework/op_kernel.h"
@@ -10,11 +11,6 @@
 #endif
 
 namespace tf_commlib {
-
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
-using tensorflow::OpKernelContext;
-using tensorflow::Tensor;
 
 // Counts the NaN of x on the kernel's device.
 template <typename Device, typename T>

@@ -11,6 +11,12 @@
 
 namespace tf_commlib {
 
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+namespace errors = tensorflow::errors;
+
 #define TFC_REGISTER_FLOAT_INDEX(R)                                            \
   R(float, int32_t) R(float, int64_t) R(Eigen::half, int32_t)                   \
   R(Eigen::half, int64_t) R(Eigen::bfloat16, int32_t) R(Eigen::bfloat16, int64_t)
