@@ -1,4 +1,5 @@
-"""Every collective against a numpy reference of itself, on every rank, for 2x2, 1x4 and 3x1."""
+"""Every collective against a numpy reference of itself, on every rank, for 2x2, 1x4 and 3x1, and
+the bytes its primitives moved on each link against the bytes its module says it sends."""
 import math
 
 import numpy as np
@@ -6,6 +7,8 @@ import pytest
 
 from tests import hvdrun
 from tests import reference as ref
+from tf_commlib import link_bytes
+from tf_commlib.collectives import ALGORITHMS
 
 D, STEPS = 1001, 3
 
@@ -54,10 +57,17 @@ def hitopk_ref(inputs, density, m, n):
     return results, res
 
 
-@pytest.mark.parametrize("layout", ["2x2", "1x4", "3x1"])
-def test_collectives_match_numpy_on_every_rank(layout, tmp_path):
+@pytest.fixture(scope="module", params=["2x2", "1x4", "3x1"])
+def run(request, tmp_path_factory):
+    """(layout, per-rank reports) of one collectives_worker.py run per layout."""
+    m, n = map(int, request.param.split("x"))
+    return request.param, hvdrun.run("collectives_worker.py", m * n, tmp_path_factory.mktemp(request.param),
+                                     topology=request.param)
+
+
+def test_collectives_match_numpy_on_every_rank(run):
+    layout, reports = run
     m, n = map(int, layout.split("x"))
-    reports = hvdrun.run("collectives_worker.py", m * n, tmp_path, topology=layout)
     inputs = [[np.array(r["inputs"][step], np.float32) for r in reports] for step in range(STEPS)]
     dense = [np.sum(xs, axis=0) for xs in inputs]
     for density in (0.05, 1.0):
@@ -89,3 +99,39 @@ def test_collectives_match_numpy_on_every_rank(layout, tmp_path):
         np.testing.assert_array_equal(r["hitopk_graph"], hitopk_ref(inputs[:1], 0.05, m, n)[0][0])
         for density in (0.05, 1.0):   # sparse and dense step 4, chosen inside the graph
             np.testing.assert_array_equal(r[f"hitopk_var@{density}"], hitopk_ref(inputs[:1], density, m, n)[0][0])
+        for step4, density in (("sparse", 1.0), ("dense", 0.05)):   # or forced by the option
+            np.testing.assert_array_equal(r[f"hitopk_{step4}@{density}"], hitopk_ref(inputs[:1], density, m, n)[0][0])
+
+
+def expected_bytes(key, m, n):
+    """{"intra": B, "inter": B} all ranks together send in the call named `key` of the worker."""
+    p = m * n
+    world = {"world_reducescatter": ("reducescatter", 6 * p * 4), "world_alltoall": ("alltoall", 3 * 2 * 4),
+             "world_broadcast": ("broadcast", 6 * p * 4)}
+    if key in world:
+        per_rank = link_bytes.per_rank(*world[key], "world", m, n)
+    else:
+        name, rest = key.split("@")
+        density, _, option = rest.partition(":")
+        options = dict([option.split("=")]) if "=" in option else None
+        per_rank = ALGORITHMS[name].sent_bytes(D, m, n, float(density), options)
+    return {link: p * per_rank[link] for link in link_bytes.LINKS}
+
+
+def test_bytes_moved_equal_the_collectives_formulas(run):
+    """For every registered collective (eagerly and in tf.function, both of hitopk's step-4
+    branches), the bytes its primitives sent, summed over the ranks, equal its formula's."""
+    layout, reports = run
+    m, n = map(int, layout.split("x"))
+    keys = reports[0]["bytes"]
+    for name in ALGORITHMS:   # nothing registered is left out
+        assert {f"{name}@0.05", f"{name}@1.0", f"{name}@0.05:graph", f"{name}@1.0:graph"} <= set(keys)
+    for key in keys:
+        want = expected_bytes(key, m, n)
+        for call in range(len(keys[key])):
+            got = {link: sum(r["bytes"][key][call][link] for r in reports) for link in link_bytes.LINKS}
+            assert got == pytest.approx(want, rel=1e-12, abs=1e-9), f"{key} call {call} on {layout}"
+    if m > 1 and n > 1:   # a layout where both links carry bytes and hitopk's step 4 matters
+        assert all(expected_bytes(f"{a}@0.05", m, n)["inter"] > 0 for a in ALGORITHMS)
+        sparse4, dense4 = expected_bytes("hitopk@0.05", m, n), expected_bytes("hitopk@0.05:step4=dense", m, n)
+        assert sparse4["intra"] < dense4["intra"] and sparse4["inter"] == dense4["inter"]

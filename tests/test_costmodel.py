@@ -1,5 +1,6 @@
-"""The alpha-beta cost model (tf_commlib.costmodel): hand-computed predictions, monotonicity,
-degenerate layouts, argmin choice, and calibrate() agreeing on every rank of a 2x2 Horovod job."""
+"""The alpha-beta cost model (tf_commlib.costmodel and each collective's time formula):
+hand-computed predictions, monotonicity, degenerate layouts, argmin choice over the registry,
+options, and calibrate() agreeing on every rank of a 2x2 Horovod job."""
 import dataclasses
 import math
 
@@ -7,18 +8,27 @@ import pytest
 
 from tests import hvdrun
 from tf_commlib import costmodel
+from tf_commlib.collectives import ALGORITHMS
 from tf_commlib.costmodel import LinkParams, choose, predict
 
-ALGOS = costmodel.ALGORITHMS
+ALGOS = list(ALGORITHMS)
 # Round numbers so that the arithmetic below can be checked by hand.
 PARAMS = LinkParams(alpha_intra=1e-5, beta_intra=1e-9, alpha_inter=1e-4, beta_inter=1e-8,
                     select_s_per_elem=2e-9, add_s_per_elem=5e-9, mem_s_per_elem=1e-9)
 M, N, D, RHO = 2, 4, 1_000_000, 0.01   # P = 8, shard s = 250_000, k = 10_000, k~ = 2_500
 
 
-def test_algorithms_match_the_library():
-    from tf_commlib.collectives import ALGORITHMS
-    assert set(ALGOS) == set(ALGORITHMS)
+def test_every_collective_module_is_registered():
+    import importlib
+    import pkgutil
+
+    import tf_commlib.collectives as package
+    modules = [importlib.import_module(f"tf_commlib.collectives.{i.name}")
+               for i in pkgutil.iter_modules(package.__path__)]
+    declared = [mod.COLLECTIVE for mod in modules if hasattr(mod, "COLLECTIVE")]
+    assert {"dense", "2dtar", "naive_ag", "hitopk"} <= set(ALGORITHMS)
+    assert sorted(c.name for c in declared) == sorted(ALGORITHMS)
+    assert all(ALGORITHMS[c.name] is c for c in declared)
 
 
 def test_dense_by_hand():
@@ -66,6 +76,32 @@ def test_hitopk_step4_is_dense_at_high_density():
     t4 = (250_000 * 1e-9 + 2 * k * 5e-9) + (2 * 1e-5 + 3 * 4 * 250_000 * 1e-9) + (2 * 1e-5 + 3 * 4 * k * 1e-9)
     steps = costmodel.breakdown("hitopk", D, M, N, 0.3, PARAMS)
     assert steps["intra_allgather"] == pytest.approx(t4, rel=1e-12)
+    # the option step4 forces a branch; the prediction follows it
+    forced = costmodel.breakdown("hitopk", D, M, N, 0.3, PARAMS, options={"step4": "sparse"})
+    t4_sparse = (2 * 1e-5 + 3 * 8 * 2 * k * 1e-9) + (1e6 * 1e-9 + 4 * 2 * k * 5e-9) + (2 * 1e-5 + 3 * 4 * k * 1e-9)
+    assert forced["intra_allgather"] == pytest.approx(t4_sparse, rel=1e-12)
+    # at 1 % the dense branch: scatter-add of m*k~ = 5000 into s, the 4*s-byte shards, k~ indices
+    t4_dense = (250_000 * 1e-9 + 5_000 * 5e-9) + (2 * 1e-5 + 3 * 1e6 * 1e-9) + (2 * 1e-5 + 3 * 4 * 2_500 * 1e-9)
+    dense4 = costmodel.breakdown("hitopk", D, M, N, RHO, PARAMS, options={"step4": "dense"})
+    assert dense4["intra_allgather"] == pytest.approx(t4_dense, rel=1e-12)
+    assert predict("hitopk", D, M, N, RHO, PARAMS, options={"step4": "auto"}) == predict("hitopk", D, M, N, RHO, PARAMS)
+    # auto sees the options it is given
+    opts = {"hitopk": {"step4": "dense"}}
+    assert costmodel.choose(D, M, N, RHO, PARAMS, ["hitopk"], options=opts) == "hitopk"
+    costs = {a: predict(a, D, M, N, RHO, PARAMS, opts.get(a)) for a in ALGOS}
+    assert choose(D, M, N, RHO, PARAMS, options=opts) == min(ALGOS, key=costs.get)
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"step4": "maybe"}, r"step4.*must be one of"),
+    ({"stepfour": "dense"}, r"unknown option\(s\) \['stepfour'\]"),
+    ("dense", "must be a dict"),
+])
+def test_bad_options_raise(options, message):
+    with pytest.raises(ValueError, match=message):
+        predict("hitopk", D, M, N, RHO, PARAMS, options=options)
+    with pytest.raises(ValueError, match=message):
+        ALGORITHMS["hitopk"].sent_bytes(D, M, N, RHO, options)
 
 
 @pytest.mark.parametrize("algo", ALGOS)

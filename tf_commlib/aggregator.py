@@ -3,16 +3,17 @@ import zlib
 
 import tensorflow as tf
 
-from tf_commlib import fusion, ops
+from tf_commlib import fusion, link_bytes, ops
 from tf_commlib import primitives as P
-from tf_commlib.collectives import ALGORITHMS
+from tf_commlib.collectives import ALGORITHMS, resolve_algorithm_options
 from tf_commlib.topology import topology as current_topology
 
 OPS = ("average", "sum")
 
 
-def check_config(algorithm, density, selector, op="average"):
-    """Raises ValueError for an unknown algorithm/selector/op or a density outside (0, 1]."""
+def check_config(algorithm, density, selector, op="average", algorithm_options=None):
+    """Raises ValueError for an unknown algorithm/selector/op, a density outside (0, 1] or bad
+    algorithm_options ({algorithm: {option: value}}, see tf_commlib.collectives)."""
     names = [algorithm] if isinstance(algorithm, str) else list(algorithm)
     for name in names:
         if name != "auto" and name not in ALGORITHMS:
@@ -25,6 +26,7 @@ def check_config(algorithm, density, selector, op="average"):
         raise ValueError(f"density must be in (0, 1], got {density!r}")
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    resolve_algorithm_options(algorithm_options)
 
 
 def _tf_variable(shape, dtype, name):
@@ -44,12 +46,15 @@ class GradientAggregator:
     run time (schedules); the residual of a sparse algorithm that is not running is flushed into
     the next aggregation, so nothing is lost. ``set_density`` changes the density (warm-up).
     State variables come from ``variable_factory(shape, dtype, name)`` (default tf.Variable).
+    ``algorithm_options`` = {algorithm: {option: value}} reaches each call of that collective in its
+    Context, with the step and a seed (tf_commlib.collectives.Context).
     """
 
     def __init__(self, algorithm="hitopk", density=0.01, selector="mstopk", op="average",
                  fusion_threshold_bytes=64 << 20, topology=None, seed=None, cost_params=None,
-                 check_consistency=True, variable_factory=None):
-        check_config(algorithm, density, selector, op)
+                 check_consistency=True, variable_factory=None, algorithm_options=None):
+        check_config(algorithm, density, selector, op, algorithm_options)
+        self.algorithm_options = resolve_algorithm_options(algorithm_options)
         self.candidates = [algorithm] if isinstance(algorithm, str) else list(algorithm)
         self.initial_density, self.selector, self.op = float(density), selector, op
         self.fusion_threshold_bytes = int(fusion_threshold_bytes)
@@ -98,7 +103,8 @@ class GradientAggregator:
             return name
         from tf_commlib import costmodel
         params = self.cost_params or costmodel.LinkParams()
-        return costmodel.choose(d, self.topo.m, self.topo.n, self.initial_density, params)
+        return costmodel.choose(d, self.topo.m, self.topo.n, self.initial_density, params,
+                                options=self.algorithm_options)
 
     def _select(self, seed):
         base = getattr(ops, self.selector, None)
@@ -137,12 +143,13 @@ class GradientAggregator:
                 flat = flat + ALGORITHMS[other].residual_to_input(var, d, self.topo)
                 var.assign(tf.zeros(var.shape, var.dtype))
         coll = ALGORITHMS[name]
+        common = None if self.seed is None else self.seed + self.step * 1_000_003 + i * 7919
+        ctx = coll.context(tf.convert_to_tensor(self.step), common, self.algorithm_options.get(name), i)
         if not coll.sparse:
-            return coll.fn(flat, self.topo), tf.zeros_like(flat)
-        seed = None if self.seed is None else \
-            (self.seed + self.step * 1_000_003 + i * 7919) * self.topo.size + self.topo.rank
+            return coll.fn(flat, self.topo, ctx=ctx), tf.zeros_like(flat)
+        seed = None if common is None else common * self.topo.size + self.topo.rank
         residual = self.residuals[(i, name)]
-        agg, new_residual, sent = coll.fn(flat, self.topo, self.density, self._select(seed), residual)
+        agg, new_residual, sent = coll.fn(flat, self.topo, self.density, self._select(seed), residual, ctx)
         residual.assign(new_residual)
         mask = tf.scatter_nd(tf.cast(sent[:, None], tf.int64), tf.ones_like(sent, flat.dtype), [d])
         return agg, tf.minimum(mask, 1)
@@ -175,6 +182,17 @@ class GradientAggregator:
 
     def __call__(self, grads):
         return self.aggregate(grads)[0]
+
+    def sent_bytes(self, algorithm=None, density=None):
+        """{"intra": B, "inter": B} one aggregation sends per rank (averaged over the ranks), by the
+        collectives' formulas, with `algorithm` (default: the first candidate) and `density`."""
+        per_bucket = []
+        for bucket in self.buckets or []:
+            d = sum(bucket.sizes)
+            name = self._resolve(algorithm or self.candidates[0], d)
+            per_bucket.append(ALGORITHMS[name].sent_bytes(d, self.topo.m, self.topo.n, density or self.initial_density,
+                                                          self.algorithm_options.get(name)))
+        return link_bytes.add(*per_bucket)
 
     def residual_variables(self):
         return [self.residuals[k] for k in sorted(self.residuals)]

@@ -1,32 +1,34 @@
-"""alpha-beta cost model of the collectives in tf_commlib.collectives.ALGORITHMS, and its calibration.
+"""The alpha-beta cost model: link parameters (LinkParams) and their calibration, the time
+formulas of the group primitives and of the compute steps on them, and `choose` (auto): argmin
+of the predictions of every registered collective. Each collective's own formula lives in its
+module (tf_commlib/collectives/*.py, Collective.time), written with the helpers here.
 
 Layout: m nodes x n ranks per node (P = m*n), d float32 gradient elements (4 bytes), density rho.
 Communication follows shi2021 §3.2: eq. (3) for an All-Gather of k FP32 elements over P ranks,
-eqs. (7)-(10) for the four steps of HiTopKComm; ring All-Reduce as in tyagi Table I
-(2(N-1)·α + 2(N-1)/N·M·β). Two conventions the papers leave open, fixed here:
+eq. (7) for a Reduce-Scatter; ring All-Reduce as in tyagi Table I (2(N-1)·α + 2(N-1)/N·M·β).
+Two conventions the papers leave open, fixed here:
 
 * Sparse messages are values *and* int32 indices packed in one message (collectives/
   sparse_message.py): one All-Gather of 8 bytes per entry (eqs. (3) and (9) are written for 4;
   tyagi's AG = α·logN + 2Mcβ(N-1) counts both arrays too).
-* beta_inter is the time per byte of one node's inter-node link (its NIC). The n inter-node streams
-  of HiTopKComm step 3 and of 2DTAR's inter All-Reduce run at once and share that link, so their
-  bytes are multiplied by n (eq. (9) is written per stream). A world-wide ring (dense, NaiveAG)
-  crosses each node boundary once per direction and pays the inter link when m > 1.
+* beta_inter is the time per byte of one node's inter-node link (its NIC). Concurrent inter-node
+  streams of the n ranks of a node (HiTopKComm step 3, 2DTAR's inter All-Reduce) share that link,
+  so their bytes are multiplied by n (eq. (9) is written per stream). A world-wide ring (dense,
+  NaiveAG) crosses each node boundary once per direction and pays the inter link when m > 1
+  (world_link).
 
 Compute: selection costs select_s_per_elem per input element (eq. (8), O(d/n)); scatter-add costs
-add_s_per_elem per accumulated element plus mem_s_per_elem per element of the zero-filled output.
-tf_commlib's hitopk gathers the sparse shards in step 4 (m·k entries per rank, eq. (10)) and scatter-adds n·m·k entries into d while 2·m·density < 1, else the dense d/n
-shards (4(n-1)·d/n bytes); step 4 also gathers the k indices each rank sent. Error feedback costs a
-scatter-add of k into the selection's input and a subtraction. log is log2; every term vanishes on a one-rank
-set, so m = 1 or n = 1 give finite costs. Choice is by argmin of the predictions (tyagi's
-closed-form inequalities divide by zero at N = 2).
+add_s_per_elem per accumulated element plus mem_s_per_elem per element of the zero-filled output;
+error feedback a scatter-add of k into the selection's input and a subtraction. log is log2; every
+term vanishes on a one-rank set, so m = 1 or n = 1 give finite costs. Choice is by argmin of the
+predictions (tyagi's closed-form inequalities divide by zero at N = 2). Bytes per link are not
+here: see tf_commlib.link_bytes and Collective.bytes.
 """
 import dataclasses
 import math
 
 BYTES = 4          # float32 values, int32 indices
 SPARSE_BYTES = 8   # one entry of a packed sparse message
-ALGORITHMS = ("dense", "2dtar", "naive_ag", "hitopk")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +97,7 @@ def reducescatter(nbytes, p, alpha, beta):
     return (p - 1) * alpha + (p - 1) / p * nbytes * beta
 
 
-def _world_link(m, params):
+def world_link(m, params):
     """The link that bounds a ring over all ranks: inter-node when there is more than one node."""
     return (params.alpha_inter, params.beta_inter) if m > 1 else (params.alpha_intra, params.beta_intra)
 
@@ -116,68 +118,31 @@ def residual_cost(k, size, params):
     return scatter_add_cost(k, size, params) + size * params.compute(size)[2]
 
 
-def breakdown(algorithm, d, m, n, density, params=None):
-    """Predicted seconds per step of `algorithm` as a dict (step name -> seconds)."""
-    params = params or LinkParams()
-    if min(d, m, n) < 1 or not 0 < density <= 1:
-        raise ValueError(f"need d, m, n >= 1 and 0 < density <= 1, got {d}, {m}, {n}, {density}")
-    P = m * n
-    if algorithm == "dense":
-        a, b = _world_link(m, params)
-        return {"allreduce": ring_allreduce(BYTES * d, P, a, b)}
-    if algorithm == "2dtar":
-        s = math.ceil(d / n)
-        return {
-            "reducescatter": reducescatter(BYTES * n * s, n, params.alpha_intra, params.beta_intra),
-            # n concurrent inter-node rings of s elements share each node's link
-            "inter_allreduce": ring_allreduce(BYTES * s * n, m, params.alpha_inter, params.beta_inter),
-            "allgather": allgather(BYTES * s, n, params.alpha_intra, params.beta_intra),
-        }
-    if algorithm == "naive_ag":
-        k = max(1, math.ceil(density * d))
-        a, b = _world_link(m, params)
-        return {
-            "select": select_cost(d, params),
-            "allgather": allgather(SPARSE_BYTES * k, P, a, b),                 # eq. (3), values + indices
-            "scatter_add": scatter_add_cost(P * k, d, params),
-            "residual": residual_cost(k, d, params),
-        }
-    if algorithm == "hitopk":
-        s = math.ceil(d / n)
-        k = max(1, math.ceil(density * d / n))
-        a, b = params.alpha_intra, params.beta_intra
-        sent = allgather(BYTES * k, n, a, b)              # the indices this node sent (for DGC masks)
-        from tf_commlib.collectives.hitopk import sparse_step4
-        if sparse_step4(density, m):   # step 4 gathers the sparse shards: eq. (10), values + indices
-            step4 = allgather(SPARSE_BYTES * m * k, n, a, b) + scatter_add_cost(n * m * k, d, params)
-        else:                     # dense shards: scatter-add into d/n, gather 4·d/n bytes per rank
-            step4 = scatter_add_cost(m * k, s, params) + allgather(BYTES * s, n, a, b)
-        return {
-            "reducescatter": reducescatter(BYTES * n * s, n, a, b),                                 # (7)
-            "select": select_cost(s, params),                                                       # (8)
-            "inter_allgather": allgather(SPARSE_BYTES * k * n, m, params.alpha_inter, params.beta_inter),  # (9)
-            "intra_allgather": step4 + sent,                                                        # (10)
-            "residual": residual_cost(k, s, params),
-        }
-    raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
+def breakdown(algorithm, d, m, n, density, params=None, options=None):
+    """Predicted seconds per step of one call of a registered collective: {step: seconds}."""
+    return _collective(algorithm).breakdown(d, m, n, density, params, options)
 
 
-def predict(algorithm, d, m, n, density, params=None):
-    """Predicted seconds of one call of `algorithm` on d float32 elements over m x n ranks.
-
-    dense:    2(P-1)·α + 2(P-1)/P·4d·β, on the inter link when m > 1 (ring over all P ranks).
-    2dtar:    eq. (7) intra reduce-scatter + ring All-Reduce of d/n over m (n streams share the
-              inter link) + intra All-Gather of the d/n shards (eq. (10) with dense shards).
-    naive_ag: selection on d + eq. (3) over P ranks (8 bytes per entry) + scatter-add of P·k into d + residual.
-    hitopk:   eq. (7) + eq. (8) selection on d/n + eq. (9) (8 bytes per entry, n streams per link)
-              + eq. (10) (sparse shards and a scatter-add into d, or dense shards) + residual.
-    """
-    return float(sum(breakdown(algorithm, d, m, n, density, params).values()))
+def predict(algorithm, d, m, n, density, params=None, options=None):
+    """Predicted seconds of one call of `algorithm` on d float32 elements over m x n ranks
+    (its module's time formula, with `options` for it)."""
+    return float(sum(breakdown(algorithm, d, m, n, density, params, options).values()))
 
 
-def choose(d, m, n, density, params=None, candidates=ALGORITHMS):
-    """The candidate with the smallest predicted time (ties go to the earlier candidate)."""
-    return min(candidates, key=lambda a: predict(a, d, m, n, density, params))
+def choose(d, m, n, density, params=None, candidates=None, options=None):
+    """The candidate (default: every registered collective) with the smallest predicted time, ties
+    going to the earlier one; options = {algorithm: {option: value}} (algorithm_options)."""
+    from tf_commlib.collectives import ALGORITHMS
+    options = options or {}
+    candidates = list(ALGORITHMS) if candidates is None else list(candidates)
+    return min(candidates, key=lambda a: predict(a, d, m, n, density, params, options.get(a)))
+
+
+def _collective(algorithm):
+    from tf_commlib.collectives import ALGORITHMS
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {list(ALGORITHMS)}")
+    return ALGORITHMS[algorithm]
 
 
 _MIN_ALPHA, _MIN_BETA, _MIN_COMPUTE = 1e-6, 1e-13, 1e-13   # floors that keep fitted numbers > 0

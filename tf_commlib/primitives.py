@@ -3,14 +3,15 @@
 Each works eagerly and inside tf.function. A one-rank set needs no communication and returns the
 input (reduce-scatter and all-gather of one rank are the identity). Without NCCL, reduce-scatter
 and all-gather on a set whose ranks share a machine go through shared memory (tf_commlib.shm), the
-intra-node link; everything else goes through Horovod.
+intra-node link; everything else goes through Horovod. Inside tf_commlib.link_bytes.counting(),
+each counts the bytes this rank sends on each link (see link_bytes for the convention).
 """
 import os
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from tf_commlib import shm
+from tf_commlib import link_bytes, shm
 
 
 def _alone(process_set):
@@ -21,6 +22,7 @@ def allreduce(x, process_set, average=False, name=None):
     """Element-wise sum (or average) of x over the set."""
     if _alone(process_set):
         return tf.identity(x)
+    link_bytes.record("allreduce", x, process_set)
     return hvd.allreduce(x, op=hvd.Average if average else hvd.Sum, process_set=process_set,
                          name=name)
 
@@ -33,6 +35,7 @@ def allgather(x, process_set, name=None):
     """Concatenation along axis 0 of every rank's x, in rank order; lengths may differ by rank."""
     if _alone(process_set):
         return tf.identity(x)
+    link_bytes.record("allgather", x, process_set)
     if _shared_memory(process_set):
         return shm.allgather(x, process_set)
     return hvd.allgather(x, process_set=process_set, name=name)
@@ -78,6 +81,7 @@ def reducescatter(x, process_set, name=None):
     if _alone(process_set):
         return tf.identity(x)
     x = tf.convert_to_tensor(x)
+    link_bytes.record("reducescatter", x, process_set)
     mode, size = _reducescatter_mode(x, process_set), process_set.size()
     shard = tf.shape(x)[0] // size
     if mode == "shm":
@@ -98,6 +102,7 @@ def alltoall(x, splits, process_set, name=None):
     """Sends splits[i] consecutive rows of x to set rank i; returns the rows received, in rank order."""
     if _alone(process_set):
         return tf.identity(x)
+    link_bytes.record("alltoall", x, process_set, splits=splits)
     received, _ = hvd.alltoall(x, splits=splits, process_set=process_set, name=name)
     return received
 
@@ -106,4 +111,5 @@ def broadcast(x, root_rank, process_set, name=None):
     """x of the set's root_rank (a global rank) on every rank of the set."""
     if _alone(process_set):
         return tf.identity(x)
+    link_bytes.record("broadcast", x, process_set, root_rank=root_rank)
     return hvd.broadcast(x, root_rank, process_set=process_set, name=name)

@@ -1,6 +1,7 @@
 """Distributed training of a small CNN on sklearn's digits with tf_commlib (run under horovodrun
-or tf_commlib.cluster_launch). Prints per-epoch test accuracy, samples/s and bytes sent per step;
-rank 0 writes a JSON summary.
+or tf_commlib.cluster_launch). Prints per-epoch test accuracy, samples/s and the bytes a rank sends
+per step inside its node (intra) and between nodes (inter), from the collectives' formulas; rank 0
+writes a JSON summary.
 
   horovodrun -np 4 -H localhost:4 --gloo python -m tf_commlib.train --algorithm hitopk --density 0.01
 """
@@ -15,8 +16,6 @@ import tf_commlib
 from tf_commlib import digits
 from tf_commlib.collectives import ALGORITHMS
 from tf_commlib.keras import DistributedOptimizer, default_callbacks
-from tf_commlib.keras.policy import default_dense_layers
-from tf_commlib.traffic import bytes_sent
 
 
 def parse_schedule_arg(text):
@@ -54,10 +53,9 @@ def parser():
 class EpochReport(keras.callbacks.Callback):
     """Test accuracy, samples/s and bytes sent per step after each epoch (rank 0 prints)."""
 
-    def __init__(self, topo, test, samples_per_epoch, step_bytes, label):
+    def __init__(self, topo, test, samples_per_epoch, label):
         super().__init__()
-        self.topo, self.test, self.samples, self.step_bytes, self.label = \
-            topo, test, samples_per_epoch, step_bytes, label
+        self.topo, self.test, self.samples, self.label = topo, test, samples_per_epoch, label
         self.rows = []
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -68,17 +66,19 @@ class EpochReport(keras.callbacks.Callback):
         _, acc = self.model.evaluate(*self.test, verbose=0, batch_size=512)
         opt = self.model.optimizer
         algo = opt.algorithm_at(epoch)
-        density = opt.density_at(epoch) if ALGORITHMS[algo].sparse else 1.0
+        density = opt.density_at(epoch) if algo == "auto" or ALGORITHMS[algo].sparse else 1.0
+        sent = opt.sent_bytes_at(epoch)
         row = {"epoch": epoch + 1, "algorithm": algo, "density": density,
                "train_loss": float(logs.get("loss", np.nan)), "test_accuracy": float(acc),
                "samples_per_s": self.samples * self.topo.size / elapsed,
-               "bytes_per_step": self.step_bytes(algo, density)}
+               "intra_bytes_per_step": sent["intra"], "inter_bytes_per_step": sent["inter"],
+               "bytes_per_step": sent["intra"] + sent["inter"]}
         self.rows.append(row)
         if self.topo.rank == 0:
             print(f"[{self.label}] epoch {row['epoch']:3d}  {algo:8s} density {density:<8.4g} "
                   f"loss {row['train_loss']:.4f}  test acc {acc:.4f}  "
-                  f"{row['samples_per_s']:8.1f} samples/s  {row['bytes_per_step'] / 1e3:9.1f} kB/step",
-                  flush=True)
+                  f"{row['samples_per_s']:8.1f} samples/s  kB/step intra {sent['intra'] / 1e3:8.1f} "
+                  f"inter {sent['inter'] / 1e3:8.1f}", flush=True)
 
 
 def main(argv=None):
@@ -98,16 +98,8 @@ def main(argv=None):
     model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], jit_compile=False)
 
-    def step_bytes(algo, density):
-        sizes = [int(np.prod(w.shape)) for w in model.trainable_weights]
-        dense = sum(s for s, w in zip(sizes, model.trainable_weights) if default_dense_layers(w))
-        sparse = sum(sizes) - dense
-        dense_algo = "2dtar" if topo.m > 1 and topo.n > 1 else "dense"
-        return (bytes_sent(algo, sparse, topo.m, topo.n, density)
-                + bytes_sent(dense_algo, dense, topo.m, topo.n, 1.0))
-
     label = f"{args.algorithm}@{args.density}" if args.algorithm not in ("dense", "2dtar") else args.algorithm
-    report = EpochReport(topo, test, len(y), step_bytes, label)
+    report = EpochReport(topo, test, len(y), label)
     model.fit(x, y, epochs=args.epochs, batch_size=args.batch_size, shuffle=False, verbose=0,
               callbacks=default_callbacks() + [report])
     if topo.rank == 0 and args.json:

@@ -1,5 +1,6 @@
 """Runs every collective for a few steps with error feedback on integer-valued inputs (so that
-every sum is exact) and reports inputs, results and residuals for the numpy reference."""
+every sum is exact) and reports inputs, results and residuals for the numpy reference, and the
+bytes this rank's primitives sent on each link (tf_commlib.link_bytes) in each call."""
 import sys
 
 import numpy as np
@@ -8,7 +9,8 @@ import tensorflow as tf
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import tf_commlib  # noqa: E402
 from _report import report  # noqa: E402
-from tf_commlib import ops  # noqa: E402
+from tf_commlib import link_bytes, ops  # noqa: E402
+from tf_commlib import primitives as P  # noqa: E402
 from tf_commlib.collectives import ALGORITHMS  # noqa: E402
 
 D, STEPS = 1001, 3
@@ -21,33 +23,69 @@ def seed(step):
     return 100 * step + topo.rank
 
 
-out = {"inputs": [x.tolist() for x in inputs], "rank": topo.rank}
+def counted(fn):
+    """fn()'s result (numpy) and the bytes this rank's primitives sent during it."""
+    with link_bytes.counting() as counter:
+        result = tf.nest.map_structure(lambda t: t.numpy(), fn())
+        return result, counter.result()
+
+
+def select_at(step):
+    return lambda v, k: ops.mstopk(v, k, seed=seed(step))
+
+
+out = {"inputs": [x.tolist() for x in inputs], "rank": topo.rank, "bytes": {}}
 for name, coll in ALGORITHMS.items():
     for density in (0.05, 1.0):
-        results, residual = [], None
+        results, residual, sent = [], None, []
         if coll.sparse:
             residual = tf.zeros([coll.residual_size(D, topo)], tf.float32)
         for step, x in enumerate(inputs):
             if coll.sparse:
-                select = (lambda s: lambda v, k: ops.mstopk(v, k, seed=s))(seed(step))
-                agg, residual, _ = coll.fn(tf.constant(x), topo, density, select, residual)
+                (agg, residual, _), b = counted(lambda: coll.fn(tf.constant(x), topo, density,
+                                                                select_at(step), residual))
             else:
-                agg = coll.fn(tf.constant(x), topo)
-            results.append(agg.numpy().tolist())
+                agg, b = counted(lambda: coll.fn(tf.constant(x), topo))
+            results.append(agg.tolist())
+            sent.append(b)
         out[f"{name}@{density}"] = {"results": results,
-                                    "residual": None if residual is None else residual.numpy().tolist()}
+                                    "residual": None if residual is None else residual.tolist()}
+        out["bytes"][f"{name}@{density}"] = sent
 
-# the same hitopk step inside tf.function
+# every collective inside tf.function, the density in a variable (as the aggregator does): the
+# bytes are counted at run time (hitopk's step 4 picks its branch then)
+density = tf.Variable(0.05, dtype=tf.float64)
+for name, coll in ALGORITHMS.items():
+    with link_bytes.counting() as counter:
+        if coll.sparse:
+            f = tf.function(lambda x, r: coll.fn(x, topo, density, select_at(0), r))
+        else:
+            f = tf.function(lambda x, r: coll.fn(x, topo))
+        r0 = tf.zeros([coll.residual_size(D, topo) if coll.sparse else 1], tf.float32)
+        for value in (0.05, 1.0):
+            density.assign(value)
+            counter.reset()
+            agg = f(tf.constant(inputs[0]), r0)
+            out["bytes"][f"{name}@{value}:graph"] = [counter.result()]
+            if name == "hitopk":   # sparse and dense step 4, chosen inside the graph
+                out[f"hitopk_var@{value}"] = agg[0].numpy().tolist()
+
+# the same hitopk step inside tf.function, with a Python density
 coll = ALGORITHMS["hitopk"]
-f = tf.function(lambda x, r: coll.fn(x, topo, 0.05, lambda v, k: ops.mstopk(v, k, seed=seed(0)), r))
+f = tf.function(lambda x, r: coll.fn(x, topo, 0.05, select_at(0), r))
 agg, _, _ = f(tf.constant(inputs[0]), tf.zeros([coll.residual_size(D, topo)], tf.float32))
 out["hitopk_graph"] = agg.numpy().tolist()
 
-# density held in a variable (as the aggregator does): step 4 branches at run time
-density = tf.Variable(0.05, dtype=tf.float64)
-f = tf.function(lambda x, r: coll.fn(x, topo, density, lambda v, k: ops.mstopk(v, k, seed=seed(0)), r))
-for value in (0.05, 1.0):
-    density.assign(value)
-    agg, _, _ = f(tf.constant(inputs[0]), tf.zeros([coll.residual_size(D, topo)], tf.float32))
-    out[f"hitopk_var@{value}"] = agg.numpy().tolist()
+# hitopk's step 4 forced by its option, against the density's own choice
+for step4, value in (("sparse", 1.0), ("dense", 0.05)):
+    ctx = coll.context(options={"step4": step4})
+    (agg, _, _), b = counted(lambda: coll.fn(tf.constant(inputs[0]), topo, value, select_at(0), None, ctx))
+    out[f"hitopk_{step4}@{value}"] = agg.tolist()
+    out["bytes"][f"hitopk@{value}:step4={step4}"] = [b]
+
+# primitives no collective runs on the world set yet: ring reduce-scatter, alltoall, broadcast
+rows = tf.reshape(tf.range(6 * topo.size, dtype=tf.float32), [3 * topo.size, 2])
+out["bytes"]["world_reducescatter"] = [counted(lambda: P.reducescatter(rows, topo.world))[1]]
+out["bytes"]["world_alltoall"] = [counted(lambda: P.alltoall(rows, [3] * topo.size, topo.world))[1]]
+out["bytes"]["world_broadcast"] = [counted(lambda: P.broadcast(rows, topo.size - 1, topo.world))[1]]
 report(topo.rank, out)

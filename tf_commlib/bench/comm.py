@@ -128,7 +128,7 @@ def plot(rows, stage_rows, m, n, density, out):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for j, name in enumerate(ALGORITHMS):
+    for j, name in enumerate(dict.fromkeys(r["algorithm"] for r in rows)):
         color = f"C{j}"
         rs = [r for r in rows if r["algorithm"] == name]
         ax.plot([r["size"] for r in rs], [r["median_s"] for r in rs], "o-", color=color,
@@ -197,8 +197,10 @@ def main(argv):
         measured = {}
         for name in args.algorithms:
             measured[name] = timer.runs(collective_fn(name, x, topo, args.density, args.graph), repeats)
+            sent = ALGORITHMS[name].sent_bytes(size, topo.m, topo.n, args.density)
             rows.append({"size": size, "algorithm": name, "median_s": measured[name],
-                         "predicted_s": costmodel.predict(name, size, topo.m, topo.n, args.density, params)})
+                         "predicted_s": costmodel.predict(name, size, topo.m, topo.n, args.density, params),
+                         "intra_bytes": sent["intra"], "inter_bytes": sent["inter"]})
         for name, steps in (("hitopk", hitopk_steps), ("naive_ag", naive_ag_steps)):
             if name not in args.algorithms:
                 continue
@@ -221,12 +223,14 @@ def main(argv):
     for r in rows + stage_rows:
         r["ratio"] = r["median_s"] / r["predicted_s"] if r["predicted_s"] > 0 else float("nan")
     if args.json:
-        print_json(rows, ["size", "algorithm", "median_s", "predicted_s"], sys.stdout)
+        print_json(rows, ["size", "algorithm", "median_s", "predicted_s", "intra_bytes", "inter_bytes"],
+                   sys.stdout)
         print_json(stage_rows, ["size", "algorithm", "stage", "median_s", "predicted_s"], sys.stdout)
     else:
         cols = [("median_s", "measured s", "{:.4f}"), ("predicted_s", "predicted s", "{:.4f}"),
                 ("ratio", "meas/pred", "{:.2f}")]
-        print_table(rows, [("size", "size", "{}"), ("algorithm", "algorithm", "{}")] + cols, sys.stdout)
+        sent = [("intra_bytes", "intra B/rank", "{:.0f}"), ("inter_bytes", "inter B/rank", "{:.0f}")]
+        print_table(rows, [("size", "size", "{}"), ("algorithm", "algorithm", "{}")] + cols + sent, sys.stdout)
         print("\nsteps of hitopk (cf. shi2021 Fig. 8) and naive_ag, each timed on its own", file=sys.stdout)
         print_table(stage_rows, [("size", "size", "{}"), ("algorithm", "algorithm", "{}"),
                                  ("stage", "step", "{}")] + cols, sys.stdout)

@@ -4,21 +4,34 @@ ranks exchange what they gathered and scatter-add it.
 
 Step 4 gathers the sparse shards (m·k values and indices per rank, the volume of eq. (10)) while
 that is fewer bytes than the dense d/n shard, i.e. while 2·m·density < 1; above it, each rank
-scatter-adds its shard and the dense shards are gathered. Both give the same bits.
+scatter-adds its shard and the dense shards are gathered. Both give the same bits; the option
+step4 ("auto", "sparse" or "dense") forces one.
 """
 import math
 
 import tensorflow as tf
 
+from tf_commlib import costmodel as C
+from tf_commlib import link_bytes as L
 from tf_commlib import primitives as P
 from tf_commlib.collectives.count import num_selected
 from tf_commlib.collectives.error_feedback import unsent
+from tf_commlib.collectives.interface import Collective
 from tf_commlib.collectives.sparse_message import allgather_sparse
 from tf_commlib.ops import scatter_add
 
 
+STEP4 = ("auto", "sparse", "dense")
+
+
 def shard_size(d, n):
     return math.ceil(d / n)
+
+
+def real_size(d, n, local):
+    """Entries of x in shard `local` (the last shards may be short or empty)."""
+    s = shard_size(d, n)
+    return max(0, min(s, d - local * s))
 
 
 def residual_size(d, topo):
@@ -39,8 +52,7 @@ def reduce_shard(x, topo):
 
 def select_shard(shard, d, topo, density, select):
     """Step 2: top-k of the shard with k = density·d/n; the padding is never selected."""
-    s = shard.shape[0]
-    real = max(0, min(s, d - topo.local * s))
+    real = real_size(d, topo.n, topo.local)
     if real == 0:
         return tf.zeros([0], shard.dtype), tf.zeros([0], tf.int32)
     return select(shard[:real], num_selected(density, d / topo.n))
@@ -51,8 +63,10 @@ def inter_gather(values, indices, topo):
     return allgather_sparse(values, indices, topo.inter)
 
 
-def sparse_step4(density, m):
+def sparse_step4(density, m, step4="auto"):
     """True (a bool or a bool tensor) when step 4 sends the sparse shards."""
+    if step4 != "auto":
+        return step4 == "sparse"
     return tf.less(2 * m * tf.cast(density, tf.float64), 1.0) if tf.is_tensor(density) else 2 * m * density < 1
 
 
@@ -63,7 +77,7 @@ def _branch(pred, if_true, if_false):
     return tf.cond(pred, if_true, if_false)
 
 
-def intra_gather(gathered, indices, d, topo, density):
+def intra_gather(gathered, indices, d, topo, density, step4="auto"):
     """Step 4: the node's ranks exchange their gathered shards -> (sum over all ranks, sent), sent
     being the indices of x that this node's ranks selected."""
     s = shard_size(d, topo.n)
@@ -77,20 +91,67 @@ def intra_gather(gathered, indices, d, topo, density):
     def dense():    # the shard's sum, then an allgather of the dense shards
         return P.allgather(scatter_add(node_indices, values, s), topo.intra)[:d]
 
-    aggregated = _branch(sparse_step4(density, topo.m), sparse, dense)
+    aggregated = _branch(sparse_step4(density, topo.m, step4), sparse, dense)
     return aggregated, P.allgather(indices + offset, topo.intra)
 
 
-def hitopk(x, topo, density, select, residual=None):
+def hitopk(x, topo, density, select, residual=None, ctx=None):
     """Sparse hierarchical sum over all ranks of the flat tensor x (static length d).
 
     The residual (error feedback) lives on this rank's shard after the reduce-scatter; returns
     (aggregated, new residual, sent), sent being the indices of x that this rank's node sent.
     """
+    step4 = (ctx or COLLECTIVE.context()).options["step4"]
     d = x.shape[0]
     shard = reduce_shard(x, topo)
     if residual is not None:
         shard = shard + residual
     values, indices = select_shard(shard, d, topo, density, select)
-    aggregated, sent = intra_gather(inter_gather(values, indices, topo), indices, d, topo, density)
+    aggregated, sent = intra_gather(inter_gather(values, indices, topo), indices, d, topo, density, step4)
     return aggregated, unsent(shard, values, indices), sent
+
+
+def time(d, m, n, density, params, options):
+    """eq. (7) + eq. (8) selection on d/n + eq. (9) (8 bytes per entry, the n streams share the
+    node's link) + eq. (10) (sparse shards and a scatter-add into d, or dense shards, plus the k
+    sent indices) + error feedback."""
+    s, k = shard_size(d, n), num_selected(density, d / n)
+    a, b = params.alpha_intra, params.beta_intra
+    sent = C.allgather(C.BYTES * k, n, a, b)
+    if sparse_step4(density, m, options["step4"]):
+        step4 = C.allgather(C.SPARSE_BYTES * m * k, n, a, b) + C.scatter_add_cost(n * m * k, d, params)
+    else:
+        step4 = C.scatter_add_cost(m * k, s, params) + C.allgather(C.BYTES * s, n, a, b)
+    return {
+        "reducescatter": C.reducescatter(C.BYTES * n * s, n, a, b),
+        "select": C.select_cost(s, params),
+        "inter_allgather": C.allgather(C.SPARSE_BYTES * k * n, m, params.alpha_inter, params.beta_inter),
+        "intra_allgather": step4 + sent,
+        "residual": C.residual_cost(k, s, params),
+    }
+
+
+def sent_bytes(d, m, n, density, options):
+    """Steps 1, 3, 4 and the sent indices, averaged over the shards (short shards select fewer)."""
+    s, k = shard_size(d, n), num_selected(density, d / n)
+    sparse4 = sparse_step4(density, m, options["step4"])
+    total = {link: 0.0 for link in L.LINKS}
+    for local in range(n):
+        kj = min(k, real_size(d, n, local))
+        shard = L.add(L.per_rank("reducescatter", C.BYTES * n * s, "intra", m, n),
+                      L.per_rank("allgather", C.SPARSE_BYTES * kj, "inter", m, n),
+                      L.per_rank("allgather", C.SPARSE_BYTES * m * kj if sparse4 else C.BYTES * s,
+                                 "intra", m, n),
+                      L.per_rank("allgather", C.BYTES * kj, "intra", m, n))
+        total = L.add(total, {link: v / n for link, v in shard.items()})
+    return total
+
+
+def check_options(options):
+    if options["step4"] not in STEP4:
+        raise ValueError(f"algorithm_options['hitopk']['step4'] must be one of {STEP4}, got {options['step4']!r}")
+
+
+COLLECTIVE = Collective("hitopk", hitopk, time, sent_bytes, sparse=True, residual_size=residual_size,
+                        residual_to_input=residual_to_input, options={"step4": "auto"},
+                        check_options=check_options)

@@ -1,7 +1,10 @@
 """NaiveAG: top-k of the whole tensor, allgather of values and indices (one packed message) over
 all ranks, scatter-add."""
+from tf_commlib import costmodel as C
+from tf_commlib import link_bytes as L
 from tf_commlib.collectives.count import num_selected
 from tf_commlib.collectives.error_feedback import unsent
+from tf_commlib.collectives.interface import Collective
 from tf_commlib.collectives.sparse_message import allgather_sparse
 from tf_commlib.ops import scatter_add
 
@@ -14,7 +17,7 @@ def residual_to_input(residual, d, topo):
     return residual
 
 
-def naive_ag(x, topo, density, select, residual=None):
+def naive_ag(x, topo, density, select, residual=None, ctx=None):
     """Sparse sum over all ranks of the flat tensor x (static length d).
 
     ``residual`` (length d) is added before the selection; returns (aggregated, new residual,
@@ -27,3 +30,24 @@ def naive_ag(x, topo, density, select, residual=None):
     all_values, all_indices = allgather_sparse(values, indices, topo.world)
     aggregated = scatter_add(all_indices, all_values, d)
     return aggregated, unsent(x, values, indices), indices
+
+
+def time(d, m, n, density, params, options):
+    """Selection on d + eq. (3) over P ranks (8 bytes per entry, the world's slowest link) +
+    scatter-add of P·k into d + error feedback."""
+    k = num_selected(density, d)
+    a, b = C.world_link(m, params)
+    return {
+        "select": C.select_cost(d, params),
+        "allgather": C.allgather(C.SPARSE_BYTES * k, m * n, a, b),
+        "scatter_add": C.scatter_add_cost(m * n * k, d, params),
+        "residual": C.residual_cost(k, d, params),
+    }
+
+
+def sent_bytes(d, m, n, density, options):
+    return L.per_rank("allgather", C.SPARSE_BYTES * num_selected(density, d), "world", m, n)
+
+
+COLLECTIVE = Collective("naive_ag", naive_ag, time, sent_bytes, sparse=True,
+                        residual_size=residual_size, residual_to_input=residual_to_input)

@@ -14,6 +14,7 @@ import math
 import keras
 import tensorflow as tf
 
+from tf_commlib import link_bytes
 from tf_commlib.aggregator import GradientAggregator, check_config
 from tf_commlib.keras.policy import WARMUP_DENSITIES, default_dense_layers, parse_schedule
 from tf_commlib.topology import topology as current_topology
@@ -40,7 +41,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
       dense_warmup_epochs: RedSync's dense warm-up: the first epochs use "2dtar".
       qrgc: RedSync's quantized selection (selector "qrgc", one tensor per bucket) for every
         sparse variable except the output layer (the last one), which keeps ``selector``.
-      fusion_threshold_bytes, seed: passed to the GradientAggregator.
+      fusion_threshold_bytes, seed, algorithm_options: passed to the GradientAggregator
+        (algorithm_options = {algorithm: {option: value}}, see tf_commlib.collectives).
     The epoch-driven parts (warm-up, schedule) are driven by ``set_epoch``, which the callback
     tf_commlib.keras.CompressionScheduler calls from model.fit.
     """
@@ -49,8 +51,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                  momentum_correction=True, momentum=None, nesterov=False, local_clip_norm=None,
                  momentum_masking=True, warmup=None, dense_layers=None, schedule=None,
                  dense_warmup_epochs=0, qrgc=False, fusion_threshold_bytes=64 << 20, seed=None,
-                 name=None):
-        check_config(algorithm, density, selector)
+                 name=None, algorithm_options=None):
+        check_config(algorithm, density, selector, algorithm_options=algorithm_options)
         schedule = parse_schedule(schedule, algorithm, dense_warmup_epochs)
         if warmup is not None and (not isinstance(warmup, int) or warmup < 0):
             raise ValueError(f"warmup must be a number of epochs >= 0, got {warmup!r}")
@@ -76,6 +78,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.warmup = warmup or 0
         self.dense_layers = dense_layers or default_dense_layers
         self.fusion_threshold_bytes, self.seed, self.qrgc = fusion_threshold_bytes, seed, qrgc
+        self.algorithm_options = algorithm_options
 
     # -- state -----------------------------------------------------------------------------
     def _factory(self, shape, dtype, name):
@@ -93,7 +96,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         def aggregator(algorithm, selector, fusion):
             return GradientAggregator(algorithm, self.target_density, selector, topology=topo,
                                       fusion_threshold_bytes=fusion, seed=self.seed,
-                                      variable_factory=self._factory)
+                                      variable_factory=self._factory,
+                                      algorithm_options=self.algorithm_options)
 
         # (aggregator, variable indices, sparse?) groups
         self._groups = []
@@ -136,6 +140,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     def algorithm_at(self, epoch):
         return [a for e, a in self.schedule.items() if e <= epoch][-1]
+
+    def sent_bytes_at(self, epoch):
+        """{"intra": B, "inter": B} a step sends per rank at this epoch (the collectives' formulas)."""
+        return link_bytes.add(*(agg.sent_bytes(self.algorithm_at(epoch), self.density_at(epoch))
+                                if sparse else agg.sent_bytes() for agg, _, sparse in self._groups))
 
     def set_epoch(self, epoch):
         """Sets density and collective for an epoch (called by CompressionScheduler)."""
@@ -191,7 +200,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 "local_clip_norm": self.local_clip_norm, "momentum_masking": self.momentum_masking,
                 "warmup": self.warmup, "schedule": {str(e): a for e, a in self.schedule.items()},
                 "qrgc": self.qrgc, "fusion_threshold_bytes": self.fusion_threshold_bytes,
-                "seed": self.seed}
+                "seed": self.seed, "algorithm_options": self.algorithm_options}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):

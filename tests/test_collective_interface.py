@@ -1,0 +1,106 @@
+"""The collective interface: the link-byte convention by hand, the registry, algorithm_options
+validation, and (under horovodrun) what the aggregator and the optimizer pass to a collective."""
+import keras
+import numpy as np
+import pytest
+
+from tests import hvdrun
+from tf_commlib import link_bytes as L
+from tf_commlib.aggregator import GradientAggregator
+from tf_commlib.collectives import ALGORITHMS, Collective, dense, register, resolve_algorithm_options
+from tf_commlib.keras import DistributedOptimizer
+
+
+def test_per_rank_by_hand():
+    # 2x2 world ring: ranks 1 -> 2 and 3 -> 0 cross nodes, so half of 2*3/4*400 B per rank
+    assert L.per_rank("allreduce", 400, "world", 2, 2) == {"intra": 300, "inter": 300}
+    assert L.per_rank("allreduce", 400, "world", 1, 4) == {"intra": 600, "inter": 0}
+    assert L.per_rank("allreduce", 400, "world", 3, 1) == pytest.approx({"intra": 0, "inter": 2 * 2 / 3 * 400})
+    assert L.per_rank("reducescatter", 400, "world", 2, 4) == pytest.approx({"intra": 7 / 8 * 400 * 3 / 4,
+                                                                            "inter": 7 / 8 * 400 / 4})
+    # allgather on 2x4: 3 copies to the own node, 4 to the other; the intra/inter sets
+    assert L.per_rank("allgather", 10, "world", 2, 4) == {"intra": 30, "inter": 40}
+    assert L.per_rank("allgather", 10, "intra", 2, 4) == {"intra": 30, "inter": 0}
+    assert L.per_rank("allgather", 10, "inter", 2, 4) == {"intra": 0, "inter": 10}
+    assert L.per_rank("alltoall", 10, "world", 2, 4) == {"intra": 30, "inter": 40}
+    # broadcast: one root in 8 sends 7 copies
+    assert L.per_rank("broadcast", 8, "world", 2, 4) == {"intra": 3, "inter": 4}
+    assert L.add({"intra": 1, "inter": 2}, {"intra": 3, "inter": 4}) == {"intra": 4, "inter": 6}
+    for bad in (("gather", 1, "world", 2, 2), ("allgather", 1, "node", 2, 2)):
+        with pytest.raises(ValueError):
+            L.per_rank(*bad)
+
+
+def test_hitopk_and_dense_bytes_by_hand():
+    # 2x2, d = 1M, 1 %: s = 500k, k~ = 5000. Step 1 sends (n-1)/n of 4*n*s, step 3 one 8-byte
+    # entry per selected element to the other node, step 4 the m*k~ sparse entries (2*m*rho < 1)
+    # and the k~ sent indices to the node's other rank.
+    got = ALGORITHMS["hitopk"].sent_bytes(1_000_000, 2, 2, 0.01)
+    assert got == {"intra": 2_000_000 + 8 * 2 * 5000 + 4 * 5000, "inter": 8 * 5000}
+    dense4 = ALGORITHMS["hitopk"].sent_bytes(1_000_000, 2, 2, 0.01, {"step4": "dense"})
+    assert dense4 == {"intra": 2_000_000 + 4 * 500_000 + 4 * 5000, "inter": 8 * 5000}
+    assert ALGORITHMS["dense"].sent_bytes(1_000_000, 2, 2, 0.01) == {"intra": 3e6, "inter": 3e6}
+    assert ALGORITHMS["2dtar"].sent_bytes(1_000_000, 2, 2, 0.01) == {"intra": 4e6, "inter": 2e6}
+    assert ALGORITHMS["naive_ag"].sent_bytes(1_000_000, 2, 2, 0.01) == {"intra": 80_000, "inter": 160_000}
+    # a one-rank job sends nothing
+    assert all(ALGORITHMS[a].sent_bytes(1000, 1, 1, 0.1) == {"intra": 0, "inter": 0} for a in ALGORITHMS)
+
+
+def test_registry_rejects_bad_collectives():
+    with pytest.raises(ValueError, match="already registered"):
+        register(dense.COLLECTIVE)
+    with pytest.raises(ValueError, match="already registered"):
+        register(Collective("auto", dense.dense, dense.time, dense.sent_bytes))
+    with pytest.raises(TypeError, match="residual_size"):
+        Collective("half", dense.dense, dense.time, dense.sent_bytes, sparse=True)
+    with pytest.raises(TypeError):
+        register(dense)
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"bogus": {}}, r"unknown algorithm\(s\) \['bogus'\]"),
+    ({"hitopk": {"step4": "x"}}, "step4"),
+    ({"dense": {"delta": 1}}, r"dense takes none"),
+    ([("hitopk", {})], "algorithm_options must be a dict"),
+])
+def test_bad_algorithm_options_raise_before_anything_runs(options, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_algorithm_options(options)
+    with pytest.raises(ValueError, match=message):
+        GradientAggregator("hitopk", algorithm_options=options)
+    with pytest.raises(ValueError, match=message):
+        DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), algorithm_options=options)
+
+
+def test_options_are_filled_in_and_serialised():
+    assert resolve_algorithm_options({"hitopk": {}}) == {"hitopk": {"step4": "auto"}}
+    assert dict(ALGORITHMS["hitopk"].context(options={"step4": "dense"}).options) == {"step4": "dense"}
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
+                               algorithm_options={"hitopk": {"step4": "sparse"}})
+    again = DistributedOptimizer.from_config(opt.get_config())
+    assert again.algorithm_options == {"hitopk": {"step4": "sparse"}}
+
+
+def test_context_reaches_the_collective_and_bytes_match(tmp_path):
+    reports = hvdrun.run("interface_worker.py", 4, tmp_path, topology="2x2")
+    for mode in ("eager", "graph"):
+        for r in reports:
+            case = r[mode]
+            assert case["buckets"] == 2 and case["options"] == {"tag": mode}
+            for step, row in enumerate(case["rows"]):
+                assert row["steps"] == [step, step]   # the step at run time, in both buckets
+                assert row["seeds"] == [5 + step * 1_000_003 + b * 7919 for b in (0, 1)]   # same on all ranks
+                want = [np.sum([np.array(q[mode]["rows"][step]["inputs"][t]) for q in reports], axis=0)
+                        for t in range(2)]
+                for got, w in zip(row["results"], want):
+                    np.testing.assert_array_equal(got, w)
+    for r in reports:
+        assert r["optimizer_options"] == {"tag": "opt"}
+        # one bucket of 40 + 30 floats through probe, whose byte formula is dense's
+        assert r["optimizer_sent"] == ALGORITHMS["dense"].sent_bytes(70, 2, 2, 0.01)
+    for name in reports[0]["sent"]:
+        formula = reports[0]["sent"][name]["formula"]
+        assert all(r["sent"][name]["formula"] == formula for r in reports)
+        counted = {link: sum(r["sent"][name]["counted"][link] for r in reports) for link in L.LINKS}
+        assert counted == pytest.approx({link: 4 * formula[link] for link in L.LINKS}, rel=1e-12), name
+    assert reports[0]["sent"]["hitopk"]["formula"]["intra"] < reports[0]["sent"]["hitopk_dense4"]["formula"]["intra"]

@@ -1,0 +1,73 @@
+"""What reaches a collective through GradientAggregator and DistributedOptimizer: a collective
+registered here records its Context (step, seed, options, bucket) eagerly and in tf.function;
+and the aggregator's byte formula against the bytes its primitives moved."""
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import tf_commlib  # noqa: E402
+from _report import report  # noqa: E402
+from tf_commlib import link_bytes  # noqa: E402
+from tf_commlib import primitives as P  # noqa: E402
+from tf_commlib.aggregator import GradientAggregator  # noqa: E402
+from tf_commlib.collectives import Collective, dense, register  # noqa: E402
+from tf_commlib.keras import DistributedOptimizer  # noqa: E402
+
+topo = tf_commlib.init()
+SHAPES, STEPS = [(40,), (6, 5)], 3   # two buckets with fusion_threshold_bytes=160
+seen_step = tf.Variable([-1, -1], dtype=tf.int64)
+seen_seed = tf.Variable([-1, -1], dtype=tf.int64)
+seen_options = []
+
+
+def probe(x, topo, ctx=None):
+    """Dense allreduce that records what the aggregator passed."""
+    seen_step[ctx.bucket].assign(ctx.step)
+    seen_seed[ctx.bucket].assign(-2 if ctx.seed is None else ctx.seed)
+    seen_options.append(dict(ctx.options))   # at trace time inside tf.function
+    return P.allreduce(x, topo.world)
+
+
+register(Collective("probe", probe, dense.time, dense.sent_bytes, options={"tag": "none"}))
+
+
+def grads(step):
+    rng = np.random.default_rng(100 * step + topo.rank)
+    return [tf.constant(rng.integers(-9, 10, s).astype(np.float32)) for s in SHAPES]
+
+
+out = {"rank": topo.rank}
+for mode in ("eager", "graph"):
+    agg = GradientAggregator("probe", op="sum", fusion_threshold_bytes=160, seed=5,
+                             algorithm_options={"probe": {"tag": mode}})
+    call = tf.function(agg) if mode == "graph" else agg
+    rows = []
+    for step in range(STEPS):
+        result = call(grads(step))
+        rows.append({"steps": seen_step.numpy().tolist(), "seeds": seen_seed.numpy().tolist(),
+                     "results": [r.numpy().ravel().tolist() for r in result],
+                     "inputs": [g.numpy().ravel().tolist() for g in grads(step)]})
+    out[mode] = {"rows": rows, "options": seen_options[-1], "buckets": len(agg.buckets)}
+
+# DistributedOptimizer passes algorithm_options to its aggregators
+ws = [keras.Variable(np.ones(s, np.float32), name=f"w{i}") for i, s in enumerate(SHAPES)]
+opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), algorithm="probe",
+                           dense_layers=lambda v: False, algorithm_options={"probe": {"tag": "opt"}})
+opt.apply(grads(0), ws)
+out["optimizer_options"] = seen_options[-1]
+out["optimizer_sent"] = opt.sent_bytes_at(0)
+
+# GradientAggregator.sent_bytes (what train prints) against the bytes moved, two buckets
+out["sent"] = {}
+for name, kw in {"hitopk": dict(density=0.05),
+                 "hitopk_dense4": dict(density=0.05, algorithm_options={"hitopk": {"step4": "dense"}}),
+                 "naive_ag": dict(density=0.2), "2dtar": {}}.items():
+    agg = GradientAggregator(name.split("_dense4")[0], fusion_threshold_bytes=160,
+                             check_consistency=False, **kw)
+    with link_bytes.counting() as counter:
+        agg(grads(0))
+        out["sent"][name] = {"counted": counter.result(), "formula": agg.sent_bytes()}
+report(topo.rank, out)

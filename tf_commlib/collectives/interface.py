@@ -1,0 +1,82 @@
+"""What a collective module declares about itself (Collective) and what the aggregator passes to
+each call (Context). A module under tf_commlib.collectives that defines ``COLLECTIVE = Collective(...)``
+is registered under its name; see the package docstring for an example."""
+import dataclasses
+import types
+from typing import Callable, Mapping, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What a collective gets besides its tensor. ``step``: the aggregator's step (an int64 tensor,
+    the same on every rank; 0 when called directly). ``seed``: None, or an int64 tensor that is the
+    same on every rank and differs by step and bucket (mix in topo.rank for a per-rank stream).
+    ``options``: the algorithm's options, defaults filled in. ``bucket``: the fused bucket's index."""
+    step: object = 0
+    seed: object = None
+    options: Mapping = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+    bucket: int = 0
+
+
+def check_layout(d, m, n, density):
+    if min(d, m, n) < 1 or not 0 < density <= 1:
+        raise ValueError(f"need d, m, n >= 1 and 0 < density <= 1, got {d}, {m}, {n}, {density}")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Collective:
+    """Everything about one aggregation algorithm.
+
+    fn:     dense: fn(x, topo, ctx=None) -> sum over all ranks of the flat tensor x;
+            sparse: fn(x, topo, density, select, residual=None, ctx=None) -> (sum, new residual,
+            indices of x this rank's selection sent); the same result on every rank.
+    time:   time(d, m, n, density, params, options) -> {step: seconds}, the alpha-beta prediction
+            for d float32 entries on m nodes x n ranks with costmodel.LinkParams (and its helpers).
+    bytes:  bytes(d, m, n, density, options) -> {"intra": B, "inter": B} sent per call, averaged
+            over the ranks, by the convention of tf_commlib.link_bytes (use link_bytes.per_rank).
+    sparse, residual_size(d, topo), residual_to_input(residual, d, topo): for error feedback
+            (the latter maps the residual to what this rank adds to its input to flush it).
+    options: {name: default} that the aggregator's ``algorithm_options[name]`` may override;
+    check_options(options) raises ValueError for a bad value (options has every name filled in).
+    A layout the algorithm cannot run on gets time {"unsupported": math.inf}, so `auto` skips it.
+    """
+    name: str
+    fn: Callable
+    time: Callable
+    bytes: Callable
+    sparse: bool = False
+    residual_size: Optional[Callable] = None
+    residual_to_input: Optional[Callable] = None
+    options: Mapping = dataclasses.field(default_factory=dict)
+    check_options: Optional[Callable] = None
+
+    def __post_init__(self):
+        if self.sparse and not (self.residual_size and self.residual_to_input):
+            raise TypeError(f"sparse collective {self.name!r} needs residual_size and residual_to_input")
+
+    def resolve_options(self, options=None):
+        """The defaults updated with `options`; ValueError for an unknown name or a bad value."""
+        if options is not None and not isinstance(options, Mapping):
+            raise ValueError(f"algorithm_options[{self.name!r}] must be a dict, got {options!r}")
+        unknown = sorted(set(options or {}) - set(self.options))
+        if unknown:
+            raise ValueError(f"algorithm_options[{self.name!r}]: unknown option(s) {unknown}; "
+                             f"{self.name} takes {sorted(self.options) or 'none'}")
+        merged = {**self.options, **(options or {})}
+        if self.check_options:
+            self.check_options(merged)
+        return merged
+
+    def context(self, step=0, seed=None, options=None, bucket=0):
+        return Context(step, seed, types.MappingProxyType(self.resolve_options(options)), bucket)
+
+    def breakdown(self, d, m, n, density, params=None, options=None):
+        """Predicted seconds per step of one call."""
+        from tf_commlib.costmodel import LinkParams
+        check_layout(d, m, n, density)
+        return self.time(d, m, n, density, params or LinkParams(), self.resolve_options(options))
+
+    def sent_bytes(self, d, m, n, density, options=None):
+        """{"intra": B, "inter": B} one call sends, averaged over the ranks."""
+        check_layout(d, m, n, density)
+        return self.bytes(d, m, n, density, self.resolve_options(options))
