@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import reference as ref
 from tf_commlib import ops
 from tf_commlib._loader import ops as raw
 
@@ -66,7 +67,7 @@ RAW = [
     ("exact_topk", "k", lambda: raw.commlib_check_selection(X, I64, op_name="exact_topk")),
     ("scatter_add", "size", lambda: raw.commlib_scatter_add([0], ONE, I64)),
     ("scatter_add", "indices", lambda: raw.commlib_scatter_add([[0]], ONE, np.int64(4))),
-    ("scatter_add", "values", lambda: raw.commlib_scatter_add([0], [ONE], np.int64(4))),
+    ("scatter_add", "values", lambda: raw.commlib_scatter_add([0], ONE[None], np.int64(4))),
 ]
 
 
@@ -117,7 +118,13 @@ def test_k_zero_is_the_same_error_in_every_form(name):
     for k in (0, -3):  # known only when the graph runs: the kernels check it
         with pytest.raises(tf.errors.InvalidArgumentError, match=f"{name}: k must be positive, got {k}"):
             tf.nest.map_structure(lambda t: t.numpy(), g(tf.constant(k, tf.int64)))
-    assert [len(t) for t in g(tf.constant(5, tf.int64))] == [5, 5]
+    values, indices = g(tf.constant(5, tf.int64))
+    # exactly k out, except threshold_search: every |x| >= its threshold, k <= count < 2k (RedSync)
+    expect = 5
+    if name == "threshold_search":
+        expect = np.count_nonzero(np.abs(X).astype(np.float64) >= ref.threshold_search(X, 5))
+        assert 5 <= expect < 10
+    assert [len(values), len(indices)] == [expect, expect]
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "function_unknown_shape"])

@@ -49,7 +49,9 @@ def _scalar(v, name, op, integer):
     if t.shape.rank is None:  # a graph input of unknown shape: checked when the graph runs
         with tf.control_dependencies(
                 [tf.debugging.assert_rank(t, 0, message=f"{op}: {name} must be a scalar")]):
-            t = tf.identity(t)
+            # a static scalar that no shape function rejects when the function is instantiated
+            # with the real (wrong) shape, so that the assert above is what reports it
+            t = tf.gather(tf.reshape(t, [-1]), 0)
     return tf.cast(t, tf.int64 if integer else tf.float64)
 
 

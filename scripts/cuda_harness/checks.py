@@ -36,7 +36,7 @@ def parse_size(s):
 def bench_row(d, t_ms, t_torch, bw_gbps):
     """The table's numbers for one size: MSTopK against one read of x at the copy bandwidth."""
     one_read_ms = 4 * d / bw_gbps / 1e6
-    return {"d": d, "k": max(1, int(d * checks.DENSITY)), "mstopk_ms": round(t_ms, 4),
+    return {"d": d, "k": max(1, int(d * DENSITY)), "mstopk_ms": round(t_ms, 4),
             "torch_topk_abs_ms": None if t_torch is None else round(t_torch, 4),
             "speedup_vs_torch": None if t_torch is None else round(t_torch / t_ms, 2),
             "copy_bw_gbps": round(bw_gbps, 1), "one_read_ms": round(one_read_ms, 4),
