@@ -1,11 +1,13 @@
 """Build and install tf_commlib.
 
 All ``ops/**/*.cc`` are compiled with TensorFlow's flags into one shared library,
-``tf_commlib/_tf_commlib_ops*.so``. CUDA sources (``*.cu.cc``) are compiled with nvcc and linked in
-only when the installed TensorFlow is a CUDA build, so a CPU install never needs a GPU toolchain.
+``tf_commlib/_tf_commlib_ops*.so``. CUDA sources (``*.cu.cc``) are compiled with nvcc (``$NVCC`` or
+the one on PATH) and linked in, with the static CUDA runtime, only when the installed TensorFlow is
+a CUDA build and nvcc is found, so a CPU install never needs a GPU toolchain.
 """
 import json
 import os
+import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -51,6 +53,10 @@ class BuildOps(build_ext):
         objdir = ROOT / "build" / "ops"
         objdir.mkdir(parents=True, exist_ok=True)
         cuda = bool(tf.sysconfig.get_build_info().get("is_cuda_build"))
+        nvcc = os.environ.get("NVCC") or shutil.which("nvcc")
+        if cuda and not nvcc:
+            print("tf_commlib: CUDA TensorFlow but no nvcc ($NVCC or PATH): CPU kernels only")
+            cuda = False
         cflags = tf.sysconfig.get_compile_flags() + [f"-I{OPS}", "-O3", "-fPIC", "-std=c++17",
                                                   "-Wno-deprecated-declarations", "-ffp-contract=off"]
         if cuda:
@@ -67,7 +73,7 @@ class BuildOps(build_ext):
                         "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90"]
             for src in cuda_sources():
                 obj = objdir / (str(src.relative_to(OPS)).replace("/", "__") + ".o")
-                jobs.append(["nvcc", *nvflags, "-x", "cu", "-Xcompiler", "-fPIC", "-O3",
+                jobs.append([nvcc, *nvflags, "-x", "cu", "-Xcompiler", "-fPIC", "-O3",
                              "--expt-relaxed-constexpr", "-c", str(src), "-o", str(obj)])
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             for cmd, rc in zip(jobs, pool.map(lambda c: subprocess.call(c), jobs)):
@@ -75,8 +81,9 @@ class BuildOps(build_ext):
                     raise RuntimeError("op library build failed: " + " ".join(cmd))
         objs = [j[j.index("-o") + 1] for j in jobs]
         link = ["g++", "-shared", "-o", str(out), *objs, *tf.sysconfig.get_link_flags()]
-        if cuda:
-            link += ["-lcudart"]
+        if cuda:  # the static runtime: nothing to find at load time, no GPU needed to load
+            cuda_lib = Path(nvcc).resolve().parents[1] / "lib64"
+            link += [f"-L{cuda_lib}", "-lcudart_static", "-ldl", "-lrt", "-lpthread"]
         subprocess.check_call(link)
         info = {"tensorflow": tf.__version__, "cuda": cuda, "sources": source_hash(OPS, cuda),
                 "library": out.name}

@@ -108,9 +108,10 @@ def test_bad_input_names_the_argument(name):
         f(np.float32(1.0), 2)
 
 
-def test_empty_x_raises():
-    with pytest.raises(tf.errors.InvalidArgumentError, match="x is empty"):
-        ops.mstopk(np.zeros(0, np.float32), 1)
+def test_empty_x_gives_an_empty_selection():
+    values, indices, thresholds, counts = ops.mstopk_with_stats(np.zeros(0, np.float32), 1)
+    assert values.shape == (0,) and indices.shape == (0,)
+    assert thresholds.numpy().tolist() == [0.0] * 4 and counts.numpy().tolist() == [0] * 4
 
 
 def test_k_as_tensor_inside_tf_function():

@@ -4,6 +4,7 @@
 
 #include "unsupported/Eigen/CXX11/Tensor"
 
+#include "common/checks.h"
 #include "common/parallel.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
@@ -27,16 +28,13 @@ class ScatterAddOp : public OpKernel {
     const Tensor& indices = ctx->input(0);
     const Tensor& values = ctx->input(1);
     const Tensor& size_t_ = ctx->input(2);
-    OP_REQUIRES(ctx, indices.dims() == 1,
-                errors::InvalidArgument("scatter_add: indices must be a vector, got shape ",
-                                        indices.shape().DebugString()));
-    OP_REQUIRES(ctx, values.dims() == 1,
-                errors::InvalidArgument("scatter_add: values must be a vector, got shape ",
-                                        values.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, TensorRank(indices, 1, "scatter_add", "indices"));
+    OP_REQUIRES_OK(ctx, TensorRank(values, 1, "scatter_add", "values"));
     OP_REQUIRES(ctx, indices.NumElements() == values.NumElements(),
                 errors::InvalidArgument("scatter_add: indices/values length mismatch: indices has ",
                                         indices.NumElements(), " elements, values has ",
                                         values.NumElements()));
+    OP_REQUIRES_OK(ctx, TensorRank(size_t_, 0, "scatter_add", "size"));
     const int64_t size = size_t_.scalar<int64_t>()();
     OP_REQUIRES(ctx, size >= 0,
                 errors::InvalidArgument("scatter_add: size must be non-negative, got ", size));

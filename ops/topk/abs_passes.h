@@ -169,6 +169,21 @@ AbsStats ComputeAbsStats(tensorflow::OpKernelContext* ctx, const T* x, int64_t d
   return out;
 }
 
+// The number of NaN in x.
+template <typename T>
+int64_t CountNan(tensorflow::OpKernelContext* ctx, const T* x, int64_t d) {
+  const int64_t blocks = NumBlocks(d);
+  std::vector<int64_t> part(blocks, 0);
+  ForEachBlock(ctx, d, blocks, [&](int64_t b, int64_t i0, int64_t i1) {
+    int64_t n = 0;
+    for (int64_t i = i0; i < i1; ++i) n += static_cast<float>(x[i]) != static_cast<float>(x[i]);
+    part[b] = n;
+  });
+  int64_t n = 0;
+  for (int64_t p : part) n += p;
+  return n;
+}
+
 // The entries (in index order) with lo <= a and !(a >= hi).
 template <typename T>
 std::vector<Entry> CollectRange(tensorflow::OpKernelContext* ctx, const T* x, int64_t d,

@@ -1,4 +1,5 @@
-// CPU kernel of CommlibMstopk: MSTopK (shi2021 Alg. 1) answered by the ProbeEngine in 2-3 passes.
+// Kernels of CommlibMstopk: MSTopK (shi2021 Alg. 1). On the CPU the ProbeEngine answers it in 2-3
+// passes; on the GPU (built with CUDA) MstopkGpuFunctor (mstopk_kernels.cu.cc), same results.
 #define EIGEN_USE_THREADS
 #include <random>
 
@@ -6,19 +7,17 @@
 #include "topk/mstopk.h"
 #include "topk/probe_engine.h"
 #include "topk/topk_common.h"
+#if GOOGLE_CUDA
+#include "topk/gpu_functors.h"
+#endif
 
 namespace tf_commlib {
 
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
-using tensorflow::OpKernelContext;
-using tensorflow::Tensor;
-namespace errors = tensorflow::errors;
-
+// The attributes, input checks and empty case of the CPU and GPU kernels; Select does the rest.
 template <typename T, typename Tidx>
-class MstopkOp : public OpKernel {
+class MstopkOpBase : public OpKernel {
  public:
-  explicit MstopkOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit MstopkOpBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_samplings", &num_samplings_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("allow_nan", &allow_nan_));
     OP_REQUIRES(ctx, num_samplings_ >= 1 && num_samplings_ <= kMaxSamplings,
@@ -32,13 +31,40 @@ class MstopkOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ReadK(ctx, "mstopk", xt, &k));
     const int64_t d = xt.NumElements();
     OP_REQUIRES_OK(ctx, CheckIndexType<Tidx>("mstopk", d));
-    const T* x = xt.flat<T>().data();
-    int64_t seed = ctx->input(2).scalar<int64_t>()();
+    int64_t seed;
+    OP_REQUIRES_OK(ctx, ReadScalar(ctx, 2, "mstopk", "seed", &seed));
     if (seed < 0) seed = static_cast<int64_t>(std::random_device()() >> 1);
+    if (d == 0) {  // nothing to select: thresholds and counts are all 0
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {0}, &out));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(1, {0}, &out));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(2, {4}, &out));
+      out->vec<double>().setZero();
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(3, {4}, &out));
+      out->vec<int64_t>().setZero();
+      return;
+    }
+    Select(ctx, xt.flat<T>().data(), d, k, static_cast<uint64_t>(seed));
+  }
 
+ protected:
+  // Writes the four outputs for x of d > 0 entries.
+  virtual void Select(OpKernelContext* ctx, const T* x, int64_t d, int64_t k, uint64_t seed) = 0;
+
+  int num_samplings_;
+  bool allow_nan_;
+};
+
+template <typename T, typename Tidx>
+class MstopkOp : public MstopkOpBase<T, Tidx> {
+ public:
+  using MstopkOpBase<T, Tidx>::MstopkOpBase;
+
+ private:
+  void Select(OpKernelContext* ctx, const T* x, int64_t d, int64_t k, uint64_t seed) override {
     ProbeEngine<T> engine(ctx, x, d, std::min(k, d));
     const AbsStats& st = engine.stats();
-    OP_REQUIRES_OK(ctx, CheckNan("mstopk", st.n_nan, allow_nan_));
+    OP_REQUIRES_OK(ctx, CheckNan("mstopk", st.n_nan, this->allow_nan_));
 
     std::vector<int64_t> idx;
     double thres1 = 0, thres2 = 0;
@@ -59,7 +85,7 @@ class MstopkOp : public OpKernel {
       // never lowers k2) unless the last "> k" probe is one of them: then search again exactly.
       MstopkSearch s(engine.mean(), engine.u(), k, d);
       bool last_over_exact = true;
-      for (int i = 0; i < num_samplings_; ++i) {
+      for (int i = 0; i < this->num_samplings_; ++i) {
         bool exact;
         const int64_t nnz = engine.CountAbove(s.NextRatio(), k, &exact);
         if (nnz > k) last_over_exact = exact;
@@ -67,10 +93,10 @@ class MstopkOp : public OpKernel {
       }
       if (!last_over_exact) {
         s = MstopkSearch(engine.mean(), engine.u(), k, d);
-        for (int i = 0; i < num_samplings_; ++i) s.Observe(engine.Count(s.NextRatio()));
+        for (int i = 0; i < this->num_samplings_; ++i) s.Observe(engine.Count(s.NextRatio()));
       }
       s.Finish(st.n_inf);
-      start = s.BandStart(static_cast<uint64_t>(seed));
+      start = s.BandStart(seed);
       idx = engine.Collect(s.thres1, kNoUpper);
       std::vector<int64_t> band = engine.Collect(s.thres2, s.thres1);
       idx.insert(idx.end(), band.begin() + start, band.begin() + start + (k - s.k1));
@@ -89,10 +115,6 @@ class MstopkOp : public OpKernel {
     auto cv = cnt->vec<int64_t>();
     cv(0) = k1; cv(1) = k2; cv(2) = start; cv(3) = st.n_inf;
   }
-
- private:
-  int num_samplings_;
-  bool allow_nan_;
 };
 
 #define REGISTER(T, Tidx)                                                          \
@@ -103,5 +125,50 @@ class MstopkOp : public OpKernel {
                           MstopkOp<T, Tidx>);
 TFC_REGISTER_FLOAT_INDEX(REGISTER)
 #undef REGISTER
+
+#if GOOGLE_CUDA
+// x, values and indices on the GPU; k, seed, thresholds and counts in host memory. The search
+// runs on the host over counts made on the GPU.
+template <typename T, typename Tidx>
+class MstopkGpuOp : public MstopkOpBase<T, Tidx> {
+ public:
+  using MstopkOpBase<T, Tidx>::MstopkOpBase;
+
+ private:
+  void Select(OpKernelContext* ctx, const T* x, int64_t d, int64_t k, uint64_t seed) override {
+    const int64_t n = std::min(k, d);
+    Tensor *values = nullptr, *indices = nullptr, *thr = nullptr, *cnt = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {n}, &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, {n}, &indices));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, {4}, &thr));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, {4}, &cnt));
+    Tensor workspace;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8,
+                                           {MstopkGpuFunctor<T, Tidx>::WorkspaceBytes(d)},
+                                           &workspace));
+    int64_t n_nan = 0;
+    const std::string err = MstopkGpuFunctor<T, Tidx>()(
+        ctx->eigen_device<Eigen::GpuDevice>(), x, d, k, this->num_samplings_, seed,
+        this->allow_nan_, workspace.flat<int8_t>().data(), indices->flat<Tidx>().data(),
+        values->flat<T>().data(), thr->vec<double>().data(), cnt->vec<int64_t>().data(), &n_nan);
+    OP_REQUIRES(ctx, err.empty(), errors::Internal(err));
+    OP_REQUIRES_OK(ctx, CheckNan("mstopk", n_nan, this->allow_nan_));
+  }
+};
+
+#define REGISTER_GPU(T, Tidx)                                                      \
+  extern template struct MstopkGpuFunctor<T, Tidx>;                                \
+  REGISTER_KERNEL_BUILDER(Name("CommlibMstopk")                                    \
+                              .Device(tensorflow::DEVICE_GPU)                      \
+                              .HostMemory("k")                                     \
+                              .HostMemory("seed")                                  \
+                              .HostMemory("thresholds")                            \
+                              .HostMemory("counts")                                \
+                              .TypeConstraint<T>("T")                              \
+                              .TypeConstraint<Tidx>("Tidx"),                       \
+                          MstopkGpuOp<T, Tidx>);
+TFC_REGISTER_FLOAT_INDEX(REGISTER_GPU)
+#undef REGISTER_GPU
+#endif  // GOOGLE_CUDA
 
 }  // namespace tf_commlib

@@ -1,15 +1,12 @@
-// GPU functor of CommlibThresholdSelect: the compaction of select_gpu.cu.h on the op's stream.
-//
-// Not registered yet: the GPU op class belongs in threshold_kernels.cc (not changed here). It
-// would declare ThresholdSelectGpuFunctor exactly as below, allocate WorkspaceBytes(d) bytes of
-// temp memory, call Count (which syncs to learn the output size), raise on NaN unless allow_nan,
-// allocate the n-entry outputs and call Write.
+// GPU functors of CommlibThresholdSelect (the compaction of select_gpu.cu.h) and of the NaN count of
+// CommlibCheckSelection, on the op's stream (registered in threshold_kernels.cc, check_kernels.cc).
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU
 
 #include <cstdint>
 #include <string>
 
+#include "topk/gpu_functors.h"
 #include "topk/select_gpu.cu.h"
 #include "unsupported/Eigen/CXX11/Tensor"
 
@@ -18,24 +15,13 @@ namespace tf_commlib {
 using GPUDevice = Eigen::GpuDevice;
 
 template <typename T, typename Tidx>
-struct ThresholdSelectGpuFunctor {
-  static int64_t WorkspaceBytes(int64_t d);
-  // Pass 1: *n = entries with |x| >= threshold (NaN read as 0), *n_nan = NaN entries. Syncs.
-  std::string Count(const GPUDevice& dev, const T* x, int64_t d, double threshold, void* workspace,
-                    int64_t* n, int64_t* n_nan) const;
-  // Pass 2: the n entries in index order into indices / values (n entries each).
-  std::string Write(const GPUDevice& dev, const T* x, int64_t d, double threshold, int64_t n,
-                    const void* workspace, Tidx* indices, T* values) const;
-};
-
-template <typename T, typename Tidx>
 int64_t ThresholdSelectGpuFunctor<T, Tidx>::WorkspaceBytes(int64_t d) {
   return static_cast<int64_t>(gpu::SelectWorkspaceBytes(d));
 }
 
-inline std::string CudaStatus(cudaError_t e) {
+inline std::string CudaStatus(cudaError_t e, const char* what = "threshold_select") {
   return e == cudaSuccess ? std::string()
-                          : std::string("threshold_select GPU kernel: ") + cudaGetErrorString(e);
+                          : std::string(what) + " GPU kernel: " + cudaGetErrorString(e);
 }
 
 template <typename T, typename Tidx>
@@ -55,6 +41,32 @@ std::string ThresholdSelectGpuFunctor<T, Tidx>::Write(const GPUDevice& dev, cons
   return CudaStatus(
       gpu::ThresholdSelectWrite(x, d, threshold, n, workspace, indices, values, dev.stream()));
 }
+
+template <typename T>
+int64_t CountNanGpuFunctor<T>::WorkspaceBytes() {
+  return sizeof(unsigned long long);
+}
+
+template <typename T>
+std::string CountNanGpuFunctor<T>::operator()(const GPUDevice& dev, const T* x, int64_t d,
+                                              void* workspace, int64_t* n) const {
+  auto* count = static_cast<unsigned long long*>(workspace);
+  unsigned long long host = 0;
+  cudaError_t e = cudaMemsetAsync(count, 0, sizeof(*count), dev.stream());
+  if (e == cudaSuccess && d > 0) {
+    gpu::CountNanKernel<T><<<gpu::GridFor(d), gpu::kBlock, 0, dev.stream()>>>(x, d, count);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(&host, count, sizeof(host), cudaMemcpyDeviceToHost, dev.stream());
+  if (e == cudaSuccess) e = cudaStreamSynchronize(dev.stream());
+  *n = static_cast<int64_t>(host);
+  return CudaStatus(e, "NaN count");
+}
+
+template struct CountNanGpuFunctor<float>;
+template struct CountNanGpuFunctor<Eigen::half>;
+template struct CountNanGpuFunctor<Eigen::bfloat16>;
 
 template struct ThresholdSelectGpuFunctor<float, int32_t>;
 template struct ThresholdSelectGpuFunctor<float, int64_t>;

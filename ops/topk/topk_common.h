@@ -1,31 +1,57 @@
-// Input checks and output writing shared by the CPU top-k kernels.
+// Input checks shared by the CPU and GPU top-k kernels (host side), and the CPU output writing.
 #ifndef TF_COMMLIB_OPS_TOPK_TOPK_COMMON_H_
 #define TF_COMMLIB_OPS_TOPK_TOPK_COMMON_H_
 
+#include <cmath>
 #include <limits>
 #include <vector>
 
+#include "common/checks.h"
 #include "tensorflow/core/framework/op_kernel.h"
-#include "topk/abs_passes.h"
 
 namespace tf_commlib {
+
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+namespace errors = tensorflow::errors;
 
 #define TFC_REGISTER_FLOAT_INDEX(R)                                            \
   R(float, int32_t) R(float, int64_t) R(Eigen::half, int32_t)                   \
   R(Eigen::half, int64_t) R(Eigen::bfloat16, int32_t) R(Eigen::bfloat16, int64_t)
 
-// Reads the scalar k (input 1) and checks it against x.
+// Reads the scalar k (input 1) and checks it against x. An empty x is fine: every selector
+// returns min(k, size) entries, none for an empty x.
 inline tensorflow::Status ReadK(tensorflow::OpKernelContext* ctx, const char* op,
                                 const tensorflow::Tensor& x, int64_t* k) {
   const tensorflow::Tensor& kt = ctx->input(1);
-  if (kt.dims() != 0)
-    return tensorflow::errors::InvalidArgument(op, ": k must be a scalar, got shape ",
-                                               kt.shape().DebugString());
+  TF_RETURN_IF_ERROR(TensorRank(kt, 0, op, "k"));
   *k = kt.scalar<int64_t>()();
   if (*k <= 0) return tensorflow::errors::InvalidArgument(op, ": k must be positive, got ", *k);
-  if (x.NumElements() == 0) return tensorflow::errors::InvalidArgument(op, ": x is empty");
   if (x.dims() == 0 && *k > 1)
     return tensorflow::errors::InvalidArgument(op, ": x is a scalar (rank 0) but k = ", *k);
+  return tensorflow::OkStatus();
+}
+
+// Reads the scalar input i, called `name` in messages of `op`.
+template <typename V>
+tensorflow::Status ReadScalar(tensorflow::OpKernelContext* ctx, int i, const char* op,
+                              const char* name, V* out) {
+  TF_RETURN_IF_ERROR(TensorRank(ctx->input(i), 0, op, name));
+  *out = ctx->input(i).scalar<V>()();
+  return tensorflow::OkStatus();
+}
+
+// The ratios input of CommlibRatioCounts: a vector of at most `most` finite numbers.
+inline tensorflow::Status CheckRatios(const tensorflow::Tensor& r, int64_t most) {
+  TF_RETURN_IF_ERROR(TensorRank(r, 1, "ratio_counts", "ratios"));
+  if (r.NumElements() > most)
+    return tensorflow::errors::InvalidArgument("ratio_counts: at most ", most, " ratios, got ",
+                                               r.NumElements());
+  for (int64_t j = 0; j < r.NumElements(); ++j)
+    if (!std::isfinite(r.vec<double>()(j)))
+      return tensorflow::errors::InvalidArgument("ratio_counts: ratios[", j, "] is not finite");
   return tensorflow::OkStatus();
 }
 

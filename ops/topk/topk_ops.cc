@@ -1,17 +1,16 @@
-// Registrations of the top-k selector ops. x of any shape is read as a flat vector.
+// Registrations of the top-k selector ops. x of any shape is read as a flat vector. Every shape
+// function checks the ranks of the other inputs and names the argument (ops/common/checks.h).
+#include "common/checks.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
 using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
+using tf_commlib::InputRank;
 
-static ::tensorflow::Status SelectionShapes(InferenceContext* c) {
-  ShapeHandle unused;
-  for (int i = 1; i < c->num_inputs(); ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
+// values and indices: vectors of a length known only at run time.
+static void SelectionOutputs(InferenceContext* c) {
   c->set_output(0, c->Vector(c->UnknownDim()));
   c->set_output(1, c->Vector(c->UnknownDim()));
-  for (int i = 2; i < c->num_outputs(); ++i) c->set_output(i, c->UnknownShapeOfRank(1));
-  return ::tensorflow::OkStatus();
 }
 
 // MSTopK, shi2021 Alg. 1. thresholds = [thres1, thres2, mean, u];
@@ -28,7 +27,14 @@ REGISTER_OP("CommlibMstopk")
     .Attr("Tidx: {int32, int64} = DT_INT32")
     .Attr("num_samplings: int = 30")
     .Attr("allow_nan: bool = false")
-    .SetShapeFn(SelectionShapes);
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(InputRank(c, 1, 0, "mstopk", "k"));
+      TF_RETURN_IF_ERROR(InputRank(c, 2, 0, "mstopk", "seed"));
+      SelectionOutputs(c);
+      c->set_output(2, c->Vector(4));
+      c->set_output(3, c->Vector(4));
+      return ::tensorflow::OkStatus();
+    });
 
 // RedSync Alg. 3 (corrected): binary search on the ratio until k <= count < 2k.
 REGISTER_OP("CommlibThresholdSearch")
@@ -40,7 +46,12 @@ REGISTER_OP("CommlibThresholdSearch")
     .Attr("T: {float, half, bfloat16}")
     .Attr("Tidx: {int32, int64} = DT_INT32")
     .Attr("allow_nan: bool = false")
-    .SetShapeFn(SelectionShapes);
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(InputRank(c, 1, 0, "threshold_search", "k"));
+      SelectionOutputs(c);
+      c->set_output(2, c->Scalar());
+      return ::tensorflow::OkStatus();
+    });
 
 // Every entry with |x| >= threshold, in index order.
 REGISTER_OP("CommlibThresholdSelect")
@@ -51,7 +62,11 @@ REGISTER_OP("CommlibThresholdSelect")
     .Attr("T: {float, half, bfloat16}")
     .Attr("Tidx: {int32, int64} = DT_INT32")
     .Attr("allow_nan: bool = false")
-    .SetShapeFn(SelectionShapes);
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(InputRank(c, 1, 0, "threshold_select", "threshold"));
+      SelectionOutputs(c);
+      return ::tensorflow::OkStatus();
+    });
 
 // [mean, max] of the finite |x| (mean in the fixed order of mstopk.h), and
 // counts[j] = number of entries with |x| >= mean + ratios[j] * (max - mean).
@@ -63,9 +78,26 @@ REGISTER_OP("CommlibRatioCounts")
     .Attr("T: {float, half, bfloat16}")
     .Attr("allow_nan: bool = false")
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle unused;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &unused));
+      TF_RETURN_IF_ERROR(InputRank(c, 1, 1, "ratio_counts", "ratios"));
       c->set_output(0, c->Vector(2));
       c->set_output(1, c->input(1));
+      return ::tensorflow::OkStatus();
+    });
+
+// The input checks of the selectors written with TensorFlow ops (exact_topk, dgc_topk,
+// trimmed_topk, randomk, qrgc), in the graph: k a positive scalar (at most 1 for a scalar x),
+// no NaN in x unless allow_nan. n = min(k, number of entries of x).
+REGISTER_OP("CommlibCheckSelection")
+    .Input("x: T")
+    .Input("k: int64")
+    .Output("n: int64")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("op_name: string")
+    .Attr("allow_nan: bool = false")
+    .SetShapeFn([](InferenceContext* c) {
+      std::string op;
+      TF_RETURN_IF_ERROR(c->GetAttr("op_name", &op));
+      TF_RETURN_IF_ERROR(InputRank(c, 1, 0, op.c_str(), "k"));
+      c->set_output(0, c->Scalar());
       return ::tensorflow::OkStatus();
     });

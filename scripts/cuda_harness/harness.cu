@@ -41,6 +41,25 @@ int RunThresholdSelect(const T* x, int64_t d, double threshold, void* workspace,
   return e;
 }
 
+// *count (host) = the number of NaN in x (the check of CommlibCheckSelection); workspace: 8 bytes.
+// Synchronizes.
+template <typename T>
+int RunCountNan(const T* x, int64_t d, void* workspace, int64_t* count, void* stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  auto* c = static_cast<unsigned long long*>(workspace);
+  unsigned long long host = 0;
+  cudaError_t e = cudaMemsetAsync(c, 0, sizeof(*c), s);
+  if (e == cudaSuccess && d > 0) {
+    tf_commlib::gpu::CountNanKernel<T>
+        <<<tf_commlib::gpu::GridFor(d), tf_commlib::gpu::kBlock, 0, s>>>(x, d, c);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) e = cudaMemcpyAsync(&host, c, sizeof(host), cudaMemcpyDeviceToHost, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  *count = static_cast<int64_t>(host);
+  return e;
+}
+
 }  // namespace
 
 extern "C" {
@@ -73,6 +92,13 @@ int tfc_threshold_select_f32(const float* x, int64_t d, double t, void* ws, int6
 int tfc_threshold_select_f16(const __half* x, int64_t d, double t, void* ws, int64_t* indices,
                              __half* values, int64_t* counts, void* stream) {
   return RunThresholdSelect(x, d, t, ws, indices, values, counts, stream);
+}
+
+int tfc_count_nan_f32(const float* x, int64_t d, void* ws, int64_t* count, void* stream) {
+  return RunCountNan(x, d, ws, count, stream);
+}
+int tfc_count_nan_f16(const __half* x, int64_t d, void* ws, int64_t* count, void* stream) {
+  return RunCountNan(x, d, ws, count, stream);
 }
 
 // err: a device int, set to 1 when an index is outside [0, size).

@@ -38,6 +38,8 @@ class Lib:
         for n in ("f32", "f16"):
             getattr(L, "tfc_threshold_select_" + n).argtypes = [P, I64, D, P, P, P,
                                                                C.POINTER(I64), P]
+        for n in ("f32", "f16"):
+            getattr(L, "tfc_count_nan_" + n).argtypes = [P, I64, P, C.POINTER(I64), P]
         for n in ("f32_i32", "f32_i64", "f16_i32", "f16_i64"):
             getattr(L, "tfc_scatter_add_" + n).argtypes = [P, P, I64, P, I64, P, P]
         L.tfc_mstopk_workspace_bytes.argtypes = L.tfc_select_workspace_bytes.argtypes = [I64]
@@ -75,6 +77,13 @@ class Lib:
         self.ok(getattr(self.L, name)(x.data.ptr, d, t, ws.data.ptr, idx.data.ptr, val.data.ptr,
                                       cnt, self.stream()), "threshold_select")
         return idx[:cnt[0]], val[:cnt[0]], cnt[1]
+
+    def count_nan(self, x):
+        ws, n = cp.empty(8, cp.uint8), C.c_int64()
+        name = "tfc_count_nan_" + {np.float32: "f32", np.float16: "f16"}[x.dtype.type]
+        self.ok(getattr(self.L, name)(x.data.ptr, x.size, ws.data.ptr, C.byref(n), self.stream()),
+                "count_nan")
+        return n.value
 
     def scatter_add(self, idx, vals, size):
         dense, err = cp.empty(size, vals.dtype), cp.zeros(1, cp.int32)
