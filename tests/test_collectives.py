@@ -135,3 +135,16 @@ def test_bytes_moved_equal_the_collectives_formulas(run):
         assert all(expected_bytes(f"{a}@0.05", m, n)["inter"] > 0 for a in ALGORITHMS)
         sparse4, dense4 = expected_bytes("hitopk@0.05", m, n), expected_bytes("hitopk@0.05:step4=dense", m, n)
         assert sparse4["intra"] < dense4["intra"] and sparse4["inter"] == dense4["inter"]
+
+
+def test_collectives_are_not_constant_folded_on_some_ranks(tmp_path):
+    """A rank whose input Grappler can fold must still take part in every call (it once sent the
+    first call's length again: "Mismatched BROADCAST tensor shapes")."""
+    reports = hvdrun.run("folding_worker.py", 3, tmp_path)
+    for calls in reports:
+        assert [c["length"] for c in calls] == [5, 9, 2]
+        for c in calls:
+            n = c["length"]
+            assert c["sent"] == list(range(n))
+            assert c["gathered"] == [float(n), 1.0, 1.0]
+            assert c["summed"] == n + 2.0

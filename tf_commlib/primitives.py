@@ -7,6 +7,7 @@ intra-node link; everything else goes through Horovod. Inside tf_commlib.link_by
 each counts the bytes this rank sends on each link (see link_bytes for the convention).
 """
 import os
+import re
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -24,6 +25,7 @@ def allreduce(x, process_set, average=False, name=None):
     if _alone(process_set):
         return tf.identity(x)
     link_bytes.record("allreduce", x, process_set)
+    x, name = _unfoldable(x, "Allreduce", name)
     return hvd.allreduce(x, op=hvd.Average if average else hvd.Sum, process_set=process_set,
                          name=name)
 
@@ -39,6 +41,7 @@ def allgather(x, process_set, name=None):
     link_bytes.record("allgather", x, process_set)
     if _shared_memory(process_set):
         return shm.allgather(x, process_set)
+    x, name = _unfoldable(x, "Allgather", name)
     return hvd.allgather(x, process_set=process_set, name=name)
 
 
@@ -67,6 +70,7 @@ def _reducescatter_by_alltoall(x, process_set, shard, name):
     splits = tf.tensor_scatter_nd_update(tf.fill([size], shard), [[me]], [0])
     # Horovod names an unnamed op after its input: give every rank's input the same name
     send = tf.identity(others[0] if size == 2 else tf.concat(others, 0), name="reducescatter_send")
+    send, name = _unfoldable(send, "Alltoall", name)
     received, _ = hvd.alltoall(send, splits=splits, process_set=process_set, name=name)
     if size == 2:   # a + b rounds the same in either order
         return blocks[me] + received
@@ -91,8 +95,10 @@ def reducescatter(x, process_set, name=None):
         out = _reducescatter_by_alltoall(x, process_set, shard, name)
     elif mode == "allreduce":
         me = process_set.rank()
+        x, name = _unfoldable(x, "Allreduce", name)
         out = hvd.allreduce(x, op=hvd.Sum, process_set=process_set, name=name)[me * shard:(me + 1) * shard]
     else:
+        x, name = _unfoldable(x, "Reducescatter", name)
         out = hvd.reducescatter(x, op=hvd.Sum, process_set=process_set, name=name)
     if x.shape.rank is not None and x.shape[0] is not None:   # keep the static shape in graphs
         out.set_shape([x.shape[0] // size] + x.shape[1:])
@@ -104,8 +110,32 @@ def alltoall(x, splits, process_set, name=None):
     if _alone(process_set):
         return tf.identity(x)
     link_bytes.record("alltoall", x, process_set, splits=splits)
+    x, name = _unfoldable(x, "Alltoall", name)
     received, _ = hvd.alltoall(x, splits=splits, process_set=process_set, name=name)
     return received
+
+
+SMALL = 1 << 16   # elements: tensors up to this size are shielded from constant folding
+
+
+def _unfoldable(t, kind, name):
+    """(t through an op Grappler cannot constant-fold, the Horovod name t would have had).
+
+    Horovod's ops are not registered stateful, so Grappler's constant folding runs one whose input
+    it can fold at graph-optimisation time, once, and bakes the result in. It did so to a
+    non-root's broadcast of its length once the root was a constant and the tf.cond on it folded:
+    the next call sent the first call's length ("Mismatched BROADCAST tensor shapes"). A select on
+    tf.timestamp (stateful) cannot be folded; a reshape or a control edge is optimised away. Large
+    tensors are gradients, never constants, and are spared the copy. Horovod names an unnamed op
+    after its input, so the name it would have given t is passed on (it must match across ranks).
+    """
+    t = tf.convert_to_tensor(t)
+    size = t.shape.num_elements()
+    if tf.executing_eagerly() or size is not None and size > SMALL:
+        return t, name
+    if name is None:
+        name = f"Horovod{kind}_" + re.sub("[^a-zA-Z0-9_]", "_", t.name)
+    return tf.where(tf.timestamp() < 0, tf.zeros_like(t), t), name
 
 
 def broadcast(x, root_rank, process_set, name=None):
@@ -121,6 +151,7 @@ def broadcast(x, root_rank, process_set, name=None):
         return tf.identity(x)
     if isinstance(root_rank, (int, np.integer)):
         link_bytes.record("broadcast", x, process_set, root_rank=root_rank)
+        x, name = _unfoldable(x, "Broadcast", name)
         return hvd.broadcast(x, root_rank, process_set=process_set, name=name)
     x, ranks = tf.convert_to_tensor(x), list(process_set.ranks)
     root = tf.cast(root_rank, tf.int64)
@@ -130,7 +161,7 @@ def broadcast(x, root_rank, process_set, name=None):
 
     def from_root(t, tag):
         link_bytes.record("broadcast", t, process_set, root_rank=root)
-        label = None if name is None else f"{name}_{tag}"
+        t, label = _unfoldable(t, "Broadcast", None if name is None else f"{name}_{tag}")
         return tf.switch_case(position, [
             (lambda r: lambda: hvd.broadcast(t, r, process_set=process_set, name=label))(r) for r in ranks])
 
