@@ -56,6 +56,23 @@ def _env_int(names, default):
     return default
 
 
+def _fixed_set_class(hvd):
+    """A Horovod ProcessSet whose size() and rank() are answered in Python from its ranks: once a
+    node that finished first has shut Horovod down (which shuts it down on every rank), the ranks
+    still in their last node-local exchange (shared memory) must not ask Horovod anything, or a
+    correct run fails at exit with "Process set does not exist"."""
+    class FixedProcessSet(hvd.ProcessSet):
+        my_rank = None
+
+        def size(self):
+            return len(self.ranks)
+
+        def rank(self):
+            return self.ranks.index(self.my_rank) if self.my_rank in self.ranks else None
+
+    return FixedProcessSet
+
+
 def init(topology=None):
     """Initialises Horovod with the process sets of the layout and returns the Topology."""
     global _current
@@ -75,7 +92,8 @@ def init(topology=None):
     # A set that spans the whole world is Horovod's global set; a one-rank set needs no collective
     # partner but is kept so that code paths are the same on every layout.
     extra = [r for r in intra_lists + inter_lists if len(r) != size]
-    sets = [hvd.ProcessSet(r) for r in extra]
+    fixed = _fixed_set_class(hvd)
+    sets = [fixed(r) for r in extra]
     hvd.init(process_sets=sets)
     if hvd.size() != size:
         raise RuntimeError(f"Horovod reports {hvd.size()} ranks, expected {size}")
@@ -84,15 +102,19 @@ def init(topology=None):
         raise RuntimeError("tf_commlib needs node-major rank numbering (rank = node * n + local); "
                            f"rank {rank} has local rank {hvd.local_rank()}, cross rank {hvd.cross_rank()}")
     node, local = divmod(rank, n)
+    world = fixed(list(range(size)))
+    world.process_set_id = hvd.global_process_set.process_set_id
+    for s in sets + [world]:
+        s.my_rank = rank
     by_ranks = {tuple(r): s for r, s in zip(extra, sets)}
 
     def as_set(ranks):
-        return by_ranks.get(tuple(ranks), hvd.global_process_set)
+        return by_ranks.get(tuple(ranks), world)
 
     _current = Topology(m=m, n=n, rank=rank, node=node, local=local,
                         intra_ranks=tuple(intra_lists[node]), inter_ranks=tuple(inter_lists[local]),
                         intra=as_set(intra_lists[node]), inter=as_set(inter_lists[local]),
-                        world=hvd.global_process_set)
+                        world=world)
     return _current
 
 

@@ -1,7 +1,7 @@
 """Keras 3 integration: DistributedOptimizer and the callbacks that go with it."""
-from tf_commlib.keras.callbacks import (BroadcastGlobalVariables, CompressionScheduler, MetricAverage,
+from tf_commlib.keras.callbacks import (BackupAndRestore, BroadcastGlobalVariables, CompressionScheduler, MetricAverage,
                                         broadcast_variables, default_callbacks)
 from tf_commlib.keras.optimizer import DistributedOptimizer
 
-__all__ = ["DistributedOptimizer", "BroadcastGlobalVariables", "CompressionScheduler",
+__all__ = ["DistributedOptimizer", "BackupAndRestore", "BroadcastGlobalVariables", "CompressionScheduler",
            "MetricAverage", "broadcast_variables", "default_callbacks"]
