@@ -137,8 +137,9 @@ class GradientAggregator:
             rows = consistency.check(self.topo.world, step, static, self.active, self.density,
                                      self.candidates, foreign, mine)
             with tf.control_dependencies([rows]):
-                self.owner.assign(me)
-            return tf.constant(True)
+                claimed = self.owner.assign(me)
+            with tf.control_dependencies([claimed]):
+                return tf.greater_equal(tf.size(rows), 0)   # true, once the check has passed
 
         if tf.executing_eagerly():
             if self.check_consistency or static not in self._checked:

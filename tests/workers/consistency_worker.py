@@ -19,6 +19,7 @@ def grads(dtype=np.float32):
 
 
 def run(case, fn):
+    print(f"rank {topo.rank}: case {case}", flush=True)
     try:
         fn()
         out[case] = None

@@ -10,10 +10,11 @@ import tensorflow as tf
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import tf_commlib  # noqa: E402
+import _fit  # noqa: E402
 from _report import report  # noqa: E402
 from tf_commlib import digits  # noqa: E402
 from tf_commlib import primitives as P  # noqa: E402
-from tf_commlib.keras import BackupAndRestore, DistributedOptimizer, default_callbacks  # noqa: E402
+from tf_commlib.keras import BackupAndRestore  # noqa: E402
 
 topo = tf_commlib.init()
 shared = os.environ["HVD_TEST_OUT"]
@@ -22,45 +23,27 @@ x, y = x[:64], y[:64]
 EPOCHS, STOP = 3, 1
 
 
-def build():
-    model = digits.small_cnn(seed=1)
-    opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm="hitopk",
-                               density=0.05, seed=5)
-    model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
-    return model
-
-
 def fit(model, epochs, initial_epoch=0, extra=()):
-    model.fit(x, y, batch_size=16, epochs=epochs, initial_epoch=initial_epoch, shuffle=False,
-              verbose=0, callbacks=default_callbacks() + list(extra))
+    _fit.fit(model, x, y, epochs, initial_epoch, extra)
 
 
-def weights(model):
-    return np.concatenate([w.numpy().ravel() for w in model.weights]).tolist()
-
-
-class Interrupt(keras.callbacks.Callback):
-    def on_epoch_end(self, epoch, logs=None):
-        if epoch == STOP - 1:
-            raise RuntimeError("interrupted")
-
-
-full = build()
+full = _fit.build()
 fit(full, EPOCHS)
 residual = sum(float(np.abs(v.numpy()).sum()) for v in full.optimizer.variables if "residual" in v.path)
 
 backup = os.path.join(shared, "backup")   # one directory for all ranks
-first = build()
+first = _fit.build()
 try:
-    fit(first, EPOCHS, extra=[BackupAndRestore(backup), Interrupt()])
+    fit(first, EPOCHS, extra=[BackupAndRestore(backup), _fit.Interrupt(STOP)])
 except RuntimeError:
     pass
-backups = sorted(os.listdir(backup))
-resumed = build()
+mine = os.path.join(backup, f"rank{topo.rank}", "latest.weights.h5")
+backed_up = os.path.exists(mine)
+resumed = _fit.build()
 fit(resumed, EPOCHS, extra=[BackupAndRestore(backup)])
 
 # The usual Horovod practice: rank 0 alone saves; every rank loads rank 0's file.
-part = build()
+part = _fit.build()
 fit(part, STOP)
 path = os.path.join(shared, "rank0.keras")
 if topo.rank == 0:
@@ -75,5 +58,5 @@ except (ValueError, tf.errors.OpError) as e:
 loaded = keras.models.load_model(path)
 loaded.optimizer.reset_rank_state()   # knowingly start residuals and momentum from zero
 fit(loaded, STOP + 1, initial_epoch=STOP)
-report(topo.rank, {"full": weights(full), "resumed": weights(resumed), "backups": backups,
-                   "residual": residual, "refused": refused, "after_reset": weights(loaded)})
+report(topo.rank, {"full": _fit.weights(full), "resumed": _fit.weights(resumed), "backed_up": backed_up, "deleted": not os.path.exists(mine),
+                   "residual": residual, "refused": refused, "after_reset": _fit.weights(loaded)})
