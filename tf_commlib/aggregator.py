@@ -131,7 +131,7 @@ class GradientAggregator:
         static = consistency.static_fingerprints(mine)
         step = self.step if step is None else step
 
-        def check():
+        def check(step=step):
             owner, me = tf.convert_to_tensor(self.owner), tf.constant(self.topo.rank + 1, tf.int64)
             foreign = tf.where(tf.logical_or(tf.equal(owner, 0), tf.equal(owner, me)), tf.zeros_like(owner), owner)
             rows = consistency.check(self.topo.world, step, static, self.active, self.density,
@@ -146,6 +146,12 @@ class GradientAggregator:
                 check()
                 self._checked.add(static)
             return grads
+        if static not in self._checked:
+            # a new signature: checked while tracing (every rank traces it at the same call), before
+            # any collective is traced, so a rank that cannot trace them fails with the others
+            with tf.init_scope():
+                check(step if isinstance(step, int) else self.step)
+            self._checked.add(static)
         if self.check_consistency:
             done = check()
         else:   # in a graph: at the first step only
