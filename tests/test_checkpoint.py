@@ -14,3 +14,18 @@ def test_resume_equals_uninterrupted(tmp_path):
         assert r["loaded_optimizer"] == "DistributedOptimizer"
         assert np.abs(np.array(r["partial"]) - np.array(r["full"])).max() > 1e-3  # it did train on
     assert reports[0]["full"] == reports[1]["full"]
+
+
+def test_per_rank_state_across_a_restart_on_4_ranks(tmp_path):
+    """Residuals and DGC momentum differ by rank: tf_commlib.keras.BackupAndRestore keeps one backup
+    per rank and resumes exactly; a checkpoint that rank 0 alone wrote is refused on every rank
+    (it would silently give every rank rank 0's residuals) unless reset_rank_state() is called."""
+    reports = hvdrun.run("rank_state_worker.py", 4, tmp_path, topology="2x2", timeout=500)
+    for rank, r in enumerate(reports):
+        assert r["residual"] > 0
+        assert r["backed_up"] and r["deleted"], "own backup written when interrupted, deleted at the end"
+        np.testing.assert_allclose(r["resumed"], r["full"], rtol=0, atol=1e-6)
+        assert r["refused"] is not None and "restored from another rank's checkpoint" in r["refused"]
+        assert "[None, 0, 0, 0]" in r["refused"], r["refused"]
+        assert np.isfinite(r["after_reset"]).all()
+        assert r["full"] == reports[0]["full"] and r["after_reset"] == reports[0]["after_reset"]

@@ -86,10 +86,50 @@ def test_against_numpy(tmp_path):
     (dict(schedule={0: "nope"}), "schedule algorithm must be one of"),
     (dict(warmup=-1), "warmup must be"),
     (dict(selector="x"), "selector must be one of"),
+    # issue 16: every argument is validated, and the message names it
+    (dict(momentum=-5), "momentum must be"),
+    (dict(momentum=float("nan")), "momentum must be"),
+    (dict(momentum=1.5), "momentum must be"),
+    (dict(momentum="0.9"), "momentum must be"),
+    (dict(fusion_threshold_bytes="a"), "fusion_threshold_bytes must be"),
+    (dict(fusion_threshold_bytes=-1), "fusion_threshold_bytes must be"),
+    (dict(seed="x"), "seed must be"),
+    (dict(seed=1.5), "seed must be"),
+    (dict(local_clip_norm=float("nan")), "local_clip_norm must be"),
+    (dict(local_clip_norm="1"), "local_clip_norm must be"),
+    (dict(warmup=True), "warmup must be"),
+    (dict(nesterov="yes"), "nesterov must be"),
+    (dict(momentum_correction=1), "momentum_correction must be"),
+    (dict(momentum_masking=None), "momentum_masking must be"),
+    (dict(qrgc="no"), "qrgc must be"),
+    (dict(dense_layers=3), "dense_layers must be"),
+    (dict(dense_warmup_epochs="a"), "dense_warmup_epochs must be"),
+    (dict(dense_warmup_epochs=-2), "dense_warmup_epochs must be"),
+    (dict(name=7), "name must be"),
+    (dict(algorithm_options={"hitopk": 3}), "algorithm_options"),
 ])
 def test_bad_configuration_raises_before_training(kwargs, message):
     with pytest.raises(ValueError, match=message):
         DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), **kwargs)
+
+
+def test_optimizer_argument_must_be_a_keras_optimizer():
+    with pytest.raises(ValueError, match="optimizer must be a Keras 3 optimizer"):
+        DistributedOptimizer("sgd")
+
+
+def test_wrapping_one_sgd_twice_is_refused():
+    """The first wrap moves the SGD's momentum into the wrapper (and sets the SGD's to 0); a second
+    wrap of the same instance would silently train without momentum."""
+    sgd = keras.optimizers.SGD(0.1, momentum=0.9)
+    first = DistributedOptimizer(sgd)
+    assert first.m == 0.9 and sgd.momentum == 0.0
+    with pytest.raises(ValueError, match="already wrapped"):
+        DistributedOptimizer(sgd)
+    with pytest.raises(ValueError, match="already wrapped"):
+        DistributedOptimizer(sgd, momentum=0.9)
+    copy = DistributedOptimizer(keras.optimizers.SGD.from_config(sgd.get_config()), momentum=0.9)
+    assert copy.m == 0.9
 
 
 def test_momentum_correction_needs_a_momentum_for_other_optimizers():

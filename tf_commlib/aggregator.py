@@ -1,10 +1,7 @@
 """GradientAggregator: the user entry point of the collectives (fusion, error feedback, choice)."""
-import zlib
-
 import tensorflow as tf
 
-from tf_commlib import fusion, link_bytes, ops
-from tf_commlib import primitives as P
+from tf_commlib import consistency, fusion, link_bytes, ops
 from tf_commlib.collectives import ALGORITHMS, resolve_algorithm_options
 from tf_commlib.topology import topology as current_topology
 
@@ -55,11 +52,16 @@ class GradientAggregator:
     (float64 [2]) accumulates this rank's ||g_c||^2 and ||g_e||^2 over the sparse buckets: g_e is the
     input plus the residual, g_c what left it (g_e minus the new residual, both in input space),
     tyagi's compression gain is their ratio (tf_commlib.keras.adaptive).
+    ``check_consistency`` (default True) checks at every call that all ranks are at the same step
+    with the same shapes, dtypes, algorithm, density, selector and op (one all-gather of a few
+    int64 per rank, tf_commlib.consistency); False checks only the first call.
     """
 
     def __init__(self, algorithm="hitopk", density=0.01, selector="mstopk", op="average",
                  fusion_threshold_bytes=64 << 20, topology=None, seed=None, cost_params=None,
                  check_consistency=True, variable_factory=None, algorithm_options=None, track_gain=False):
+        if not isinstance(check_consistency, bool):
+            raise ValueError(f"check_consistency must be True or False, got {check_consistency!r}")
         check_config(algorithm, density, selector, op, algorithm_options)
         self.algorithm_options = resolve_algorithm_options(algorithm_options)
         self.candidates = [algorithm] if isinstance(algorithm, str) else list(algorithm)
@@ -89,6 +91,8 @@ class GradientAggregator:
             self.active = make((), tf.int32, "aggregator_algorithm")
             if self.track_gain:
                 self.gain = make((2,), tf.float64, "aggregator_gain")
+            # 1 + the rank whose residuals these are (0: never stepped); checkpointed with them
+            self.owner = make((), tf.int64, "aggregator_state_owner")
             for i, bucket in enumerate(self.buckets):
                 d = sum(bucket.sizes)
                 for name in sorted({self._resolve(c, d) for c in self.candidates}):
@@ -98,8 +102,13 @@ class GradientAggregator:
                                                          bucket.dtype, f"residual_{i}_{name}")
 
     def variables(self):
-        return ([self.step, self.density, self.active] + ([self.gain] if self.gain is not None else [])
-                + [self.residuals[k] for k in sorted(self.residuals)])
+        return ([self.step, self.density, self.active, self.owner]
+                + ([self.gain] if self.gain is not None else []) + self.residual_variables())
+
+    def reset_rank_state(self):
+        """Zeroes the per-rank state (residuals): for a job that loaded another rank's state."""
+        for var in self.residual_variables() + [self.owner]:
+            var.assign(tf.zeros(var.shape, var.dtype))
 
     def set_algorithm(self, name):
         self.active.assign(self.candidates.index(name))
@@ -125,26 +134,41 @@ class GradientAggregator:
             return lambda x, k: base(x, k, seed=seed)
         return ops.SELECTORS[self.selector]
 
-    def _check(self, grads):
-        """All ranks must pass the same shapes and dtypes; a mismatch raises on every rank."""
-        sig = repr([(None if g is None else (tuple(g.shape), g.dtype.name)) for g in grads])
-        fp = zlib.crc32((sig + repr(self.candidates)).encode()) & 0x7FFFFFFF
-        if tf.executing_eagerly():
-            if fp in self._checked:
-                return
-            seen = P.allgather(tf.constant([fp], tf.int64), self.topo.world).numpy().tolist()
-            if len(set(seen)) != 1:
-                raise ValueError("ranks passed gradients of different shapes or dtypes "
-                                 f"(fingerprints by rank: {seen})")
-            self._checked.add(fp)
-        else:  # in a graph: once, at the first step (every rank is at the same step)
-            def check():
-                seen = P.allgather(tf.constant([fp], tf.int64), self.topo.world)
-                tf.debugging.assert_equal(seen, tf.fill(tf.shape(seen), tf.constant(fp, tf.int64)),
-                                          message="ranks passed gradients of different shapes or dtypes")
-                return tf.constant(True)
+    def _check(self, grads, step):
+        """Every rank must be at the same step with the same shapes, dtypes, algorithm, density,
+        selector and op (tf_commlib.consistency): checked at every call with check_consistency,
+        else at the first call only. Returns grads that depend on the check having passed."""
+        mine = consistency.readable(grads, self.candidates, self.selector, self.op)
+        static = consistency.static_fingerprints(mine)
+        step = self.step if step is None else step
 
-            tf.cond(tf.equal(tf.convert_to_tensor(self.step), 0), check, lambda: tf.constant(True))
+        def check(step=step):
+            owner, me = tf.convert_to_tensor(self.owner), tf.constant(self.topo.rank + 1, tf.int64)
+            foreign = tf.where(tf.logical_or(tf.equal(owner, 0), tf.equal(owner, me)), tf.zeros_like(owner), owner)
+            rows = consistency.check(self.topo.world, step, static, self.active, self.density,
+                                     self.candidates, foreign, mine)
+            with tf.control_dependencies([rows]):
+                claimed = self.owner.assign(me)
+            with tf.control_dependencies([claimed]):
+                return tf.greater_equal(tf.size(rows), 0)   # true, once the check has passed
+
+        if tf.executing_eagerly():
+            if self.check_consistency or static not in self._checked:
+                check()
+                self._checked.add(static)
+            return grads
+        if static not in self._checked:
+            # a new signature: checked while tracing (every rank traces it at the same call), before
+            # any collective is traced, so a rank that cannot trace them fails with the others
+            with tf.init_scope():
+                check(step if isinstance(step, int) else self.step)
+            self._checked.add(static)
+        if self.check_consistency:
+            done = check()
+        else:   # in a graph: at the first step only
+            done = tf.cond(tf.equal(tf.convert_to_tensor(self.step), 0), check, lambda: tf.constant(True))
+        with tf.control_dependencies([done]):
+            return [None if g is None else tf.identity(g) for g in grads]
 
     def _run(self, i, name, flat):
         """One bucket through one algorithm: (aggregated sum, mask of the entries sent sparsely)."""
@@ -170,12 +194,15 @@ class GradientAggregator:
         return agg, tf.minimum(mask, 1)
 
     # -- the call ----------------------------------------------------------------------------
-    def aggregate(self, grads):
-        """Returns (aggregated grads, masks): masks[p] is 1 where grads[p] was sent sparsely."""
+    def aggregate(self, grads, step=None):
+        """Returns (aggregated grads, masks): masks[p] is 1 where grads[p] was sent sparsely.
+        ``step``: the caller's training step (int or int tensor), compared across ranks by the
+        consistency check (default: the number of calls so far); a rank that skipped a step of
+        its loop then fails on every rank at its next call."""
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
         self.build([None if g is None else (g.shape, g.dtype) for g in grads])
-        if self.check_consistency and self.topo.size > 1:
-            self._check(grads)
+        if self.topo.size > 1:
+            grads = self._check(grads, step)
         if fusion.plan(grads, self.fusion_threshold_bytes) != self.buckets:
             raise ValueError("the gradient list changed shape since the first call; "
                              "create a new GradientAggregator for a new model")
@@ -195,8 +222,8 @@ class GradientAggregator:
         self.step.assign_add(1)
         return out, masks
 
-    def __call__(self, grads):
-        return self.aggregate(grads)[0]
+    def __call__(self, grads, step=None):
+        return self.aggregate(grads, step)[0]
 
     def sent_bytes(self, algorithm=None, density=None):
         """{"intra": B, "inter": B} one aggregation sends per rank (averaged over the ranks), by the

@@ -89,6 +89,18 @@ def counting():
         _counter = previous
 
 
+@contextlib.contextmanager
+def not_counted():
+    """Within it the primitives count nothing: control traffic (e.g. the consistency check) that is
+    no part of a collective's bytes."""
+    global _counter
+    previous, _counter = _counter, None
+    try:
+        yield
+    finally:
+        _counter = previous
+
+
 def record(op, x, process_set, splits=None, root_rank=None):
     """Adds what this rank sends in `op` on x to the active counter (no-op when not counting)."""
     if _counter is None:

@@ -9,9 +9,9 @@ import tensorflow as tf
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import tf_commlib  # noqa: E402
+import _fit  # noqa: E402
 from _report import report  # noqa: E402
 from tf_commlib.apps import digits  # noqa: E402
-from tf_commlib.keras import DistributedOptimizer, default_callbacks  # noqa: E402
 
 topo = tf_commlib.init()
 work = os.path.join(os.environ["HVD_TEST_OUT"], f"rank{topo.rank}")
@@ -21,26 +21,11 @@ EPOCHS, STOP = 4, 2
 
 
 def build():
-    model = digits.small_cnn(seed=1)
-    opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm="hitopk",
-                               density=0.05, warmup=1, seed=5)
-    model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
-    return model
+    return _fit.build(warmup=1)
 
 
 def fit(model, epochs, initial_epoch=0, extra=()):
-    model.fit(x, y, batch_size=16, epochs=epochs, initial_epoch=initial_epoch, shuffle=False,
-              verbose=0, callbacks=default_callbacks() + list(extra))
-
-
-def weights(model):
-    return np.concatenate([w.numpy().ravel() for w in model.weights]).tolist()
-
-
-class Interrupt(keras.callbacks.Callback):
-    def on_epoch_end(self, epoch, logs=None):
-        if epoch == STOP - 1:
-            raise RuntimeError("interrupted")
+    _fit.fit(model, x, y, epochs, initial_epoch, extra)
 
 
 full = build()
@@ -53,7 +38,7 @@ has_momentum = any("dgc_momentum" in p and np.abs(v).sum() > 0 for p, v in state
 backup = os.path.join(work, "backup")
 first = build()
 try:
-    fit(first, EPOCHS, extra=[keras.callbacks.BackupAndRestore(backup), Interrupt()])
+    fit(first, EPOCHS, extra=[keras.callbacks.BackupAndRestore(backup), _fit.Interrupt(STOP)])
 except RuntimeError:
     pass
 resumed = build()
@@ -74,6 +59,6 @@ part.save(saved)
 loaded = keras.models.load_model(saved)
 fit(loaded, EPOCHS, initial_epoch=STOP)
 
-report(topo.rank, {"saved": weights(loaded), "loaded_optimizer": type(loaded.optimizer).__name__,"full": weights(full), "backup": weights(resumed), "checkpoint": weights(restored),
+report(topo.rank, {"saved": _fit.weights(loaded), "loaded_optimizer": type(loaded.optimizer).__name__,"full": _fit.weights(full), "backup": _fit.weights(resumed), "checkpoint": _fit.weights(restored),
                    "has_residual": bool(has_residual), "has_momentum": bool(has_momentum),
-                   "partial": weights(part)})
+                   "partial": _fit.weights(part)})

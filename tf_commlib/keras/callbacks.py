@@ -1,4 +1,6 @@
 """Keras callbacks like Horovod's, for the Keras 3 DistributedOptimizer."""
+import os
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -52,6 +54,16 @@ class CompressionScheduler(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self.model.optimizer.set_epoch(epoch)
+
+
+class BackupAndRestore(keras.callbacks.BackupAndRestore):
+    """keras.callbacks.BackupAndRestore with one backup per rank, in backup_dir/rank<R>: residuals
+    and DGC momentum differ by rank, so every rank saves and restores its own (backup_dir is on a
+    shared file system, or node-local with the same ranks on the same nodes after a restart)."""
+
+    def __init__(self, backup_dir, *args, **kwargs):
+        self.rank_dir = os.path.join(os.fspath(backup_dir), f"rank{current_topology().rank}")
+        super().__init__(self.rank_dir, *args, **kwargs)
 
 
 def default_callbacks(root_rank=0):

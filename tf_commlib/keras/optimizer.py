@@ -11,6 +11,7 @@ twice); any other wrapped optimizer needs ``momentum=`` and keeps its own adapti
 the aggregated update.
 """
 import math
+import numbers
 
 import keras
 import tensorflow as tf
@@ -20,6 +21,44 @@ from tf_commlib.aggregator import GradientAggregator, check_config
 from tf_commlib.keras import adaptive
 from tf_commlib.keras.policy import WARMUP_DENSITIES, default_dense_layers, parse_schedule
 from tf_commlib.topology import topology as current_topology
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_arguments(optimizer, momentum_correction, momentum, nesterov, local_clip_norm,
+                    momentum_masking, warmup, dense_layers, dense_warmup_epochs, qrgc,
+                    fusion_threshold_bytes, seed, name):
+    """ValueError naming the first bad argument of DistributedOptimizer (the collective's own
+    arguments are checked by tf_commlib.aggregator.check_config)."""
+    if not isinstance(optimizer, keras.optimizers.Optimizer) or isinstance(optimizer, DistributedOptimizer):
+        raise ValueError(f"optimizer must be a Keras 3 optimizer (not a DistributedOptimizer), got {optimizer!r}")
+    if getattr(optimizer, "_tf_commlib_wrapped", False):
+        raise ValueError("optimizer is already wrapped by a DistributedOptimizer (which took over its "
+                         "momentum); wrap a new instance, e.g. type(opt).from_config(opt.get_config())")
+    for arg, value in (("momentum_correction", momentum_correction), ("nesterov", nesterov),
+                       ("momentum_masking", momentum_masking), ("qrgc", qrgc)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{arg} must be True or False, got {value!r}")
+    if momentum is not None and (isinstance(momentum, bool) or not isinstance(momentum, numbers.Real)
+                                 or not 0.0 <= momentum < 1.0):
+        raise ValueError(f"momentum must be a number in [0, 1), got {momentum!r}")
+    if local_clip_norm is not None and (isinstance(local_clip_norm, bool) or not isinstance(local_clip_norm, numbers.Real)
+                                        or not 0.0 < local_clip_norm < math.inf):
+        raise ValueError(f"local_clip_norm must be a positive finite number, got {local_clip_norm!r}")
+    if warmup is not None and (not _is_int(warmup) or warmup < 0):
+        raise ValueError(f"warmup must be a number of epochs >= 0, got {warmup!r}")
+    if dense_layers is not None and not callable(dense_layers):
+        raise ValueError(f"dense_layers must be a predicate variable -> bool, got {dense_layers!r}")
+    if not _is_int(dense_warmup_epochs) or dense_warmup_epochs < 0:
+        raise ValueError(f"dense_warmup_epochs must be an int >= 0, got {dense_warmup_epochs!r}")
+    if not _is_int(fusion_threshold_bytes) or fusion_threshold_bytes < 0:
+        raise ValueError(f"fusion_threshold_bytes must be an int >= 0, got {fusion_threshold_bytes!r}")
+    if seed is not None and not _is_int(seed):
+        raise ValueError(f"seed must be None or an int, got {seed!r}")
+    if name is not None and not isinstance(name, str):
+        raise ValueError(f"name must be None or a string, got {name!r}")
 
 
 @keras.saving.register_keras_serializable(package="tf_commlib")
@@ -60,11 +99,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         candidates, is_adaptive = adaptive.check_candidates(density, candidates), density == "adaptive"
         density = candidates[0] if is_adaptive else density
         check_config(algorithm, density, selector, algorithm_options=algorithm_options)
+        check_arguments(optimizer, momentum_correction, momentum, nesterov, local_clip_norm,
+                        momentum_masking, warmup, dense_layers, dense_warmup_epochs, qrgc,
+                        fusion_threshold_bytes, seed, name)
         schedule = parse_schedule(schedule, algorithm, dense_warmup_epochs)
-        if warmup is not None and (not isinstance(warmup, int) or warmup < 0):
-            raise ValueError(f"warmup must be a number of epochs >= 0, got {warmup!r}")
-        if local_clip_norm is not None and not local_clip_norm > 0:
-            raise ValueError(f"local_clip_norm must be positive, got {local_clip_norm!r}")
         m = 0.0
         if momentum_correction:
             if isinstance(optimizer, keras.optimizers.SGD) or getattr(optimizer, "movable_momentum", False):
@@ -79,6 +117,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         super().__init__(learning_rate=0.0, name=name or "distributed_" + optimizer.name)
         self.schedule, self.m = schedule, m
         self.inner_optimizer = optimizer
+        optimizer._tf_commlib_wrapped = True   # its momentum (SGD) and its state now live here
         self.algorithm, self.target_density, self.selector = algorithm, float(density), selector
         self.momentum_correction, self.nesterov = momentum_correction, bool(nesterov)
         self.momentum_masking, self.local_clip_norm = momentum_masking, local_clip_norm
@@ -123,6 +162,16 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.inner_optimizer.build(var_list)
         super().build(var_list)
         self._apply_epoch(self._epoch)
+
+    def reset_rank_state(self):
+        """Zeroes the per-rank state (residuals, DGC momentum), e.g. after loading weights that one
+        rank saved for all (the consistency check refuses another rank's state otherwise)."""
+        if not self.built:
+            return
+        for agg, _, _ in self._groups:
+            agg.reset_rank_state()
+        for u in self.velocities:
+            u.assign(tf.zeros(u.shape, u.dtype))
 
     @property
     def variables(self):
@@ -212,7 +261,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 send[i] = self.m * tf.convert_to_tensor(u) + g if self.nesterov else tf.convert_to_tensor(u)
         update = list(send)
         for agg, idx, sparse in self._groups:
-            aggregated, masks = agg.aggregate([send[i] for i in idx])
+            aggregated, masks = agg.aggregate([send[i] for i in idx], step=self.iterations)
             for i, g, mask in zip(idx, aggregated, masks):
                 update[i] = g
                 if sparse and mask is not None and self.momentum_correction and self.momentum_masking:

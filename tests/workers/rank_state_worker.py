@@ -1,0 +1,62 @@
+"""Per-rank optimizer state across a restart, on 4 ranks: tf_commlib.keras.BackupAndRestore (one
+backup per rank in a shared directory) resumes to the same weights as an uninterrupted run, and a
+checkpoint written by rank 0 alone and loaded by every rank is refused on every rank."""
+import os
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import tf_commlib  # noqa: E402
+import _fit  # noqa: E402
+from _report import report  # noqa: E402
+from tf_commlib.apps import digits  # noqa: E402
+from tf_commlib import primitives as P  # noqa: E402
+from tf_commlib.keras import BackupAndRestore  # noqa: E402
+
+topo = tf_commlib.init()
+shared = os.environ["HVD_TEST_OUT"]
+(x, y), _ = digits.load(topo.rank, topo.size)
+x, y = x[:64], y[:64]
+EPOCHS, STOP = 3, 1
+
+
+def fit(model, epochs, initial_epoch=0, extra=()):
+    _fit.fit(model, x, y, epochs, initial_epoch, extra)
+
+
+full = _fit.build()
+fit(full, EPOCHS)
+residual = sum(float(np.abs(v.numpy()).sum()) for v in full.optimizer.variables if "residual" in v.path)
+
+backup = os.path.join(shared, "backup")   # one directory for all ranks
+first = _fit.build()
+try:
+    fit(first, EPOCHS, extra=[BackupAndRestore(backup), _fit.Interrupt(STOP)])
+except RuntimeError:
+    pass
+mine = os.path.join(backup, f"rank{topo.rank}", "latest.weights.h5")
+backed_up = os.path.exists(mine)
+resumed = _fit.build()
+fit(resumed, EPOCHS, extra=[BackupAndRestore(backup)])
+
+# The usual Horovod practice: rank 0 alone saves; every rank loads rank 0's file.
+part = _fit.build()
+fit(part, STOP)
+path = os.path.join(shared, "rank0.keras")
+if topo.rank == 0:
+    part.save(path)
+P.allreduce(tf.constant(1), topo.world)   # the file is there before anyone reads it
+loaded = keras.models.load_model(path)
+try:
+    fit(loaded, EPOCHS, initial_epoch=STOP)
+    refused = None
+except (ValueError, tf.errors.OpError) as e:
+    refused = str(e)
+loaded = keras.models.load_model(path)
+loaded.optimizer.reset_rank_state()   # knowingly start residuals and momentum from zero
+fit(loaded, STOP + 1, initial_epoch=STOP)
+report(topo.rank, {"full": _fit.weights(full), "resumed": _fit.weights(resumed), "backed_up": backed_up, "deleted": not os.path.exists(mine),
+                   "residual": residual, "refused": refused, "after_reset": _fit.weights(loaded)})
