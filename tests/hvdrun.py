@@ -14,6 +14,16 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
 
 
+def output(proc, timeout, what):
+    """proc's output once it exits; past the timeout its process group is killed and the test fails."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log = proc.communicate()[0]
+        raise AssertionError(f"{what} timed out after {timeout}s:\n{log[-4000:]}")
+
+
 def run(worker, np_, tmp_path, args=(), topology=None, timeout=240, env=None, expect_fail=False):
     """Runs tests/workers/<worker> on np_ ranks; returns the list of per-rank reports (rank order)."""
     out = Path(tmp_path) / f"hvd_{worker.replace('.py', '')}"
@@ -29,12 +39,7 @@ def run(worker, np_, tmp_path, args=(), topology=None, timeout=240, env=None, ex
     full_env.update(env or {})
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env,
                             start_new_session=True, text=True)
-    try:
-        log, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        raise AssertionError(f"{worker} on {np_} ranks timed out after {timeout}s:\n{log[-4000:]}")
+    log = output(proc, timeout, f"{worker} on {np_} ranks")
     if expect_fail:
         assert proc.returncode != 0, f"{worker} was expected to fail:\n{log[-4000:]}"
         return log

@@ -37,12 +37,7 @@ def _launch(args, log_dir):
 
 def _run(args, log_dir, timeout=600):
     proc = _launch(args, log_dir)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"timed out:\n{out[-4000:]}")
+    out = hvdrun.output(proc, timeout, "dawnbench_resnet50.py")
     assert proc.returncode == 0, out[-6000:]
     return out
 
@@ -89,6 +84,7 @@ def test_digits_learn_through_datacache_hitopk_2dtar_lars(uninterrupted):
     assert int(re.search(r"datacache \(all ranks\): hits (\d+)", out).group(1)) > 0, out[-3000:]
 
 
+@pytest.mark.timeout(1500)   # the uninterrupted run (when this test runs alone), a killed one and its resumption
 def test_killed_run_resumes_to_the_uninterrupted_weights(digits, uninterrupted, tmp_path):
     full_log, full_out = uninterrupted
     ckpt = tmp_path / "ckpt"

@@ -4,25 +4,11 @@ Every collective sums a flat tensor of static length d over all ranks and return
 on every rank. A module describes its algorithm completely in ``COLLECTIVE``, a Collective
 (interface.py): the function, its alpha-beta time and its bytes per link. Importing this package
 registers every module that defines one, in module-name order: adding a collective is adding its
-module, e.g. tf_commlib/collectives/ring.py:
-
-    from tf_commlib import costmodel as C, link_bytes as L, primitives as P
-    from tf_commlib.collectives.interface import Collective
-
-    def ring(x, topo, ctx=None):
-        return P.allreduce(x, topo.world)
-
-    def time(d, m, n, density, params, options):
-        a, b = C.world_link(m, params)
-        return {"allreduce": C.ring_allreduce(C.BYTES * d, m * n, a, b)}
-
-    def sent_bytes(d, m, n, density, options):
-        return L.per_rank("allreduce", C.BYTES * d, "world", m, n)
-
-    COLLECTIVE = Collective("ring", ring, time, sent_bytes)
-
-It then runs as GradientAggregator(algorithm="ring"), takes part in "auto", `bench comm` and the
-byte-count test (tests/test_link_bytes.py); ``register`` adds one defined elsewhere.
+module. dense.py is the shortest example: the function, ``time`` (alpha-beta seconds per phase, from
+costmodel's link parameters), ``sent_bytes`` (bytes per link, from link_bytes) and
+``COLLECTIVE = Collective("dense", dense, time, sent_bytes)``. A new module runs at once as
+GradientAggregator(algorithm=name), takes part in "auto", `bench comm` and the byte-count test
+(tests/test_collective_interface.py); ``register`` adds one defined elsewhere.
 """
 import importlib
 import pkgutil
