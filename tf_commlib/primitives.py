@@ -116,6 +116,15 @@ def alltoall(x, splits, process_set, name=None):
 
 
 SMALL = 1 << 16   # elements: tensors up to this size are shielded from constant folding
+_false = []   # a False tf.Variable, made on first use
+
+
+def _never():
+    """False, from a variable: a value Grappler cannot know."""
+    if not _false:
+        with tf.init_scope():
+            _false.append(tf.Variable(False, trainable=False, name="tf_commlib_never"))
+    return _false[0].read_value()
 
 
 def _unfoldable(t, kind, name):
@@ -125,9 +134,10 @@ def _unfoldable(t, kind, name):
     it can fold at graph-optimisation time, once, and bakes the result in. It did so to a
     non-root's broadcast of its length once the root was a constant and the tf.cond on it folded:
     the next call sent the first call's length ("Mismatched BROADCAST tensor shapes"). A select on
-    tf.timestamp (stateful) cannot be folded; a reshape or a control edge is optimised away. Large
-    tensors are gradients, never constants, and are spared the copy. Horovod names an unnamed op
-    after its input, so the name it would have given t is passed on (it must match across ranks).
+    a variable's value cannot be folded (one on tf.timestamp neither, but op determinism forbids
+    Timestamp); a reshape or a control edge is optimised away. Large tensors are gradients, never
+    constants, and are spared the copy. Horovod names an unnamed op after its input, so the name it
+    would have given t is passed on (it must match across ranks).
     """
     t = tf.convert_to_tensor(t)
     size = t.shape.num_elements()
@@ -135,7 +145,7 @@ def _unfoldable(t, kind, name):
         return t, name
     if name is None:
         name = f"Horovod{kind}_" + re.sub("[^a-zA-Z0-9_]", "_", t.name)
-    return tf.where(tf.timestamp() < 0, tf.zeros_like(t), t), name
+    return tf.where(_never(), tf.zeros_like(t), t), name
 
 
 def broadcast(x, root_rank, process_set, name=None):

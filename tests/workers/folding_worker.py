@@ -10,6 +10,7 @@ import tf_commlib  # noqa: E402
 from _report import report  # noqa: E402
 from tf_commlib import primitives as P  # noqa: E402
 
+tf.config.experimental.enable_op_determinism()   # as the DAWNBench script's --deterministic
 topo = tf_commlib.init()
 world = topo.world
 length = tf.Variable(5)
