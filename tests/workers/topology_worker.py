@@ -1,5 +1,7 @@
 """Reports this rank's topology, the members of its process sets as seen by a real allgather on
-each set, and a hierarchical allreduce (intra reduce-scatter, inter allreduce, intra allgather)."""
+each set, a hierarchical allreduce (intra reduce-scatter, inter allreduce, intra allgather), and the
+intra-node reduce-scatter in each of its modes (TF_COMMLIB_REDUCESCATTER, read at each call)."""
+import os
 import sys
 
 import numpy as np
@@ -23,13 +25,22 @@ def in_graph(v):
     return two_d_tar(v, topo)
 
 
+def reducescatter(mode):
+    os.environ["TF_COMMLIB_REDUCESCATTER"] = mode
+    try:
+        return P.reducescatter(tf.constant(x[:topo.n * (d // topo.n)]), topo.intra).numpy().tolist()
+    finally:
+        del os.environ["TF_COMMLIB_REDUCESCATTER"]
+
+
+modes = ["alltoall", "allreduce", "native"] + (["shm"] if shm.available(topo.intra) else [])
 report(topo.rank, {
     "m": topo.m, "n": topo.n, "node": topo.node, "local": topo.local,
     "intra_ranks": list(topo.intra_ranks), "inter_ranks": list(topo.inter_ranks),
     "intra_members": P.allgather(me, topo.intra).numpy().tolist(),
     "inter_members": P.allgather(me, topo.inter).numpy().tolist(),
     "input": x.tolist(),
-    "reducescatter": P.reducescatter(tf.constant(x[:topo.n * (d // topo.n)]), topo.intra).numpy().tolist(),
+    "reducescatter": {mode: reducescatter(mode) for mode in modes},
     "hier": two_d_tar(tf.constant(x), topo).numpy().tolist(),
     "hier_graph": in_graph(tf.constant(x)).numpy().tolist(),
     "shared_memory": {k: shm.available(getattr(topo, k)) for k in ("intra", "inter", "world")},
