@@ -109,6 +109,10 @@ def train(args, topo, data):
               + (f", resuming at epoch {start}" if start else ""), flush=True)
     for stage in args.stage_list:
         report = None
+        # a step function traced for this stage's shapes, in an uninterrupted run as in a resumed one:
+        # Keras would reuse one traced with relaxed shapes from an earlier stage, whose kernels round
+        # differently, and a resumed run would then not end where an uninterrupted one ends
+        model.make_train_function(force=True)
         for epoch in range(stage.first_epoch, stage.first_epoch + stage.epochs):
             if epoch < start:
                 continue
