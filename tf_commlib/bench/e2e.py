@@ -74,7 +74,7 @@ def worker(args):
                                        density=density, selector="mstopk")
             model.compile(opt, loss, jit_compile=False)
             clock = StepClock()
-            model.fit(ds, steps_per_epoch=args.warmup + args.steps, epochs=1, verbose=0,
+            model.fit(ds, steps_per_epoch=args.warmup + args.steps, epochs=1, verbose=0, shuffle=False,
                       callbacks=default_callbacks() + [clock])
             step_s = float(np.median(clock.steps[args.warmup:]))
             phases = (breakdown.measure(model, opt, ds, loss, algorithm, density, "mstopk", topo,

@@ -121,7 +121,7 @@ def train(args, topo, data):
             if args.ckpt_dir:
                 callbacks.append(keras.callbacks.BackupAndRestore(
                     os.path.join(args.ckpt_dir, f"rank{topo.rank}"), delete_checkpoint=False))
-            model.fit(data.train(stage, epoch), initial_epoch=epoch, epochs=epoch + 1, verbose=0,
+            model.fit(data.train(stage, epoch), initial_epoch=epoch, epochs=epoch + 1, verbose=0, shuffle=False,
                       callbacks=callbacks)
         if report is not None and args.breakdown_steps:
             algorithm = opt.algorithm_at(stage.first_epoch + stage.epochs - 1)
