@@ -8,18 +8,12 @@ import argparse
 from pathlib import Path
 
 from tf_commlib.apps import emulated
-from tf_commlib.apps.local_run import horovodrun, plot_accuracy, summary_table, train
-
-
-def median_rate(run):
-    """Median samples/s over the second half of the epochs (after DGC's density warm-up)."""
-    rates = sorted(r["samples_per_s"] for r in run["epochs"][len(run["epochs"]) // 2:])
-    return rates[len(rates) // 2]
+from tf_commlib.apps.local_run import horovodrun, median_rate, plot_accuracy, summary_table, train
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--inter-mbit", type=int, default=100, help="inter-node link of the emulated cluster")
     p.add_argument("--out", default="demo_out")
     args = p.parse_args()

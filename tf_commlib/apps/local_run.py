@@ -33,16 +33,21 @@ def train(np_, out_dir, name, *args, topology="2x2", launcher=None):
     return run
 
 
+def median_rate(run):
+    """Median samples/s over the second half of the epochs (after tracing and DGC's density warm-up)."""
+    rates = sorted(r["samples_per_s"] for r in run["epochs"][len(run["epochs"]) // 2:])
+    return rates[len(rates) // 2]
+
+
 def summary_table(runs):
-    """Final and best accuracy, median samples/s and the last epoch's kB a rank sends per step
-    inside its node and between nodes."""
+    """Final and best accuracy, median samples/s over the second half of the epochs and the last
+    epoch's kB a rank sends per step inside its node and between nodes."""
     lines = [f"{'run':26s} {'final test acc':>14s} {'best':>6s} {'samples/s':>10s} "
              f"{'intra kB/step':>13s} {'inter kB/step':>13s}"]
     for run in runs:
         e = run["epochs"]
-        sps = sorted(r["samples_per_s"] for r in e)[len(e) // 2]
         lines.append(f"{run['label']:26s} {e[-1]['test_accuracy']:14.4f} "
-                     f"{max(r['test_accuracy'] for r in e):6.4f} {sps:10.1f} "
+                     f"{max(r['test_accuracy'] for r in e):6.4f} {median_rate(run):10.1f} "
                      f"{e[-1]['intra_bytes_per_step'] / 1e3:13.1f} {e[-1]['inter_bytes_per_step'] / 1e3:13.1f}")
     return "\n".join(lines)
 
