@@ -83,6 +83,27 @@ for step4, value in (("sparse", 1.0), ("dense", 0.05)):
     out[f"hitopk_{step4}@{value}"] = agg.tolist()
     out["bytes"][f"hitopk@{value}:step4={step4}"] = [b]
 
+# SparCML: float inputs (the summation order matters), dsar_split_ag forced dense (delta=1) and
+# with QSGD over seeds (unbiased, the same bits on every rank), eagerly and once in tf.function
+floats = np.random.default_rng(2000 + topo.rank).standard_normal(D).astype(np.float32)
+for name in ("ssar_rd", "ssar_split_ag", "dsar_split_ag"):
+    agg, _, sent = ALGORITHMS[name].fn(tf.constant(floats), topo, 0.05, select_at(0))
+    out[f"{name}:float"] = {"result": agg.numpy().tolist(), "sent": sent.numpy().tolist()}
+out["floats"] = floats.tolist()
+coll = ALGORITHMS["dsar_split_ag"]
+for option in ("delta=1", "qsgd_bits=4,delta=1"):
+    options = {k: int(v) for k, v in (kv.split("=") for kv in option.split(","))}
+    runs = []
+    for s in range(24 if "qsgd" in option else 1):
+        (agg, _, _), b = counted(lambda: coll.fn(tf.constant(inputs[0]), topo, 0.05, select_at(0), None,
+                                                 coll.context(seed=s, options=options)))
+        runs.append(agg.tolist())
+    out[f"dsar_split_ag:{option}"] = runs
+    out["bytes"][f"dsar_split_ag@0.05:{option}"] = [b]
+f = tf.function(lambda x: coll.fn(x, topo, 0.05, select_at(0), None,
+                                  coll.context(seed=tf.constant(23, tf.int64), options={"qsgd_bits": 4, "delta": 1})))
+out["dsar_split_ag:qsgd:graph"] = f(tf.constant(inputs[0]))[0].numpy().tolist()
+
 # primitives no collective runs on the world set yet: ring reduce-scatter, alltoall, broadcast
 rows = tf.reshape(tf.range(6 * topo.size, dtype=tf.float32), [3 * topo.size, 2])
 out["bytes"]["world_reducescatter"] = [counted(lambda: P.reducescatter(rows, topo.world))[1]]
