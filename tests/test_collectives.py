@@ -136,7 +136,10 @@ def test_sparcml_sums_in_one_order_on_every_rank(run):
     runs = np.array(reports[0]["dsar_split_ag:qsgd_bits=4,delta=1"], np.float32)
     for r in reports:   # the same bits on every rank, for every seed
         np.testing.assert_array_equal(r["dsar_split_ag:qsgd_bits=4,delta=1"], runs)
-        np.testing.assert_array_equal(r["dsar_split_ag:qsgd:graph"], runs[23])
+        # in tf.function: the same bits on every rank, the eager run's rounding (the norm may
+        # differ in its last bit between graph and eager)
+        np.testing.assert_array_equal(r["dsar_split_ag:qsgd:graph"], reports[0]["dsar_split_ag:qsgd:graph"])
+        np.testing.assert_allclose(r["dsar_split_ag:qsgd:graph"], runs[23], rtol=1e-6)
     assert len({row.tobytes() for row in runs}) == len(runs)   # the seed changes the rounding
     q = 1 << (len(reports).bit_length() - 1)
     n_slice = -(-D // q)
