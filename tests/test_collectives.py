@@ -113,10 +113,13 @@ def test_collectives_match_numpy_on_every_rank(run):
 
 
 def test_sparcml_sums_in_one_order_on_every_rank(run):
-    """On float inputs (where the order of additions matters) every rank gets the same bits, those
+    check_sparcml_extras(run[1], run[0])
+
+
+def check_sparcml_extras(reports, layout):
+    """tests/workers/_sparcml.py's extras: on float inputs (where the order of additions matters) every rank gets the same bits, those
     of the numpy reference of SparCML's order; dsar_split_ag forced dense (delta=1) is still exact;
     with QSGD it is the same on every rank, on the QSGD grid, unbiased over seeds, in tf.function too."""
-    layout, reports = run
     k = math.ceil(0.05 * D)
     streams = []
     for r in reports:
@@ -153,6 +156,24 @@ def test_sparcml_sums_in_one_order_on_every_rank(run):
     assert np.all(np.abs(levels) >= np.floor(scaled) - 1e-3) and np.all(np.abs(levels) <= np.ceil(scaled) + 1e-3)
     # unbiased: the mean over 24 seeds within 5 standard errors (each entry's std <= scale / 2)
     assert np.all(np.abs(runs.mean(axis=0) - exact) <= 5 * scale / 2 / np.sqrt(len(runs)) + 1e-6)
+
+
+def check_sparcml_steps(reports, m, n):
+    """tests/workers/_sparcml.py's steps: SparCML's results and residuals equal naive_ag's (the same
+    selections, exact sums), on every rank, and the bytes moved their formula on the actual selections."""
+    inputs = [[np.array(r["inputs"][step], np.float32) for r in reports] for step in range(STEPS)]
+    for density in (0.05, 1.0):
+        selections = []
+        want, want_res = naive_ag_ref(inputs, density, selections)
+        for name in SPARCML:
+            key = f"{name}@{density}"
+            for r in reports:
+                np.testing.assert_array_equal(r[key]["results"], np.array(want), err_msg=key)
+                np.testing.assert_array_equal(r[key]["residual"], want_res[r["rank"]], err_msg=key)
+            for step in range(STEPS):
+                got = {link: sum(r["bytes"][key][step][link] for r in reports) for link in link_bytes.LINKS}
+                formula = ALGORITHMS[name].sent_bytes_for(selections[step], D, m, n, density)
+                assert got == pytest.approx({link: m * n * v for link, v in formula.items()}, rel=1e-12), key
 
 
 def expected_bytes(key, m, n, selections=None):

@@ -3,35 +3,23 @@ every sum is exact) and reports inputs, results and residuals for the numpy refe
 bytes this rank's primitives sent on each link (tf_commlib.link_bytes) in each call."""
 import sys
 
-import numpy as np
 import tensorflow as tf
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import _sparcml  # noqa: E402
 import tf_commlib  # noqa: E402
 from _report import report  # noqa: E402
-from tf_commlib import link_bytes, ops  # noqa: E402
+from _sparcml import D, STEPS, counted  # noqa: E402
+from tf_commlib import link_bytes  # noqa: E402
 from tf_commlib import primitives as P  # noqa: E402
 from tf_commlib.collectives import ALGORITHMS  # noqa: E402
 
-D, STEPS = 1001, 3
 topo = tf_commlib.init()
-rng = np.random.default_rng(1000 + topo.rank)
-inputs = [rng.integers(-50, 51, D).astype(np.float32) for _ in range(STEPS)]
-
-
-def seed(step):
-    return 100 * step + topo.rank
-
-
-def counted(fn):
-    """fn()'s result (numpy) and the bytes this rank's primitives sent during it."""
-    with link_bytes.counting() as counter:
-        result = tf.nest.map_structure(lambda t: t.numpy(), fn())
-        return result, counter.result()
+inputs = _sparcml.inputs_of(topo.rank)
 
 
 def select_at(step):
-    return lambda v, k: ops.mstopk(v, k, seed=seed(step))
+    return _sparcml.select_at(step, topo.rank)
 
 
 out = {"inputs": [x.tolist() for x in inputs], "rank": topo.rank, "bytes": {}}
@@ -83,26 +71,8 @@ for step4, value in (("sparse", 1.0), ("dense", 0.05)):
     out[f"hitopk_{step4}@{value}"] = agg.tolist()
     out["bytes"][f"hitopk@{value}:step4={step4}"] = [b]
 
-# SparCML: float inputs (the summation order matters), dsar_split_ag forced dense (delta=1) and
-# with QSGD over seeds (unbiased, the same bits on every rank), eagerly and once in tf.function
-floats = np.random.default_rng(2000 + topo.rank).standard_normal(D).astype(np.float32)
-for name in ("ssar_rd", "ssar_split_ag", "dsar_split_ag"):
-    agg, _, sent = ALGORITHMS[name].fn(tf.constant(floats), topo, 0.05, select_at(0))
-    out[f"{name}:float"] = {"result": agg.numpy().tolist(), "sent": sent.numpy().tolist()}
-out["floats"] = floats.tolist()
-coll = ALGORITHMS["dsar_split_ag"]
-for option in ("delta=1", "qsgd_bits=4,delta=1"):
-    options = {k: int(v) for k, v in (kv.split("=") for kv in option.split(","))}
-    runs = []
-    for s in range(24 if "qsgd" in option else 1):
-        (agg, _, _), b = counted(lambda: coll.fn(tf.constant(inputs[0]), topo, 0.05, select_at(0), None,
-                                                 coll.context(seed=s, options=options)))
-        runs.append(agg.tolist())
-    out[f"dsar_split_ag:{option}"] = runs
-    out["bytes"][f"dsar_split_ag@0.05:{option}"] = [b]
-f = tf.function(lambda x: coll.fn(x, topo, 0.05, select_at(0), None,
-                                  coll.context(seed=tf.constant(23, tf.int64), options={"qsgd_bits": 4, "delta": 1})))
-out["dsar_split_ag:qsgd:graph"] = f(tf.constant(inputs[0]))[0].numpy().tolist()
+# SparCML: float inputs, dsar_split_ag forced dense and with QSGD (tests/workers/_sparcml.py)
+_sparcml.extras(topo, out)
 
 # primitives no collective runs on the world set yet: ring reduce-scatter, alltoall, broadcast
 rows = tf.reshape(tf.range(6 * topo.size, dtype=tf.float32), [3 * topo.size, 2])
