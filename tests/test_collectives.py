@@ -117,9 +117,10 @@ def test_sparcml_sums_in_one_order_on_every_rank(run):
 
 
 def check_sparcml_extras(reports, layout):
-    """tests/workers/_sparcml.py's extras: on float inputs (where the order of additions matters) every rank gets the same bits, those
-    of the numpy reference of SparCML's order; dsar_split_ag forced dense (delta=1) is still exact;
-    with QSGD it is the same on every rank, on the QSGD grid, unbiased over seeds, in tf.function too."""
+    """tests/workers/_sparcml.py's extras: on float inputs (where the order of additions matters)
+    every rank gets the same bits, those of the numpy reference of SparCML's order; dsar_split_ag
+    forced dense (delta=1) is still exact; with QSGD it is the same on every rank, on the QSGD
+    grid, unbiased over seeds, in tf.function too."""
     k = math.ceil(0.05 * D)
     streams = []
     for r in reports:

@@ -28,7 +28,8 @@ def check_options(options):
     if delta is not None and (isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not delta > 0):
         raise ValueError(f"algorithm_options['dsar_split_ag']['delta'] must be a number > 0 "
                          f"(or None for N/2), got {delta!r}")
-    if bits is not None and (isinstance(bits, bool) or not isinstance(bits, int) or bits not in qsgd.BITS):
+    integral = isinstance(bits, numbers.Integral) and not isinstance(bits, bool)
+    if bits is not None and not (integral and bits in qsgd.BITS):
         raise ValueError(f"algorithm_options['dsar_split_ag']['qsgd_bits'] must be one of "
                          f"{qsgd.BITS} (or None), got {bits!r}")
 
