@@ -106,3 +106,42 @@ def threshold_search(x, k, max_iter=52):
     if best is not None:
         return mean + best * (u - mean)
     return mean if np.count_nonzero(a >= mean) >= k else 0.0
+
+
+def sparcml_sum(streams, d, algorithm):
+    """SparCML's sum (tf_commlib/collectives/sparcml.py) of streams[r] = (indices, float32 values)
+    of rank r, adding in the same order: a merge adds its streams in rank order starting from 0;
+    the ranks r >= P' (P' the largest power of two <= P) are first merged into r - P'; then
+    "rd": in round t, rank r merges with r XOR 2^t (the lower one first); "split": the owner of
+    each slice of ceil(d/P') indices merges the P' streams' entries in it. Returns the dense result."""
+    p = len(streams)
+    q = 1 << (p.bit_length() - 1)
+
+    def merge(parts):
+        size = len(parts[0][0])
+        present, out = np.zeros(size, bool), np.zeros(size, np.float32)
+        for mask, values in parts:
+            out[mask] = out[mask] + values[mask]
+            present |= mask
+        return present, out
+
+    def stream(indices, values):
+        mask, dense = np.zeros(d, bool), np.zeros(d, np.float32)
+        mask[indices], dense[indices] = True, values
+        return merge([(mask, dense)])
+
+    s = [stream(i, v) for i, v in streams]
+    s = [merge([s[r], s[r + q]]) if r + q < p else s[r] for r in range(q)]
+    if algorithm == "rd":
+        for t in range(q.bit_length() - 1):
+            s = [merge([s[min(r, r ^ (1 << t))], s[max(r, r ^ (1 << t))]]) for r in range(q)]
+        mask, values = s[0]
+    else:
+        n_slice = -(-d // q)
+        mask, values = np.zeros(d, bool), np.zeros(d, np.float32)
+        for j in range(q):
+            part = slice(j * n_slice, (j + 1) * n_slice)
+            mask[part], values[part] = merge([(m[part], v[part]) for m, v in s])
+    result = np.zeros(d, np.float32)
+    result[mask] = result[mask] + values[mask]
+    return result

@@ -9,6 +9,7 @@ import pytest
 
 from tests import hvdrun
 from tests import reference as ref
+from tests.test_collectives import check_sparcml_extras, check_sparcml_steps
 from tf_commlib import link_bytes
 from tf_commlib.collectives import ALGORITHMS
 
@@ -100,6 +101,10 @@ def test_ar_topk_matches_numpy_on_every_rank(layout, tmp_path):
                          timeout=400)
     m, n = reports[0]["m"], reports[0]["n"]
     assert m * n == ranks
+    if layout == "flat5":   # SparCML folding 5 ranks onto 4, in this launch (tests/workers/_sparcml.py)
+        sparcml = [r["sparcml"] for r in reports]
+        check_sparcml_steps(sparcml, m, n)
+        check_sparcml_extras(sparcml, layout)
     steps = len(reports[0]["inputs"])
     inputs = [[np.array(r["inputs"][step], np.float32) for r in reports] for step in range(steps)]
     dense = [np.sum(xs, axis=0) for xs in inputs]

@@ -46,6 +46,38 @@ def test_hitopk_and_dense_bytes_by_hand():
     assert all(ALGORITHMS[a].sent_bytes(1000, 1, 1, 0.1) == {"intra": 0, "inter": 0} for a in ALGORITHMS)
 
 
+def test_sparcml_bytes_by_hand():
+    """The bytes from the ranks' actual index sets (2x2, d = 16, P' = 4, slices of 4 entries; 8 bytes
+    per entry), for identical and for disjoint index sets, where the fill-in is known exactly."""
+    same, disjoint = [np.array([1, 5, 9, 13])] * 4, [np.array([r, 4 + r, 8 + r, 12 + r]) for r in range(4)]
+    rd, split, dsar = (ALGORITHMS[a] for a in ("ssar_rd", "ssar_split_ag", "dsar_split_ag"))
+    # rd: round 0 inside the node (4 ranks x 4 entries), round 1 across (4 x 4 same, 4 x 8 disjoint)
+    assert rd.sent_bytes_for(same, 16, 2, 2, 0.25) == {"intra": 32, "inter": 32}
+    assert rd.sent_bytes_for(disjoint, 16, 2, 2, 0.25) == {"intra": 32, "inter": 64}
+    # split: each rank sends its 3 entries of the other slices (1 in the own node), then each owner
+    # gathers its slice (1 entry same, 4 disjoint) to 1 rank in its node and 2 in the other
+    assert split.sent_bytes_for(same, 16, 2, 2, 0.25) == {"intra": 8 + 8 * 1 / 1, "inter": 16 + 16}
+    assert split.sent_bytes_for(disjoint, 16, 2, 2, 0.25) == {"intra": 8 + 32, "inter": 16 + 64}
+    # dsar: a 4-byte header per slice; 4 entries > delta = 2 go dense (16 bytes, the same as 4 x 4)
+    assert dsar.sent_bytes_for(same, 16, 2, 2, 0.25) == {"intra": 8 + 12, "inter": 16 + 24}
+    assert dsar.sent_bytes_for(disjoint, 16, 2, 2, 0.25) == {"intra": 8 + 20, "inter": 16 + 40}
+    assert dsar.sent_bytes_for(disjoint, 16, 2, 2, 0.25, {"delta": 4}) == {"intra": 8 + 36, "inter": 16 + 72}
+
+
+def test_sparcml_expected_bytes_are_the_mean_over_random_index_sets():
+    """sent_bytes (the fill-in E[K] = L(1 - (1 - k/d)^j)) is the mean of the actual bytes over
+    independent uniformly random index sets (3x1 folds onto 2 ranks)."""
+    rng = np.random.default_rng(0)
+    d, k = 400, 40
+    for name in ("ssar_rd", "ssar_split_ag"):
+        for m, n in ((2, 2), (3, 1), (1, 5)):
+            coll = ALGORITHMS[name]
+            samples = [coll.sent_bytes_for([rng.choice(d, k, replace=False) for _ in range(m * n)], d, m, n, 0.1)
+                       for _ in range(300)]
+            mean = {link: np.mean([s[link] for s in samples]) for link in L.LINKS}
+            assert mean == pytest.approx(coll.sent_bytes(d, m, n, 0.1), rel=0.02), (name, m, n)
+
+
 def test_registry_rejects_bad_collectives():
     with pytest.raises(ValueError, match="already registered"):
         register(dense.COLLECTIVE)
@@ -62,6 +94,12 @@ def test_registry_rejects_bad_collectives():
     ({"hitopk": {"step4": "x"}}, "step4"),
     ({"dense": {"delta": 1}}, r"dense takes none"),
     ([("hitopk", {})], "algorithm_options must be a dict"),
+    ({"dsar_split_ag": {"qsgd_bits": 3}}, "qsgd_bits"),
+    ({"dsar_split_ag": {"qsgd_bits": 4.0}}, "qsgd_bits"),
+    ({"dsar_split_ag": {"delta": 0}}, "delta"),
+    ({"dsar_split_ag": {"delta": -2.5}}, "delta"),
+    ({"dsar_split_ag": {"bits": 4}}, r"unknown option\(s\) \['bits'\]"),
+    ({"ssar_rd": {"delta": 1}}, r"ssar_rd takes none"),
 ])
 def test_bad_algorithm_options_raise_before_anything_runs(options, message):
     with pytest.raises(ValueError, match=message):
@@ -74,6 +112,14 @@ def test_bad_algorithm_options_raise_before_anything_runs(options, message):
 
 def test_options_are_filled_in_and_serialised():
     assert resolve_algorithm_options({"hitopk": {}}) == {"hitopk": {"step4": "auto"}}
+    assert resolve_algorithm_options({"dsar_split_ag": {"qsgd_bits": 8}}) == \
+        {"dsar_split_ag": {"delta": None, "qsgd_bits": 8}}
+    sparcml = DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="dsar_split_ag",
+                                   algorithm_options={"dsar_split_ag": {"delta": 100, "qsgd_bits": 2}})
+    assert DistributedOptimizer.from_config(sparcml.get_config()).algorithm_options == \
+        {"dsar_split_ag": {"delta": 100, "qsgd_bits": 2}}
+    for name in ("ssar_rd", "ssar_split_ag", "dsar_split_ag"):
+        assert DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm=name).algorithm == name
     assert dict(ALGORITHMS["hitopk"].context(options={"step4": "dense"}).options) == {"step4": "dense"}
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
                                algorithm_options={"hitopk": {"step4": "sparse"}})
@@ -104,3 +150,14 @@ def test_context_reaches_the_collective_and_bytes_match(tmp_path):
         counted = {link: sum(r["sent"][name]["counted"][link] for r in reports) for link in L.LINKS}
         assert counted == pytest.approx({link: 4 * formula[link] for link in L.LINKS}, rel=1e-12), name
     assert reports[0]["sent"]["hitopk"]["formula"]["intra"] < reports[0]["sent"]["hitopk_dense4"]["formula"]["intra"]
+    for name, steps in reports[0]["sparcml"].items():   # SparCML through the aggregator, density 1
+        for step, result in enumerate(steps):
+            want = [np.sum([np.array(q["graph"]["rows"][step]["inputs"][t]) for q in reports], axis=0)
+                    for t in range(2)]
+            for r in reports:
+                assert r["sparcml"][name][step] == result, name   # the same bits on every rank
+            for got, w in zip(result, want):
+                if name == "dsar_qsgd":   # 2-bit QSGD: levels -1, 0, 1 times the bucket's norm
+                    assert not np.array_equal(got, w) and np.all(np.abs(got) <= np.linalg.norm(w) * (1 + 1e-6))
+                else:
+                    np.testing.assert_array_equal(got, w, err_msg=name)

@@ -11,27 +11,33 @@ from tf_commlib import link_bytes
 from tf_commlib.collectives import ALGORITHMS
 
 D, STEPS = 1001, 3
+SPARCML = ("ssar_rd", "ssar_split_ag", "dsar_split_ag")
 
 
 def seed(step, rank):
     return 100 * step + rank
 
 
-def naive_ag_ref(inputs, density):
-    """inputs[step][rank] -> (results per step, residual per rank)."""
+def naive_ag_ref(inputs, density, selections=None):
+    """inputs[step][rank] -> (results per step, residual per rank); appends each step's indices
+    selected per rank to `selections`."""
     size = len(inputs[0])
     res = [np.zeros(D, np.float32) for _ in range(size)]
     k = max(1, math.ceil(density * D))
     results = []
     for step, xs in enumerate(inputs):
         agg = np.zeros(D, np.float32)
+        chosen = []
         for r in range(size):
             comp = xs[r] + res[r]
             idx = ref.mstopk(comp, k, seed=seed(step, r))[0]
+            chosen.append(idx)
             np.add.at(agg, idx, comp[idx])
             res[r] = comp.copy()
             res[r][idx] = 0
         results.append(agg)
+        if selections is not None:
+            selections.append(chosen)
     return results, res
 
 
@@ -73,14 +79,17 @@ def test_collectives_match_numpy_on_every_rank(run):
     for density in (0.05, 1.0):
         nag, nag_res = naive_ag_ref(inputs, density)
         hit, hit_res = hitopk_ref(inputs, density, m, n)
-        expected = {"dense": dense, "2dtar": dense, "naive_ag": nag, "hitopk": hit}
+        # SparCML's lossless collectives sum the same sparse inputs as naive_ag (exactly: integers)
+        expected = {"dense": dense, "2dtar": dense, "naive_ag": nag, "hitopk": hit,
+                    **{name: nag for name in SPARCML}}
         for name, want in expected.items():
             for r in reports:  # bit-identical on every rank
                 got = np.array(r[f"{name}@{density}"]["results"], np.float32)
                 np.testing.assert_array_equal(got, np.array(want), err_msg=f"{name}@{density} rank {r['rank']}")
         for r in reports:
             rank = r["rank"]
-            np.testing.assert_array_equal(r[f"naive_ag@{density}"]["residual"], nag_res[rank])
+            for name in ("naive_ag", *SPARCML):
+                np.testing.assert_array_equal(r[f"{name}@{density}"]["residual"], nag_res[rank], err_msg=name)
             np.testing.assert_array_equal(r[f"hitopk@{density}"]["residual"], hit_res[divmod(rank, n)])
         if density == 1.0:  # everything is sent: sparse equals dense, nothing is left behind
             np.testing.assert_array_equal(np.array(nag), np.array(dense))
@@ -103,8 +112,74 @@ def test_collectives_match_numpy_on_every_rank(run):
             np.testing.assert_array_equal(r[f"hitopk_{step4}@{density}"], hitopk_ref(inputs[:1], density, m, n)[0][0])
 
 
-def expected_bytes(key, m, n):
-    """{"intra": B, "inter": B} all ranks together send in the call named `key` of the worker."""
+def test_sparcml_sums_in_one_order_on_every_rank(run):
+    check_sparcml_extras(run[1], run[0])
+
+
+def check_sparcml_extras(reports, layout):
+    """tests/workers/_sparcml.py's extras: on float inputs (where the order of additions matters)
+    every rank gets the same bits, those of the numpy reference of SparCML's order; dsar_split_ag
+    forced dense (delta=1) is still exact; with QSGD it is the same on every rank, on the QSGD
+    grid, unbiased over seeds, in tf.function too."""
+    k = math.ceil(0.05 * D)
+    streams = []
+    for r in reports:
+        x = np.array(r["floats"], np.float32)
+        idx = ref.mstopk(x, k, seed=seed(0, r["rank"]))[0]
+        streams.append((idx, x[idx]))
+    for name in SPARCML:
+        want = ref.sparcml_sum(streams, D, "rd" if name == "ssar_rd" else "split")
+        for r, (idx, _) in zip(reports, streams):
+            np.testing.assert_array_equal(r[f"{name}:float"]["sent"], idx)
+            np.testing.assert_array_equal(np.array(r[f"{name}:float"]["result"], np.float32), want,
+                                          err_msg=f"{name} rank {r['rank']} on {layout}")
+    inputs = [[np.array(r["inputs"][0], np.float32) for r in reports]]
+    exact = naive_ag_ref(inputs, 0.05)[0][0]
+    for r in reports:
+        np.testing.assert_array_equal(r["dsar_split_ag:delta=1"][0], exact)
+    runs = np.array(reports[0]["dsar_split_ag:qsgd_bits=4,delta=1"], np.float32)
+    for r in reports:   # the same bits on every rank, for every seed
+        np.testing.assert_array_equal(r["dsar_split_ag:qsgd_bits=4,delta=1"], runs)
+        # in tf.function: the same bits on every rank, the eager run's rounding (the norm may
+        # differ in its last bit between graph and eager)
+        np.testing.assert_array_equal(r["dsar_split_ag:qsgd:graph"], reports[0]["dsar_split_ag:qsgd:graph"])
+        np.testing.assert_allclose(r["dsar_split_ag:qsgd:graph"], runs[23], rtol=1e-6)
+    assert len({row.tobytes() for row in runs}) == len(runs)   # the seed changes the rounding
+    q = 1 << (len(reports).bit_length() - 1)
+    n_slice = -(-D // q)
+    scale = np.zeros(D)   # per entry: the norm of its bucket / s (s = 7 for 4 bits)
+    for j in range(q):
+        part = slice(j * n_slice, (j + 1) * n_slice)
+        scale[part] = np.linalg.norm(exact[part].astype(np.float64)) / 7
+    levels = runs / np.where(scale > 0, scale, 1)
+    np.testing.assert_allclose(levels, np.round(levels), atol=1e-3)
+    scaled = np.abs(exact) / np.where(scale > 0, scale, 1)
+    assert np.all(np.abs(levels) >= np.floor(scaled) - 1e-3) and np.all(np.abs(levels) <= np.ceil(scaled) + 1e-3)
+    # unbiased: the mean over 24 seeds within 5 standard errors (each entry's std <= scale / 2)
+    assert np.all(np.abs(runs.mean(axis=0) - exact) <= 5 * scale / 2 / np.sqrt(len(runs)) + 1e-6)
+
+
+def check_sparcml_steps(reports, m, n):
+    """tests/workers/_sparcml.py's steps: SparCML's results and residuals equal naive_ag's (the same
+    selections, exact sums), on every rank, and the bytes moved their formula on the actual selections."""
+    inputs = [[np.array(r["inputs"][step], np.float32) for r in reports] for step in range(STEPS)]
+    for density in (0.05, 1.0):
+        selections = []
+        want, want_res = naive_ag_ref(inputs, density, selections)
+        for name in SPARCML:
+            key = f"{name}@{density}"
+            for r in reports:
+                np.testing.assert_array_equal(r[key]["results"], np.array(want), err_msg=key)
+                np.testing.assert_array_equal(r[key]["residual"], want_res[r["rank"]], err_msg=key)
+            for step in range(STEPS):
+                got = {link: sum(r["bytes"][key][step][link] for r in reports) for link in link_bytes.LINKS}
+                formula = ALGORITHMS[name].sent_bytes_for(selections[step], D, m, n, density)
+                assert got == pytest.approx({link: m * n * v for link, v in formula.items()}, rel=1e-12), key
+
+
+def expected_bytes(key, m, n, selections=None):
+    """{"intra": B, "inter": B} all ranks together send in the call named `key` of the worker;
+    selections: the indices each rank selected, for collectives whose bytes depend on them."""
     p = m * n
     world = {"world_reducescatter": ("reducescatter", 6 * p * 4), "world_alltoall": ("alltoall", 3 * 2 * 4),
              "world_broadcast": ("broadcast", 6 * p * 4)}
@@ -113,24 +188,39 @@ def expected_bytes(key, m, n):
     else:
         name, rest = key.split("@")
         density, _, option = rest.partition(":")
-        options = dict([option.split("=")]) if "=" in option else None
-        per_rank = ALGORITHMS[name].sent_bytes(D, m, n, float(density), options)
+        options = None
+        if "=" in option:
+            options = {k: int(v) if v.isdigit() else v for k, v in (kv.split("=") for kv in option.split(","))}
+        if selections is None:
+            per_rank = ALGORITHMS[name].sent_bytes(D, m, n, float(density), options)
+        else:
+            per_rank = ALGORITHMS[name].sent_bytes_for(selections, D, m, n, float(density), options)
     return {link: p * per_rank[link] for link in link_bytes.LINKS}
 
 
 def test_bytes_moved_equal_the_collectives_formulas(run):
     """For every registered collective (eagerly and in tf.function, both of hitopk's step-4
-    branches), the bytes its primitives sent, summed over the ranks, equal its formula's."""
+    branches), the bytes its primitives sent, summed over the ranks, equal its formula's; for
+    SparCML's, whose bytes depend on the fill-in, its formula on the indices the ranks selected
+    (numpy reference: naive_ag's selection, which SparCML's share)."""
     layout, reports = run
     m, n = map(int, layout.split("x"))
     keys = reports[0]["bytes"]
     for name in ALGORITHMS:   # nothing registered is left out
         assert {f"{name}@0.05", f"{name}@1.0", f"{name}@0.05:graph", f"{name}@1.0:graph"} <= set(keys)
+    inputs = [[np.array(r["inputs"][step], np.float32) for r in reports] for step in range(STEPS)]
+    selections = {}   # density -> [step][rank] indices (every graph call and option run is step 0)
+    for density in (0.05, 1.0):
+        naive_ag_ref(inputs, density, selections.setdefault(density, []))
+    data_dependent = 0
     for key in keys:
-        want = expected_bytes(key, m, n)
+        density = float(key.split("@")[1].split(":")[0]) if "@" in key else None
         for call in range(len(keys[key])):
+            want = expected_bytes(key, m, n, selections[density][call] if density else None)
+            data_dependent += bool(density and ALGORITHMS[key.split("@")[0]].actual_bytes)
             got = {link: sum(r["bytes"][key][call][link] for r in reports) for link in link_bytes.LINKS}
             assert got == pytest.approx(want, rel=1e-12, abs=1e-9), f"{key} call {call} on {layout}"
+    assert data_dependent >= 3 * 2 * (STEPS + 1)   # SparCML's, from the ranks' actual selections
     if m > 1 and n > 1:   # a layout where both links carry bytes and hitopk's step 4 matters
         assert all(expected_bytes(f"{a}@0.05", m, n)["inter"] > 0 for a in ALGORITHMS)
         sparse4, dense4 = expected_bytes("hitopk@0.05", m, n), expected_bytes("hitopk@0.05:step4=dense", m, n)

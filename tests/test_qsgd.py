@@ -49,3 +49,17 @@ def test_unbiased_over_seeds(bits):
 def test_bad_bits_raise_naming_bits(bits):
     with pytest.raises(ValueError, match="bits"):
         qsgd.encode(tf.zeros([10]), bits, seed=0)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_pack_round_trips_in_wire_bytes(bits):
+    """pack stores 8/bits levels per byte (level + s, the first in the low bits): with the norms,
+    an encoded vector takes wire_bytes."""
+    x = tf.constant(np.random.default_rng(3).normal(size=1500).astype(np.float32))
+    levels, norms = qsgd.encode(x, bits, seed=5)
+    packed = qsgd.pack(levels, bits).numpy()
+    assert packed.dtype == np.uint8 and packed.size + 4 * norms.shape[0] == qsgd.wire_bytes(1500, bits)
+    np.testing.assert_array_equal(qsgd.unpack(packed, bits).numpy(), levels.numpy().ravel())
+    s = 2 ** (bits - 1) - 1
+    first = (packed[0] & ((1 << bits) - 1)) - s
+    assert first == levels.numpy().ravel()[0]

@@ -3,35 +3,23 @@ every sum is exact) and reports inputs, results and residuals for the numpy refe
 bytes this rank's primitives sent on each link (tf_commlib.link_bytes) in each call."""
 import sys
 
-import numpy as np
 import tensorflow as tf
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import _sparcml  # noqa: E402
 import tf_commlib  # noqa: E402
 from _report import report  # noqa: E402
-from tf_commlib import link_bytes, ops  # noqa: E402
+from _sparcml import D, STEPS, counted  # noqa: E402
+from tf_commlib import link_bytes  # noqa: E402
 from tf_commlib import primitives as P  # noqa: E402
 from tf_commlib.collectives import ALGORITHMS  # noqa: E402
 
-D, STEPS = 1001, 3
 topo = tf_commlib.init()
-rng = np.random.default_rng(1000 + topo.rank)
-inputs = [rng.integers(-50, 51, D).astype(np.float32) for _ in range(STEPS)]
-
-
-def seed(step):
-    return 100 * step + topo.rank
-
-
-def counted(fn):
-    """fn()'s result (numpy) and the bytes this rank's primitives sent during it."""
-    with link_bytes.counting() as counter:
-        result = tf.nest.map_structure(lambda t: t.numpy(), fn())
-        return result, counter.result()
+inputs = _sparcml.inputs_of(topo.rank)
 
 
 def select_at(step):
-    return lambda v, k: ops.mstopk(v, k, seed=seed(step))
+    return _sparcml.select_at(step, topo.rank)
 
 
 out = {"inputs": [x.tolist() for x in inputs], "rank": topo.rank, "bytes": {}}
@@ -82,6 +70,9 @@ for step4, value in (("sparse", 1.0), ("dense", 0.05)):
     (agg, _, _), b = counted(lambda: coll.fn(tf.constant(inputs[0]), topo, value, select_at(0), None, ctx))
     out[f"hitopk_{step4}@{value}"] = agg.tolist()
     out["bytes"][f"hitopk@{value}:step4={step4}"] = [b]
+
+# SparCML: float inputs, dsar_split_ag forced dense and with QSGD (tests/workers/_sparcml.py)
+_sparcml.extras(topo, out)
 
 # primitives no collective runs on the world set yet: ring reduce-scatter, alltoall, broadcast
 rows = tf.reshape(tf.range(6 * topo.size, dtype=tf.float32), [3 * topo.size, 2])

@@ -70,4 +70,13 @@ for name, kw in {"hitopk": dict(density=0.05),
     with link_bytes.counting() as counter:
         agg(grads(0))
         out["sent"][name] = {"counted": counter.result(), "formula": agg.sent_bytes()}
+# SparCML's collectives through the aggregator in tf.function at density 1.0 (= the dense sum), and
+# dsar_split_ag's QSGD option reaching it (the same bits on every rank)
+out["sparcml"] = {}
+for name, options in {"ssar_rd": None, "ssar_split_ag": None, "dsar_split_ag": None,
+                      "dsar_qsgd": {"dsar_split_ag": {"qsgd_bits": 2}}}.items():
+    agg = GradientAggregator(name.replace("dsar_qsgd", "dsar_split_ag"), density=1.0, op="sum",
+                             fusion_threshold_bytes=160, seed=5, algorithm_options=options)
+    call = tf.function(agg)
+    out["sparcml"][name] = [[r.numpy().ravel().tolist() for r in call(grads(step))] for step in range(2)]
 report(topo.rank, out)

@@ -38,6 +38,10 @@ class Collective:
             (the latter maps the residual to what this rank adds to its input to flush it).
     options: {name: default} that the aggregator's ``algorithm_options[name]`` may override;
     check_options(options) raises ValueError for a bad value (options has every name filled in).
+    actual_bytes: for a collective whose bytes depend on which entries the ranks selected (the
+            fill-in of SparCML's streams): actual_bytes(index_sets, d, m, n, options) -> what
+            ``bytes`` gives, computed from index_sets[r], the indices rank r selected (numpy); its
+            ``bytes`` is then the expectation for independent uniformly random indices.
     A layout the algorithm cannot run on gets time {"unsupported": math.inf}, so `auto` skips it.
     """
     name: str
@@ -49,6 +53,7 @@ class Collective:
     residual_to_input: Optional[Callable] = None
     options: Mapping = dataclasses.field(default_factory=dict)
     check_options: Optional[Callable] = None
+    actual_bytes: Optional[Callable] = None
 
     def __post_init__(self):
         if self.sparse and not (self.residual_size and self.residual_to_input):
@@ -80,3 +85,11 @@ class Collective:
         """{"intra": B, "inter": B} one call sends, averaged over the ranks."""
         check_layout(d, m, n, density)
         return self.bytes(d, m, n, density, self.resolve_options(options))
+
+    def sent_bytes_for(self, index_sets, d, m, n, density, options=None):
+        """sent_bytes for the ranks' actual selections (index_sets[r]: rank r's indices), exact
+        for a data-dependent collective (actual_bytes), else sent_bytes."""
+        if self.actual_bytes is None:
+            return self.sent_bytes(d, m, n, density, options)
+        check_layout(d, m, n, density)
+        return self.actual_bytes(index_sets, d, m, n, self.resolve_options(options))

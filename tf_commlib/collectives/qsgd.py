@@ -40,6 +40,22 @@ def decode(levels, norms, d, bits):
     return tf.reshape(rows, [-1])[:d]
 
 
+def pack(levels, bits):
+    """int8 levels in [-s, s] -> uint8, 8/bits levels per byte (level + s in `bits` bits, the
+    first level in the low bits); the number of levels must be a multiple of 8/bits (whole buckets
+    are)."""
+    s, per = 2 ** (check_bits(bits) - 1) - 1, 8 // bits
+    codes = tf.reshape(tf.cast(tf.cast(levels, tf.int32) + s, tf.int32), [-1, per])
+    return tf.cast(tf.reduce_sum(tf.bitwise.left_shift(codes, bits * tf.range(per)), axis=1), tf.uint8)
+
+
+def unpack(packed, bits):
+    """The inverse of pack: flat int8 levels."""
+    s, per = 2 ** (check_bits(bits) - 1) - 1, 8 // bits
+    codes = tf.bitwise.right_shift(tf.cast(packed, tf.int32)[:, None], bits * tf.range(per)) & ((1 << bits) - 1)
+    return tf.cast(tf.reshape(codes, [-1]) - s, tf.int8)
+
+
 def wire_bytes(d, bits, bucket=BUCKET):
     """Bytes of one encoded vector of d entries: bits per entry (packed) and one float32 norm per
     bucket."""

@@ -1,0 +1,220 @@
+"""SparCML (renggli2019 §5), shared by ssar_rd, ssar_split_ag and dsar_split_ag.
+
+Every rank adds its residual to its bucket, selects k = density·d entries of the whole bucket and
+sorts them by index: its sparse stream, sent as packed rows [index | value] (sparse_message.pack,
+8 bytes per entry). The residual keeps what the rank did not send (error feedback, as naive_ag).
+
+* Folding: with P not a power of two, the e = P - P' ranks r >= P' (P' the largest power of two
+  <= P) first send their stream to rank r - P', which merges it into its own; the P' ranks run the
+  algorithm; the extras get the result at the end (ssar_rd: from r - P'; the split variants: from
+  the final allgather over all ranks, to which they contribute nothing).
+* Summation order, the same on every rank so that every rank gets the same bits: a merge adds the
+  streams in rank order (the lower rank's value first, from 0.0), and in the split variants each
+  slice is summed by its one owner only.
+* Messages of data-dependent length (the fill-in) go through the primitives' variable-length
+  alltoall (a pairwise exchange is an alltoall with one non-zero split) and allgather, eagerly and
+  inside tf.function; every rank builds the same ops (only their values depend on the rank), so
+  Horovod's op names agree.
+
+Bytes: ``schedule`` lists every message (phase, sender, receiver, bytes) from the sizes of the
+unions of index sets it needs; ``sent_bytes`` feeds it the expected sizes for independent uniformly
+random indices, the fill-in E[K] = L·(1 - (1 - k/d)^j) of j streams on a range of L indices, and
+``actual_bytes`` the exact sizes from the ranks' selected index sets, so a test can check the bytes
+the primitives moved exactly. ``time`` charges each phase its latency (an exchange α, the split
+alltoall (P'-1)·α, the allgather log2(P)·α) and the bytes of its busiest sender on the phase's
+link (inter-node if any of its messages crosses nodes), plus selection, merges and error feedback.
+"""
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from tf_commlib import costmodel as C
+from tf_commlib import link_bytes as L
+from tf_commlib import primitives as P
+from tf_commlib.collectives.count import num_selected
+from tf_commlib.collectives.error_feedback import unsent
+from tf_commlib.collectives.sparse_message import pack, unpack
+from tf_commlib.ops import scatter_add
+
+
+def lower_power_of_two(p):
+    return 1 << (p.bit_length() - 1)
+
+
+def slice_size(d, p):
+    """Entries per owner in the split variants: ceil(d / P')."""
+    return math.ceil(d / lower_power_of_two(p))
+
+
+# -- streams -------------------------------------------------------------------------------
+def merge(rows):
+    """Packed streams (one row tensor, the streams concatenated in rank order) -> one stream sorted
+    by index, each index once, its values added in that order starting from 0.0."""
+    values, indices = unpack(rows, tf.float32, tf.int32)
+    order = tf.argsort(indices, stable=True)
+    unique, segment = tf.unique(tf.gather(indices, order))
+    return pack(scatter_add(segment, tf.gather(values, order), tf.size(unique)), unique)
+
+
+def keep_if(rows, keep):
+    """rows, or none of them when the Python bool keep is False (the same ops either way)."""
+    return rows[:tf.shape(rows)[0] * int(keep)]
+
+
+def exchange(rows, to, process_set):
+    """Sends rows to set rank `to` (None: sends nothing) and returns the rows sent to this rank."""
+    splits = [0] * process_set.size()
+    if to is not None:
+        splits[to] = 1
+    rows = keep_if(rows, to is not None)
+    return P.alltoall(rows, tf.constant(splits, tf.int32) * tf.shape(rows)[0], process_set)
+
+
+def fold_in(stream, process_set):
+    """Extras send their stream to rank - P' (which merges it after its own) and keep nothing."""
+    p, me = process_set.size(), process_set.rank()
+    q = lower_power_of_two(p)
+    if p == q:
+        return stream
+    received = exchange(stream, me - q if me >= q else None, process_set)
+    return merge(tf.concat([keep_if(stream, me < q), received], 0))
+
+
+def recursive_double(stream, process_set):
+    """SSAR_Recursive_double on the folded streams: in round t, rank r < P' exchanges its whole
+    stream with r XOR 2^t and merges (the lower rank's first); then the extras get the result."""
+    p, me = process_set.size(), process_set.rank()
+    q = lower_power_of_two(p)
+    for t in range(q.bit_length() - 1):
+        partner = me ^ (1 << t)
+        received = exchange(stream, partner if me < q else None, process_set)
+        first, second = (stream, received) if me < partner else (received, stream)
+        stream = merge(tf.concat([first, second], 0))
+    if p > q:
+        stream = tf.concat([stream, exchange(stream, me + q if me + q < p else None, process_set)], 0)
+    return stream
+
+
+def split_reduce(stream, d, process_set):
+    """The split phase: each of the P' folded streams sends the entries of slice j (indices
+    [j·N, (j+1)·N), N = slice_size) to rank j, which merges them in rank order."""
+    n_slice = slice_size(d, process_set.size())
+    _, indices = unpack(stream, tf.float32, tf.int32)
+    splits = tf.math.bincount(indices // n_slice, minlength=process_set.size(),
+                              maxlength=process_set.size(), dtype=tf.int32)
+    return merge(P.alltoall(stream, splits, process_set))
+
+
+def sparse_collective(reduce_streams):
+    """The collective fn around reduce_streams(stream, d, topo, ctx) -> dense sum of length d."""
+    def fn(x, topo, density, select, residual=None, ctx=None):
+        d = x.shape[0]
+        if d >= 2 ** 31:
+            raise ValueError(f"SparCML streams use int32 indices: a bucket of {d} entries is too long")
+        if residual is not None:
+            x = x + residual
+        values, indices = select(x, num_selected(density, d))
+        stream = merge(pack(tf.cast(values, tf.float32), tf.cast(indices, tf.int32)))
+        aggregated = reduce_streams(stream, d, topo, ctx)
+        return tf.reshape(tf.cast(aggregated, x.dtype), [d]), unsent(x, values, indices), indices
+    return fn
+
+
+def densify(rows, d):
+    values, indices = unpack(rows, tf.float32, tf.int32)
+    return scatter_add(indices, values, d)
+
+
+# -- bytes and time --------------------------------------------------------------------------
+def schedule(algorithm, d, p, union, payload=None):
+    """Every message of one call: [(phase, sender, receiver, bytes)]. union(ranks, lo, hi): entries
+    in the union of those ranks' index sets within [lo, hi). payload(j, entries): the bytes owner j
+    allgathers for a slice of `entries` (split variants; default the sparse rows)."""
+    q = lower_power_of_two(p)
+    if p == 1:
+        return []
+    folded = {r: [r] + ([r + q] if r + q < p else []) for r in range(q)}
+    out = [("fold", r, r - q, C.SPARSE_BYTES * union([r], 0, d)) for r in range(q, p)]
+    if algorithm == "rd":
+        for t in range(q.bit_length() - 1):
+            for r in range(q):
+                block = r >> t << t
+                members = [x for b in range(block, block + (1 << t)) for x in folded[b]]
+                out.append((f"round{t}", r, r ^ (1 << t), C.SPARSE_BYTES * union(members, 0, d)))
+        out += [("unfold", r - q, r, C.SPARSE_BYTES * union(range(p), 0, d)) for r in range(q, p)]
+        return out
+    n_slice = slice_size(d, p)
+    bounds = [(j * n_slice, min(d, (j + 1) * n_slice)) for j in range(q)]
+    out += [("split", r, j, C.SPARSE_BYTES * union(folded[r], *bounds[j]))
+            for r in range(q) for j in range(q) if j != r]
+    payload = payload or (lambda j, entries: C.SPARSE_BYTES * entries)
+    for j in range(q):
+        nbytes = payload(j, union(range(p), *bounds[j]))
+        out += [("allgather", j, r, nbytes) for r in range(p) if r != j]
+    return out
+
+
+def expected_union(d, k):
+    """E[entries] of the union of j independent uniformly random k-subsets of d within a range."""
+    return lambda ranks, lo, hi: (hi - lo) * (1 - (1 - k / d) ** len(list(ranks)))
+
+
+def actual_union(index_sets):
+    """Entries of the union of the ranks' actual index sets (numpy) within a range."""
+    def union(ranks, lo, hi):
+        merged = np.unique(np.concatenate([np.asarray(index_sets[r]) for r in ranks]))
+        return int(np.count_nonzero((merged >= lo) & (merged < hi)))
+    return union
+
+
+def per_link(messages, m, n):
+    """{"intra": B, "inter": B} sent, averaged over the m·n ranks."""
+    total = {link: 0.0 for link in L.LINKS}
+    for _, src, dst, nbytes in messages:
+        total["intra" if src // n == dst // n else "inter"] += nbytes
+    return {link: v / (m * n) for link, v in total.items()}
+
+
+def phase_times(messages, m, n, params):
+    """{phase: seconds}: its latency and its busiest sender's bytes on its link."""
+    p = m * n
+    latency = {"split": lower_power_of_two(p) - 1, "allgather": math.log2(p)}
+    phases = {}
+    for phase, src, dst, nbytes in messages:
+        sent, crosses = phases.setdefault(phase, ({}, [False]))
+        sent[src] = sent.get(src, 0.0) + nbytes
+        crosses[0] |= src // n != dst // n
+    out = {}
+    for phase, (sent, crosses) in phases.items():
+        a, b = ((params.alpha_inter, params.beta_inter) if crosses[0]
+                else (params.alpha_intra, params.beta_intra))
+        out[phase] = latency.get(phase, 1) * a + max(sent.values()) * b
+    return out
+
+
+def cost(algorithm, payload=None):
+    """(time, sent_bytes, actual_bytes) for a Collective; payload(d, p, options) -> the schedule's
+    payload for the split variants' allgather."""
+    def messages(d, m, n, options, union):
+        return schedule(algorithm, d, m * n, union, payload and payload(d, m * n, options))
+
+    def time(d, m, n, density, params, options):
+        k, p = num_selected(density, d), m * n
+        msgs = messages(d, m, n, options, expected_union(d, k))
+        received = {}   # entries each rank merges in (its busiest one bounds the step)
+        for phase, _, dst, nbytes in msgs:
+            if phase != "allgather":
+                received[dst] = received.get(dst, 0.0) + nbytes / C.SPARSE_BYTES
+        merged = max(received.values(), default=0.0)
+        result = expected_union(d, k)(range(p), 0, d)
+        return {"select": C.select_cost(d, params), "sort": C.scatter_add_cost(k * math.log2(max(k, 2)), 0, params),
+                **phase_times(msgs, m, n, params), "merge": C.scatter_add_cost(2 * merged, 0, params),
+                "scatter_add": C.scatter_add_cost(result, d, params), "residual": C.residual_cost(k, d, params)}
+
+    def sent_bytes(d, m, n, density, options):
+        return per_link(messages(d, m, n, options, expected_union(d, num_selected(density, d))), m, n)
+
+    def actual_bytes(index_sets, d, m, n, options):
+        return per_link(messages(d, m, n, options, actual_union(index_sets)), m, n)
+    return time, sent_bytes, actual_bytes
