@@ -1,6 +1,6 @@
 """Convergence benchmark (DGC Fig. 3 ordering): 4 ranks (2x2) on digits with dense aggregation,
-naive allgather top-k with and without momentum correction, HiTopKComm, AR-Topk (star, var) and
-star with tyagi's adaptive density; table and PNG."""
+naive allgather top-k with and without momentum correction, HiTopKComm, AR-Topk (star, var),
+SparCML (ssar_rd, ssar_split_ag, dsar_split_ag) and star with tyagi's adaptive density; table and PNG."""
 import argparse
 import os
 import sys
@@ -15,6 +15,9 @@ CONFIGS = {
     "hitopk + DGC": ["--algorithm", "hitopk"],
     "star + DGC": ["--algorithm", "star"],
     "var + DGC": ["--algorithm", "var"],
+    "ssar_rd + DGC": ["--algorithm", "ssar_rd"],
+    "ssar_split_ag + DGC": ["--algorithm", "ssar_split_ag"],
+    "dsar_split_ag + DGC": ["--algorithm", "dsar_split_ag"],
     "star, adaptive density": ["--algorithm", "star", "--density", "adaptive"],
 }
 
