@@ -109,9 +109,8 @@ class _Plan:
         values = store.mget([self.key(i) for i in idx]) if store is not None else None
         corrupt = 0
         if values is not None:
-            for j, (i, v) in enumerate(zip(idx, values)):
-                hit[j] = self.codec.decode_into(v, i, out[j])
-                corrupt += v is not None and not hit[j]
+            hit = self.codec.decode_batch(values, idx, out)
+            corrupt = sum(v is not None for v in values) - int(hit.sum())
         hits = int(hit.sum())
         fallbacks = len(idx) if values is None and store is not None else 0
         self.cache.count(record, samples=len(idx), hits=hits, misses=len(idx) - hits - fallbacks,
@@ -192,7 +191,8 @@ def cached_dataset(source, preprocess, cache=None, shard=None, shuffle=True, see
     else:
         ds = _cached(source, preprocess, cache, indices, shuffle, seed, preprocess_key, num_parallel_calls)
     # Static shapes for model code: a scalar label, and (cached) the preprocessed value's shape.
-    ds = ds.map(lambda x, y: (x, tf.ensure_shape(y, [])))
+    if ds.element_spec[1].shape.rank != 0:
+        ds = ds.map(lambda x, y: (x, tf.ensure_shape(y, [])))
     if augment is not None:
         ds = ds.map(lambda x, y: (augment(x), y), num_parallel_calls=num_parallel_calls)
     return ds.apply(tf.data.experimental.assert_cardinality(len(indices)))
