@@ -72,6 +72,15 @@ def _probe(preprocess, data):
     return x.dtype, tuple(x.shape)
 
 
+def _aligned_empty(shape, dtype, align=64):
+    """np.empty aligned for TensorFlow, which then wraps the array a numpy_function returns
+    instead of copying it (numpy's own arrays are 16-byte aligned)."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    raw = np.empty(nbytes + align, np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
 class _Plan:
     """The Python side of one cached dataset: index batches, lookups, misses, counters."""
 
@@ -103,7 +112,7 @@ class _Plan:
         """One MGET for a batch of indices: (values, hit, labels, positions of the misses, their
         encoded files read through level 1, their paths)."""
         record = self.records[int(epoch)]
-        out = np.empty((len(idx),) + self.codec.shape, self.codec.dtype)
+        out = _aligned_empty((len(idx),) + self.codec.shape, self.codec.dtype)
         hit = np.zeros(len(idx), bool)
         store = self.cache.store
         values = store.mget([self.key(i) for i in idx]) if store is not None else None
