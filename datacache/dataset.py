@@ -1,11 +1,12 @@
 """cached_dataset: a tf.data pipeline that reads pre-processed samples from the cache.
 
-Per epoch: the shard's indices (shuffled with (seed, epoch)) in batches of ``read_batch`` → one
-MGET per batch in a parallel ``tf.numpy_function`` that checks and unpacks the hits into one array
-and reads the files of the misses (none from epoch 2 on) through level 1 → ``preprocess`` of the
-misses in the graph (in parallel), queued for Redis in one call → unbatch → ``augment`` (after the
-cache, so it is random every epoch). Python runs once per batch, not once per sample. Every epoch
-yields each sample of the shard exactly once.
+Per epoch: one Python call shuffles the shard's indices (with (seed, epoch)), the graph cuts them
+into batches of ``read_batch`` → one MGET per batch in a parallel ``tf.numpy_function`` (several in
+flight, one connection each) that checks and unpacks the hits into one aligned array and reads the
+files of the misses (none from epoch 2 on) through level 1 → ``preprocess`` of the misses in the
+graph (in parallel), queued for Redis in one call → unbatch → ``augment`` (after the cache, so it
+is random every epoch). Python runs once per batch, not once per sample. Every epoch yields each
+sample of the shard exactly once.
 """
 import hashlib
 import os
@@ -72,6 +73,15 @@ def _probe(preprocess, data):
     return x.dtype, tuple(x.shape)
 
 
+def _aligned_empty(shape, dtype, align=64):
+    """np.empty aligned for TensorFlow, which then wraps the array a numpy_function returns
+    instead of copying it (numpy's own arrays are 16-byte aligned)."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    raw = np.empty(nbytes + align, np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
 class _Plan:
     """The Python side of one cached dataset: index batches, lookups, misses, counters."""
 
@@ -83,7 +93,8 @@ class _Plan:
         self.bars = {}
         self._lock = threading.Lock()
 
-    def batches(self):
+    def start_epoch(self):
+        """The epoch's order of the shard's indices and the epoch's number (one call per epoch)."""
         self.epoch += 1
         epoch = self.epoch
         self.cache.flush()   # the last epoch's writes are in Redis before this epoch reads
@@ -92,9 +103,7 @@ class _Plan:
         if self.shuffle:
             rng = np.random.default_rng(None if self.seed is None else [self.seed, epoch])
             order = rng.permutation(order)
-        step = self.cache.read_batch
-        for lo in range(0, len(order), step):
-            yield order[lo:lo + step], np.int64(epoch)
+        return order, np.int64(epoch)
 
     def key(self, i):
         return self.prefix + b"%d" % i
@@ -103,15 +112,14 @@ class _Plan:
         """One MGET for a batch of indices: (values, hit, labels, positions of the misses, their
         encoded files read through level 1, their paths)."""
         record = self.records[int(epoch)]
-        out = np.empty((len(idx),) + self.codec.shape, self.codec.dtype)
+        out = _aligned_empty((len(idx),) + self.codec.shape, self.codec.dtype)
         hit = np.zeros(len(idx), bool)
         store = self.cache.store
         values = store.mget([self.key(i) for i in idx]) if store is not None else None
         corrupt = 0
         if values is not None:
-            for j, (i, v) in enumerate(zip(idx, values)):
-                hit[j] = self.codec.decode_into(v, i, out[j])
-                corrupt += v is not None and not hit[j]
+            hit = self.codec.decode_batch(values, idx, out)
+            corrupt = sum(v is not None for v in values) - int(hit.sum())
         hits = int(hit.sum())
         fallbacks = len(idx) if values is None and store is not None else 0
         self.cache.count(record, samples=len(idx), hits=hits, misses=len(idx) - hits - fallbacks,
@@ -192,7 +200,8 @@ def cached_dataset(source, preprocess, cache=None, shard=None, shuffle=True, see
     else:
         ds = _cached(source, preprocess, cache, indices, shuffle, seed, preprocess_key, num_parallel_calls)
     # Static shapes for model code: a scalar label, and (cached) the preprocessed value's shape.
-    ds = ds.map(lambda x, y: (x, tf.ensure_shape(y, [])))
+    if ds.element_spec[1].shape.rank != 0:
+        ds = ds.map(lambda x, y: (x, tf.ensure_shape(y, [])))
     if augment is not None:
         ds = ds.map(lambda x, y: (augment(x), y), num_parallel_calls=num_parallel_calls)
     return ds.apply(tf.data.experimental.assert_cardinality(len(indices)))
@@ -250,7 +259,13 @@ def _cached(source, preprocess, cache, indices, shuffle, seed, preprocess_key, p
             return tf.tensor_scatter_nd_update(values, missing[:, None], tf.ensure_shape(fixed, (None,) + shape))
         return tf.cond(tf.size(missing) > 0, fill, lambda: values), labels
 
-    batches = tf.data.Dataset.from_generator(
-        plan.batches, output_signature=(tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64)))
+    def epoch_batches(_):
+        """One Python call per epoch for the order; the batches of indices are sliced in the graph."""
+        order, epoch = tf.numpy_function(plan.start_epoch, [], [tf.int64, tf.int64], stateful=True,
+                                         name="datacache_epoch")
+        order.set_shape([len(indices)])
+        return tf.data.Dataset.from_tensor_slices(order).batch(cache.read_batch).map(lambda idx: (idx, epoch))
+
+    batches = tf.data.Dataset.range(1).flat_map(epoch_batches)
     order = {} if parallel is None else {"deterministic": True}
     return batches.map(load, num_parallel_calls=parallel, **order).unbatch()

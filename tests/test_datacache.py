@@ -253,6 +253,33 @@ def test_codec_rejects_everything_but_its_own_values():
     assert not codec.decode_into(value, 8, out)
 
 
+@pytest.mark.parametrize("dtype, shape", [(np.uint8, (4, 5, 3)), (np.float32, (2, 3)), (np.float64, ())])
+def test_codec_decode_batch_checks_every_value(dtype, shape):
+    """The hit path's batch decoder accepts exactly what decode_into accepts, value by value, and
+    leaves zeros (never another sample's bytes) in the rows of the rejected values."""
+    codec = Codec(dtype, shape)
+    rng = np.random.default_rng(0)
+    xs = [np.asarray(rng.integers(1, 200, size=shape)).astype(dtype) for _ in range(8)]
+    values = [codec.encode(10 + k, x) for k, x in enumerate(xs)]
+    crc = bytearray(values[1])
+    crc[-1] ^= 1
+    values[1] = bytes(crc)                                     # bad CRC, right length
+    values[2] = codec.encode(99, xs[2])                        # another sample's value
+    values[3] = b"XXXX" + values[3][4:]                        # bad magic
+    values[5] = pickle.dumps(xs[5])
+    indices = np.arange(10, 18)
+    for batch in (values, [values[k] for k in (0, 1, 2, 3, 6, 7)], values[:1] + [None] + values[2:]):
+        idx = indices[[values.index(v) if v is not None else 1 for v in batch]]
+        out = np.full((len(batch),) + shape, 7, dtype)
+        valid = codec.decode_batch(batch, idx, out)
+        one = np.zeros(shape, dtype)
+        assert valid.tolist() == [codec.decode_into(v, i, one) for v, i in zip(batch, idx)]
+        for k, (v, i) in enumerate(zip(batch, idx)):
+            want = xs[i - 10] if valid[k] else np.zeros(shape, dtype)
+            assert np.array_equal(out[k], want)
+    assert valid.tolist() == [True, False, False, False, True, False, True, True]
+
+
 def test_embedded_server_is_private(source):
     with DataCache(progress=False) as cache:
         cached_dataset(source, DecodeResize(16), cache)
