@@ -25,6 +25,7 @@ def test_aggregator_under_horovod(tmp_path):
             assert case["outputs"] == reports[0]["cases"][name]["outputs"]
     for r in reports:
         assert r["eager_equals_graph"]
+        assert r["sent_forms_agree"]
         assert r["mismatch"] is not None and "gradient shapes differ" in r["mismatch"]
     # float32 bucket of 12 + 7 + 5000 entries split in shards of 2: residual of 2510; float16 bucket 6 -> 3
     assert reports[0]["residual_sizes"] == [2510, 3]
@@ -40,6 +41,14 @@ def test_aggregator_under_horovod(tmp_path):
 def test_bad_configuration_raises_before_anything_runs(kwargs, message):
     with pytest.raises(ValueError, match=message):
         GradientAggregator(**kwargs)
+
+
+def test_bad_sent_form_raises():
+    from tf_commlib.topology import Topology
+
+    alone = Topology(m=1, n=1, rank=0, node=0, local=0, intra_ranks=(0,), inter_ranks=(0,))
+    with pytest.raises(ValueError, match="sent must be one of"):
+        GradientAggregator(topology=alone).aggregate([np.zeros(3, np.float32)], sent="dense")
 
 
 def test_auto_picks_the_cost_models_minimum():

@@ -2,6 +2,7 @@
 each unless a single tensor is larger), and the way back to the original shapes."""
 import collections
 
+import numpy as np
 import tensorflow as tf
 
 Bucket = collections.namedtuple("Bucket", "dtype positions shapes sizes")
@@ -38,3 +39,13 @@ def unflatten(flat, bucket, out):
     """Writes the pieces of a bucket's flat tensor into the list out at their positions."""
     for p, piece, shape in zip(bucket.positions, tf.split(flat, bucket.sizes), bucket.shapes):
         out[p] = tf.reshape(piece, shape)
+
+
+def split_indices(indices, bucket, out):
+    """Writes into out, at each piece's position, the int64 flat indices into that piece of the
+    given flat indices into the bucket (in their order)."""
+    ends = np.cumsum(bucket.sizes, dtype=np.int64)
+    owner = tf.searchsorted(tf.constant(ends), indices, side="right", out_type=tf.int32)
+    local = indices - tf.gather(tf.constant(ends - np.asarray(bucket.sizes, np.int64)), owner)
+    for p, part in zip(bucket.positions, tf.dynamic_partition(local, owner, len(bucket.sizes))):
+        out[p] = part

@@ -48,6 +48,32 @@ same &= all(np.array_equal(x.numpy(), y.numpy())
 out["eager_equals_graph"] = bool(same)
 out["residual_sizes"] = [int(v.shape[0]) for v in eager.residual_variables()]
 
+# What was sent, as masks and as indices (eagerly, and in tf.function through a switch_case over two
+# candidates): the indices of each tensor are exactly where its mask is 1; none for a dense bucket.
+def sent_forms(active, in_graph):
+    g = grads()
+    forms = []
+    for sent in ("mask", "indices"):
+        agg = GradientAggregator(algorithm=["hitopk", "2dtar"], density=0.1, seed=5, fusion_threshold_bytes=1000)
+        agg.build([None if t is None else (t.shape, t.dtype) for t in g])
+        agg.set_algorithm(active)
+        call = lambda gs: agg.aggregate(gs, sent=sent)  # noqa: E731
+        forms.append((tf.function(call) if in_graph else call)(g))
+    return forms
+
+
+agree = True
+for active, in_graph in (("hitopk", False), ("hitopk", True), ("2dtar", False)):
+    (_, masks), (_, where) = sent_forms(active, in_graph)
+    for m, w in zip(masks, where):
+        if m is None:
+            agree &= w is None
+            continue
+        flat = m.numpy().ravel()
+        agree &= w.dtype == tf.int64 and set(np.flatnonzero(flat)) == set(w.numpy().tolist())
+        agree &= set(np.unique(flat)) <= {0, 1}
+out["sent_forms_agree"] = bool(agree)
+
 # A rank that passes a different shape must make every rank raise, not hang.
 bad = grads()
 if topo.rank == 1:
