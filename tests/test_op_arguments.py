@@ -68,6 +68,7 @@ RAW = [
     ("scatter_add", "size", lambda: raw.commlib_scatter_add([0], ONE, I64)),
     ("scatter_add", "indices", lambda: raw.commlib_scatter_add([[0]], ONE, np.int64(4))),
     ("scatter_add", "values", lambda: raw.commlib_scatter_add([0], ONE[None], np.int64(4))),
+    ("zero_at", "indices", lambda: raw.commlib_zero_at(tf.Variable(ONE).handle, [[0]], dtype=tf.float32)),
 ]
 
 

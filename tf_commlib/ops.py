@@ -1,4 +1,5 @@
-"""Python API of the custom ops: sparse decompression (scatter_add) and the top-k selectors.
+"""Python API of the custom ops: sparse decompression (scatter_add), in-place zeroing of a variable
+(zero_at) and the top-k selectors.
 
 Every selector takes ``x`` of any shape (read flat; float32/float16/bfloat16) and a positive
 integer ``k`` (Python/numpy int or integer scalar tensor), and returns exactly min(k, size) entries
@@ -85,6 +86,27 @@ def scatter_add(indices, values, size):
     if static is not None and static < 0:
         raise _invalid(f"scatter_add: size must be non-negative, got {static}")
     return _ops.commlib_scatter_add(indices, values, size)
+
+
+def zero_at(variable, indices):
+    """Sets the tf.Variable to 0 at ``indices`` (int32/int64 flat, row-major; repeats allowed) in
+    place: O(len(indices)). TensorFlow's scatter ops switch a variable to copy-on-read, after which
+    every read copies it whole (DGC's momentum masking cost ~0.3 s per ResNet-50 step that way). A
+    variable that is not on the CPU goes through scatter_nd_update. Out-of-range indices raise."""
+    indices = tf.convert_to_tensor(indices)
+    if indices.dtype not in (tf.int32, tf.int64):
+        raise _invalid(f"zero_at: indices must be int32 or int64, got {indices.dtype.name}")
+    _vector(indices, "indices", "zero_at")
+    if variable.dtype not in FLOAT_DTYPES + (tf.float64,):
+        raise _invalid(f"zero_at: variable must be a float variable, got {variable.dtype.name}")
+    on_cpu = "GPU" not in variable.device.upper() and not tf.config.list_logical_devices("GPU")
+    if on_cpu:
+        _ops.commlib_zero_at(variable.handle, indices, dtype=variable.dtype)
+        return
+    dims = variable.shape.as_list()
+    strides = [int(np.prod(dims[j + 1:], dtype=np.int64)) for j in range(len(dims))]
+    where = tf.cast(indices, tf.int64)[:, None] // strides % dims if dims else tf.zeros([tf.size(indices), 0], tf.int64)
+    variable.scatter_nd_update(where, tf.zeros(tf.shape(indices), variable.dtype))
 
 
 def _prepare(x, k, name):
