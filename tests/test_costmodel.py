@@ -193,7 +193,7 @@ def test_calibrate_agrees_on_every_rank(tmp_path):
         assert r["params"] == first["params"]        # bit-identical: one allreduce, same division
         assert r["choices"] == first["choices"]
         assert r["predicted"] == first["predicted"]
-    assert len(first["params"]) == 7 + 2 * 4     # 7 scalars, then the compute curve at 2 sizes
+    assert len(first["params"]) == 8 + 2 * 4     # 8 scalars, then the compute curve at 2 sizes
     assert all(math.isfinite(v) and v > 0 for v in first["params"]), first["params"]
     assert [row[0] for row in first["curve"]] == [2**16, 2**18]
     assert first["params"][4:7] == first["curve"][-1][1:]   # the scalars are the largest size's
