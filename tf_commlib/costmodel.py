@@ -4,8 +4,8 @@ of the predictions of every registered collective. Each collective's own formula
 module (tf_commlib/collectives/*.py, Collective.time), written with the helpers here.
 
 Layout: m nodes x n ranks per node (P = m*n), d float32 gradient elements (4 bytes), density rho.
-Communication follows shi2021 §3.2: eq. (3) for an All-Gather of k FP32 elements over P ranks,
-eq. (7) for a Reduce-Scatter; ring All-Reduce as in tyagi Table I (2(N-1)·α + 2(N-1)/N·M·β).
+Communication follows shi2021 §3.2: eq. (3) for an All-Gather of k FP32 elements over P ranks
+(with the p-1 latency steps of Gloo's ring allgatherv instead of log P), eq. (7) for a Reduce-Scatter; ring All-Reduce as in tyagi Table I (2(N-1)·α + 2(N-1)/N·M·β).
 Two conventions the papers leave open, fixed here:
 
 * Sparse messages are values *and* int32 indices packed in one message (collectives/
@@ -81,18 +81,20 @@ class LinkParams:
         return tuple(curve[-1][1:])
 
 
-def _log2(p):
-    return math.log2(p) if p > 1 else 0.0
-
-
 def ring_allreduce(nbytes, p, alpha, beta):
     """Ring All-Reduce of nbytes over p ranks: 2(p-1)·α + 2(p-1)/p·nbytes·β (tyagi Table I)."""
     return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta
 
 
 def allgather(nbytes_each, p, alpha, beta):
-    """All-Gather of nbytes_each from each of p ranks: α·log p + (p-1)·nbytes_each·β (eq. (3))."""
-    return _log2(p) * alpha + (p - 1) * nbytes_each * beta
+    """All-Gather of nbytes_each from each of p ranks: (p-1)·α + (p-1)·nbytes_each·β. Eq. (3) has
+    α·log p (recursive doubling); Gloo's allgatherv, which Horovod runs, is a ring of p-1 steps."""
+    return (p - 1) * alpha + (p - 1) * nbytes_each * beta
+
+
+def copy_cost(size, params):
+    """One pass writing `size` elements (a pad, a concatenation)."""
+    return size * params.compute(size)[2]
 
 
 def reducescatter(nbytes, p, alpha, beta):
@@ -156,13 +158,13 @@ def _collective(algorithm):
 
 _MIN_ALPHA, _MIN_BETA, _MIN_COMPUTE = 1e-6, 1e-13, 1e-13   # floors that keep fitted numbers > 0
 _SHAPE = {"allreduce": lambda k: (2 * (k - 1) / k, 2 * (k - 1)),   # (bytes per byte of input, messages)
-          "reducescatter": lambda k: ((k - 1) / k, k - 1), "allgather": lambda k: (k - 1, _log2(k))}
+          "reducescatter": lambda k: ((k - 1) / k, k - 1), "allgather": lambda k: (k - 1, k - 1)}
 
 
 def _fit(points, k):
     """alpha, beta of one link from {op: {size: seconds}} (three sizes) on a k-rank set, averaged over
     the ops. Ring All-Reduce moves 2(k-1)/k·4s bytes in 2(k-1) messages, Reduce-Scatter (k-1)/k·4s in
-    k-1 (eq. (7)), All-Gather (k-1)·4s in log k (eq. (3)). beta = dt/dbytes between the two large
+    k-1 (eq. (7)), All-Gather (k-1)·4s in k-1 (Gloo's ring; eq. (3) has log k). beta = dt/dbytes between the two large
     sizes; alpha = (t - beta·bytes)/messages of the tiny one."""
     alphas, betas = [], []
     for op, t in points.items():

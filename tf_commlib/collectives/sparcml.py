@@ -21,7 +21,7 @@ unions of index sets it needs; ``sent_bytes`` feeds it the expected sizes for in
 random indices, the fill-in E[K] = L·(1 - (1 - k/d)^j) of j streams on a range of L indices, and
 ``actual_bytes`` the exact sizes from the ranks' selected index sets, so a test can check the bytes
 the primitives moved exactly. ``time`` charges each phase its latency (an exchange α, the split
-alltoall (P'-1)·α, the allgather log2(P)·α) and the bytes of its busiest sender on the phase's
+alltoall (P'-1)·α, the ring allgather (P-1)·α) and the bytes of its busiest sender on the phase's
 link (inter-node if any of its messages crosses nodes), plus selection, merges and error feedback.
 Merges (sparcml.merge: argsort by index, unique, segment sum; linear in the rows at the sizes seen
 here, calibrated as merge_s_per_elem) are charged per row merged: the rank's own stream once
@@ -187,7 +187,7 @@ def per_link(messages, m, n):
 def phase_times(messages, m, n, params):
     """{phase: seconds}: its latency and its busiest sender's bytes on its link."""
     p = m * n
-    latency = {"split": lower_power_of_two(p) - 1, "allgather": math.log2(p)}
+    latency = {"split": lower_power_of_two(p) - 1, "allgather": p - 1}   # Gloo's ring allgatherv
     phases = {}
     for phase, src, dst, nbytes in messages:
         if src == dst:
