@@ -218,8 +218,8 @@ def calibrate(topo, sizes=(2**20, 2**22), repeats=5, defaults=None, density=0.01
         for op in scale:
             for size in (latency_size, *(int(s * scale[op]) for s in sizes)):
                 x = tf.ones([size], tf.float32)
-                points[op][size] = median_time(lambda: getattr(P, op)(
-                    x, pset, name=f"costmodel_{tag}_{op}_{next(counter)}").numpy())
+                points[op][size] = median_time(lambda: timing.ready(getattr(P, op)(
+                    x, pset, name=f"costmodel_{tag}_{op}_{next(counter)}")))
         return points
 
     measured = dataclasses.asdict(defaults)
@@ -264,18 +264,19 @@ def compute_points(d, density, seed, median_time, barrier):
     import tensorflow as tf
 
     from tf_commlib import ops
+    from tf_commlib.timing import ready
 
     x = tf.constant(np.random.default_rng(seed).standard_normal(d, dtype=np.float32))
     barrier()
-    t_sel = median_time(lambda: ops.mstopk(x, max(1, math.ceil(density * d)), seed=0)[0].numpy())
+    t_sel = median_time(lambda: ready(ops.mstopk(x, max(1, math.ceil(density * d)), seed=0)))
     barrier()
     rng = np.random.default_rng(1)
     k = max(1, math.ceil(density * d))
     nnz = 4 * k
     idx = tf.constant(np.concatenate([np.sort(rng.choice(d, k, replace=False)) for _ in range(4)]).astype(np.int32))
     vals = tf.ones([nnz], tf.float32)
-    t_fill = median_time(lambda: ops.scatter_add(idx[:1], vals[:1], d).numpy())
-    t_add = median_time(lambda: ops.scatter_add(idx, vals, d).numpy())
+    t_fill = median_time(lambda: ready(ops.scatter_add(idx[:1], vals[:1], d)))
+    t_add = median_time(lambda: ready(ops.scatter_add(idx, vals, d)))
     return [max(t_sel / d, _MIN_COMPUTE), max((t_add - t_fill) / nnz, _MIN_COMPUTE),
             max(t_fill / d, _MIN_COMPUTE)]
 
@@ -287,9 +288,10 @@ def merge_point(rows, seed, median_time, barrier):
 
     from tf_commlib.collectives.sparcml import merge
     from tf_commlib.collectives.sparse_message import pack
+    from tf_commlib.timing import ready
 
     rng = np.random.default_rng(seed)
     half = [np.sort(rng.integers(0, 2**30, rows // 2, dtype=np.int32)) for _ in range(2)]
     stream = pack(tf.ones([2 * (rows // 2)], tf.float32), tf.constant(np.concatenate(half)))
     barrier()
-    return max(median_time(lambda: merge(stream).numpy()) / (2 * (rows // 2)), _MIN_COMPUTE)
+    return max(median_time(lambda: ready(merge(stream))) / (2 * (rows // 2)), _MIN_COMPUTE)
