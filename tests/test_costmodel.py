@@ -97,6 +97,25 @@ def test_sparcml_merges_by_hand():
     assert sent["inter"] == pytest.approx(8 * union[2], rel=1e-12)
 
 
+def test_copies_by_hand():
+    # dsar_split_ag concatenates its decoded slices (a pass over d); the hierarchical AR-Topk pads
+    # x to n shards before hitopk's reduce-scatter, as hitopk does
+    assert costmodel.breakdown("dsar_split_ag", D, M, N, RHO, PARAMS)["concat"] == pytest.approx(D * 1e-9)
+    rs = D * 1e-9 + 3 * 1e-5 + 3 / 4 * 4e6 * 1e-9
+    for algo in ("hitopk", "star_hier", "var_hier"):
+        assert costmodel.breakdown(algo, D, M, N, RHO, PARAMS)["reducescatter"] == pytest.approx(rs, rel=1e-12)
+
+
+def test_ready_fetches_one_element_of_each_output():
+    import numpy as np
+    import tensorflow as tf
+
+    from tf_commlib.timing import ready
+    out = ready((tf.range(5.0), {"i": tf.zeros([0], tf.int32), "s": tf.constant(3)}, tf.ones([2, 3])))
+    assert out[0].tolist() == [0.0] and out[1]["i"].size == 0 and out[1]["s"] == 3
+    assert isinstance(out[2], np.ndarray) and out[2].tolist() == [1.0]
+
+
 def test_hitopk_step4_is_dense_at_high_density():
     # 2*m*rho = 1.2 >= 1: scatter-add of m*k~ = 150000 into s, gather the 4*s bytes shards
     k = 75_000
