@@ -54,7 +54,7 @@ def test_naive_ag_by_hand():
 
 
 def test_hitopk_by_hand():
-    t1 = 1e6 * 1e-9 + 3 * 1e-5 + 3 / 4 * 4e6 * 1e-9   # pad x to 4 shards (a copy of d), eq. (7): 4.03e-3
+    t1 = 3 * 1e-5 + 3 / 4 * 4e6 * 1e-9           # eq. (7): 3.03e-3 (4 divides d: no pad)
     t2 = 250_000 * 2e-9                          # eq. (8): 5e-4
     t3 = 1 * 1e-4 + 1 * 4 * 2_500 * 8 * 1e-8     # eq. (9), 8-byte entries, 4 streams share the link: 9e-4
     # step 4, sparse (2*m*rho = 0.04 < 1): m*k~ = 5000 8-byte entries over n = 4 (eq. (10)),
@@ -62,8 +62,8 @@ def test_hitopk_by_hand():
     t4 = (3 * 1e-5 + 3 * 8 * 5_000 * 1e-9) + (1e6 * 1e-9 + 20_000 * 5e-9) \
         + (3 * 1e-5 + 3 * 4 * 2_500 * 1e-9)      # 1.5e-4 + 1.1e-3 + 6e-5 (ring allgathers: n-1 steps)
     residual = 250_000 * 1e-9 + 2_500 * 5e-9 + 250_000 * 1e-9   # 5.125e-4
-    assert t1 + t2 + t3 + t4 + residual == pytest.approx(0.0072525)
-    assert predict("hitopk", D, M, N, RHO, PARAMS) == pytest.approx(0.0072525, rel=1e-12)
+    assert t1 + t2 + t3 + t4 + residual == pytest.approx(0.0062525)
+    assert predict("hitopk", D, M, N, RHO, PARAMS) == pytest.approx(0.0062525, rel=1e-12)
     steps = costmodel.breakdown("hitopk", D, M, N, RHO, PARAMS)
     assert list(steps) == ["reducescatter", "select", "inter_allgather", "intra_allgather", "residual"]
     assert steps["inter_allgather"] == pytest.approx(t3)
@@ -98,12 +98,13 @@ def test_sparcml_merges_by_hand():
 
 
 def test_copies_by_hand():
-    # dsar_split_ag concatenates its decoded slices (a pass over d); the hierarchical AR-Topk pads
-    # x to n shards before hitopk's reduce-scatter, as hitopk does
+    # dsar_split_ag concatenates its decoded slices (a pass over d); hitopk and the hierarchical
+    # AR-Topk pad x to n shards, a copy when n does not divide d (tf.pad forwards x otherwise)
     assert costmodel.breakdown("dsar_split_ag", D, M, N, RHO, PARAMS)["concat"] == pytest.approx(D * 1e-9)
-    rs = D * 1e-9 + 3 * 1e-5 + 3 / 4 * 4e6 * 1e-9
-    for algo in ("hitopk", "star_hier", "var_hier"):
-        assert costmodel.breakdown(algo, D, M, N, RHO, PARAMS)["reducescatter"] == pytest.approx(rs, rel=1e-12)
+    for d, pad in ((D, 0.0), (D + 1, (D + 4) * 1e-9)):
+        rs = pad + 3 * 1e-5 + 3 / 4 * 4 * (D + 4) * 1e-9 if d > D else 3 * 1e-5 + 3 / 4 * 4e6 * 1e-9
+        for algo in ("hitopk", "star_hier", "var_hier"):
+            assert costmodel.breakdown(algo, d, M, N, RHO, PARAMS)["reducescatter"] == pytest.approx(rs, rel=1e-12)
 
 
 def test_ready_fetches_one_element_of_each_output():

@@ -164,7 +164,7 @@ def hier_time(variant):
         s, k = hitopk.shard_size(d, n), num_selected(density, d / n)
         inter = (params.alpha_inter, params.beta_inter)
         a, b = params.alpha_intra, params.beta_intra
-        rs = C.copy_cost(n * s, params) + C.reducescatter(C.BYTES * n * s, n, a, b)   # pad, eq. (7)
+        rs = hitopk.pad_cost(d, n, params) + C.reducescatter(C.BYTES * n * s, n, a, b)   # pad, eq. (7)
         return {"reducescatter": rs, "select": C.select_cost(s, params),
                 **_root_choice(variant, m, (inter[0], inter[1] * n)),
                 "length": tree_broadcast(C.BYTES * n, m, *inter), "art_ring": art_ring(C.BYTES * k * n, m, *inter),
