@@ -39,49 +39,96 @@ def test_dense_by_hand():
 def test_2dtar_by_hand():
     rs = 3 * 1e-5 + 3 / 4 * 4e6 * 1e-9           # eq. (7): 3e-5 + 3e-3
     inter = 2 * 1 * 1e-4 + 2 * 1 / 2 * 4e6 * 1e-8  # 4 streams of 1e6 B share the link: 2e-4 + 0.04
-    ag = 2 * 1e-5 + 3 * 1e6 * 1e-9               # log2(4)*alpha + (n-1)*4s*beta: 2e-5 + 3e-3
-    assert rs + inter + ag == pytest.approx(0.04625)
-    assert predict("2dtar", D, M, N, RHO, PARAMS) == pytest.approx(0.04625, rel=1e-12)
+    ag = 3 * 1e-5 + 3 * 1e6 * 1e-9               # Gloo's ring: (n-1)*alpha + (n-1)*4s*beta: 3e-5 + 3e-3
+    assert rs + inter + ag == pytest.approx(0.04626)
+    assert predict("2dtar", D, M, N, RHO, PARAMS) == pytest.approx(0.04626, rel=1e-12)
 
 
 def test_naive_ag_by_hand():
     select = 1e6 * 2e-9                          # 2e-3
-    gather = 3 * 1e-4 + 7 * 8 * 10_000 * 1e-8    # eq. (3), 8-byte entries (value, index): 5.9e-3
+    gather = 7 * 1e-4 + 7 * 8 * 10_000 * 1e-8    # eq. (3) as a ring of P-1 steps, 8-byte entries: 6.3e-3
     scatter = 1e6 * 1e-9 + 8 * 10_000 * 5e-9     # zero-fill d + P*k adds: 1e-3 + 4e-4
     residual = 1e6 * 1e-9 + 10_000 * 5e-9 + 1e6 * 1e-9   # scatter k into d, subtract: 2.05e-3
-    assert select + gather + scatter + residual == pytest.approx(0.01135)
-    assert predict("naive_ag", D, M, N, RHO, PARAMS) == pytest.approx(0.01135, rel=1e-12)
+    assert select + gather + scatter + residual == pytest.approx(0.01175)
+    assert predict("naive_ag", D, M, N, RHO, PARAMS) == pytest.approx(0.01175, rel=1e-12)
 
 
 def test_hitopk_by_hand():
-    t1 = 3 * 1e-5 + 3 / 4 * 4e6 * 1e-9           # eq. (7): 3.03e-3
+    t1 = 3 * 1e-5 + 3 / 4 * 4e6 * 1e-9           # eq. (7): 3.03e-3 (4 divides d: no pad)
     t2 = 250_000 * 2e-9                          # eq. (8): 5e-4
     t3 = 1 * 1e-4 + 1 * 4 * 2_500 * 8 * 1e-8     # eq. (9), 8-byte entries, 4 streams share the link: 9e-4
     # step 4, sparse (2*m*rho = 0.04 < 1): m*k~ = 5000 8-byte entries over n = 4 (eq. (10)),
     # a scatter-add of n*m*k~ = 20000 into d, the k~ sent indices gathered
-    t4 = (2 * 1e-5 + 3 * 8 * 5_000 * 1e-9) + (1e6 * 1e-9 + 20_000 * 5e-9) \
-        + (2 * 1e-5 + 3 * 4 * 2_500 * 1e-9)      # 1.4e-4 + 1.1e-3 + 5e-5
+    t4 = (3 * 1e-5 + 3 * 8 * 5_000 * 1e-9) + (1e6 * 1e-9 + 20_000 * 5e-9) \
+        + (3 * 1e-5 + 3 * 4 * 2_500 * 1e-9)      # 1.5e-4 + 1.1e-3 + 6e-5 (ring allgathers: n-1 steps)
     residual = 250_000 * 1e-9 + 2_500 * 5e-9 + 250_000 * 1e-9   # 5.125e-4
-    assert t1 + t2 + t3 + t4 + residual == pytest.approx(0.0062325)
-    assert predict("hitopk", D, M, N, RHO, PARAMS) == pytest.approx(0.0062325, rel=1e-12)
+    assert t1 + t2 + t3 + t4 + residual == pytest.approx(0.0062525)
+    assert predict("hitopk", D, M, N, RHO, PARAMS) == pytest.approx(0.0062525, rel=1e-12)
     steps = costmodel.breakdown("hitopk", D, M, N, RHO, PARAMS)
     assert list(steps) == ["reducescatter", "select", "inter_allgather", "intra_allgather", "residual"]
     assert steps["inter_allgather"] == pytest.approx(t3)
     assert steps["intra_allgather"] == pytest.approx(t4)
 
 
+def test_sparcml_merges_by_hand():
+    # P = 8 ranks, k = 10_000 of d = 1e6 each; a row merged costs 1 us. Every rank first merges its
+    # own stream (k rows); SSAR round t merges its block's stream with the partner's block's, each
+    # the union of 2^t streams: E = d(1 - (1 - k/d)^(2^t)) rows.
+    params = dataclasses.replace(PARAMS, merge_s_per_elem=1e-6)
+    k = 10_000
+    union = [D * (1 - (1 - k / D) ** (2 ** t)) for t in range(3)]
+    steps = costmodel.breakdown("ssar_rd", D, M, N, RHO, params)
+    assert steps["sort"] == pytest.approx(k * 1e-6, rel=1e-12)
+    assert steps["merge"] == pytest.approx(2 * sum(union) * 1e-6, rel=1e-12)   # ~0.0594 s
+    # the split variants: owner j merges the slice-j part of all 8 streams (its own included): the
+    # expected k·8·(d/8)/d = k rows
+    split = costmodel.breakdown("ssar_split_ag", D, M, N, RHO, params)
+    assert split["merge"] == pytest.approx(8 * (D / 8) * k / D * 1e-6, rel=1e-12)
+    # folding (P = 5 onto 4): rank 0 merges its stream with rank 4's (2k); round 0: rank 0 merges
+    # {0, 4} with {1}; round 1: {0, 4, 1} with {2, 3}
+    u = [D * (1 - (1 - k / D) ** j) for j in range(4)]
+    folded = costmodel.breakdown("ssar_rd", D, 5, 1, RHO, params)
+    assert folded["merge"] == pytest.approx((2 * k + (u[2] + k) + (u[3] + u[2])) * 1e-6, rel=1e-12)
+    # the merges are what makes SSAR's rounds dearer than the split phase at P = 8
+    assert steps["merge"] > 5 * split["merge"]
+    # a rank's own part is merged, not sent: rounds 0 and 1 stay inside a node of 4, round 2 crosses
+    sent = ALGORITHMS["ssar_rd"].sent_bytes(D, M, N, RHO)
+    assert sent["intra"] == pytest.approx(8 * (union[0] + union[1]), rel=1e-12)
+    assert sent["inter"] == pytest.approx(8 * union[2], rel=1e-12)
+
+
+def test_copies_by_hand():
+    # dsar_split_ag concatenates its decoded slices (a pass over d); hitopk and the hierarchical
+    # AR-Topk pad x to n shards, a copy when n does not divide d (tf.pad forwards x otherwise)
+    assert costmodel.breakdown("dsar_split_ag", D, M, N, RHO, PARAMS)["concat"] == pytest.approx(D * 1e-9)
+    for d, pad in ((D, 0.0), (D + 1, (D + 4) * 1e-9)):
+        rs = pad + 3 * 1e-5 + 3 / 4 * 4 * (D + 4) * 1e-9 if d > D else 3 * 1e-5 + 3 / 4 * 4e6 * 1e-9
+        for algo in ("hitopk", "star_hier", "var_hier"):
+            assert costmodel.breakdown(algo, d, M, N, RHO, PARAMS)["reducescatter"] == pytest.approx(rs, rel=1e-12)
+
+
+def test_ready_fetches_one_element_of_each_output():
+    import numpy as np
+    import tensorflow as tf
+
+    from tf_commlib.timing import ready
+    out = ready((tf.range(5.0), {"i": tf.zeros([0], tf.int32), "s": tf.constant(3)}, tf.ones([2, 3])))
+    assert out[0].tolist() == [0.0] and out[1]["i"].size == 0 and out[1]["s"] == 3
+    assert isinstance(out[2], np.ndarray) and out[2].tolist() == [1.0]
+
+
 def test_hitopk_step4_is_dense_at_high_density():
     # 2*m*rho = 1.2 >= 1: scatter-add of m*k~ = 150000 into s, gather the 4*s bytes shards
     k = 75_000
-    t4 = (250_000 * 1e-9 + 2 * k * 5e-9) + (2 * 1e-5 + 3 * 4 * 250_000 * 1e-9) + (2 * 1e-5 + 3 * 4 * k * 1e-9)
+    t4 = (250_000 * 1e-9 + 2 * k * 5e-9) + (3 * 1e-5 + 3 * 4 * 250_000 * 1e-9) + (3 * 1e-5 + 3 * 4 * k * 1e-9)
     steps = costmodel.breakdown("hitopk", D, M, N, 0.3, PARAMS)
     assert steps["intra_allgather"] == pytest.approx(t4, rel=1e-12)
     # the option step4 forces a branch; the prediction follows it
     forced = costmodel.breakdown("hitopk", D, M, N, 0.3, PARAMS, options={"step4": "sparse"})
-    t4_sparse = (2 * 1e-5 + 3 * 8 * 2 * k * 1e-9) + (1e6 * 1e-9 + 4 * 2 * k * 5e-9) + (2 * 1e-5 + 3 * 4 * k * 1e-9)
+    t4_sparse = (3 * 1e-5 + 3 * 8 * 2 * k * 1e-9) + (1e6 * 1e-9 + 4 * 2 * k * 5e-9) + (3 * 1e-5 + 3 * 4 * k * 1e-9)
     assert forced["intra_allgather"] == pytest.approx(t4_sparse, rel=1e-12)
     # at 1 % the dense branch: scatter-add of m*k~ = 5000 into s, the 4*s-byte shards, k~ indices
-    t4_dense = (250_000 * 1e-9 + 5_000 * 5e-9) + (2 * 1e-5 + 3 * 1e6 * 1e-9) + (2 * 1e-5 + 3 * 4 * 2_500 * 1e-9)
+    t4_dense = (250_000 * 1e-9 + 5_000 * 5e-9) + (3 * 1e-5 + 3 * 1e6 * 1e-9) + (3 * 1e-5 + 3 * 4 * 2_500 * 1e-9)
     dense4 = costmodel.breakdown("hitopk", D, M, N, RHO, PARAMS, options={"step4": "dense"})
     assert dense4["intra_allgather"] == pytest.approx(t4_dense, rel=1e-12)
     assert predict("hitopk", D, M, N, RHO, PARAMS, options={"step4": "auto"}) == predict("hitopk", D, M, N, RHO, PARAMS)
@@ -193,7 +240,7 @@ def test_calibrate_agrees_on_every_rank(tmp_path):
         assert r["params"] == first["params"]        # bit-identical: one allreduce, same division
         assert r["choices"] == first["choices"]
         assert r["predicted"] == first["predicted"]
-    assert len(first["params"]) == 7 + 2 * 4     # 7 scalars, then the compute curve at 2 sizes
+    assert len(first["params"]) == 8 + 2 * 4     # 8 scalars, then the compute curve at 2 sizes
     assert all(math.isfinite(v) and v > 0 for v in first["params"]), first["params"]
     assert [row[0] for row in first["curve"]] == [2**16, 2**18]
     assert first["params"][4:7] == first["curve"][-1][1:]   # the scalars are the largest size's

@@ -4,8 +4,8 @@ of the predictions of every registered collective. Each collective's own formula
 module (tf_commlib/collectives/*.py, Collective.time), written with the helpers here.
 
 Layout: m nodes x n ranks per node (P = m*n), d float32 gradient elements (4 bytes), density rho.
-Communication follows shi2021 §3.2: eq. (3) for an All-Gather of k FP32 elements over P ranks,
-eq. (7) for a Reduce-Scatter; ring All-Reduce as in tyagi Table I (2(N-1)·α + 2(N-1)/N·M·β).
+Communication follows shi2021 §3.2: eq. (3) for an All-Gather of k FP32 elements over P ranks
+(with the p-1 latency steps of Gloo's ring allgatherv instead of log P), eq. (7) for a Reduce-Scatter; ring All-Reduce as in tyagi Table I (2(N-1)·α + 2(N-1)/N·M·β).
 Two conventions the papers leave open, fixed here:
 
 * Sparse messages are values *and* int32 indices packed in one message (collectives/
@@ -19,7 +19,8 @@ Two conventions the papers leave open, fixed here:
 
 Compute: selection costs select_s_per_elem per input element (eq. (8), O(d/n)); scatter-add costs
 add_s_per_elem per accumulated element plus mem_s_per_elem per element of the zero-filled output;
-error feedback a scatter-add of k into the selection's input and a subtraction. log is log2; every
+error feedback a scatter-add of k into the selection's input and a subtraction; merging sparse
+streams (SparCML) merge_s_per_elem per row merged. log is log2; every
 term vanishes on a one-rank set, so m = 1 or n = 1 give finite costs. Choice is by argmin of the
 predictions (tyagi's closed-form inequalities divide by zero at N = 2). Bytes per link are not
 here: see tf_commlib.link_bytes and Collective.bytes.
@@ -37,8 +38,9 @@ class LinkParams:
 
     Defaults: a public-cloud CPU node pair: 25 Gbit/s inside a node (shared memory / loopback TCP
     through Gloo, 20 µs per message), 10 Gbit/s between nodes (a VPC link, 100 µs per message,
-    Horovod's negotiation included), MSTopK ~1 ns/element, random scatter-add ~2 ns/element,
-    zero-filling ~0.25 ns/element (one core each).
+    Horovod's negotiation included), MSTopK ~1 ns/element, scatter-add of index-sorted streams
+    ~2 ns/element, zero-filling ~0.25 ns/element, merging a sparse stream (sort by index, unique,
+    segment sum: sparcml.merge) ~100 ns/entry (one core each).
     """
     alpha_intra: float = 20e-6
     beta_intra: float = 8 / 25e9
@@ -47,6 +49,7 @@ class LinkParams:
     select_s_per_elem: float = 1e-9
     add_s_per_elem: float = 2e-9
     mem_s_per_elem: float = 0.25e-9
+    merge_s_per_elem: float = 100e-9
     compute_curve: tuple = ()   # ((elements, select, add, mem), ...) by size; replaces the three above
 
     def as_list(self):
@@ -78,18 +81,20 @@ class LinkParams:
         return tuple(curve[-1][1:])
 
 
-def _log2(p):
-    return math.log2(p) if p > 1 else 0.0
-
-
 def ring_allreduce(nbytes, p, alpha, beta):
     """Ring All-Reduce of nbytes over p ranks: 2(p-1)·α + 2(p-1)/p·nbytes·β (tyagi Table I)."""
     return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta
 
 
 def allgather(nbytes_each, p, alpha, beta):
-    """All-Gather of nbytes_each from each of p ranks: α·log p + (p-1)·nbytes_each·β (eq. (3))."""
-    return _log2(p) * alpha + (p - 1) * nbytes_each * beta
+    """All-Gather of nbytes_each from each of p ranks: (p-1)·α + (p-1)·nbytes_each·β. Eq. (3) has
+    α·log p (recursive doubling); Gloo's allgatherv, which Horovod runs, is a ring of p-1 steps."""
+    return (p - 1) * alpha + (p - 1) * nbytes_each * beta
+
+
+def copy_cost(size, params):
+    """One pass writing `size` elements (a pad, a concatenation)."""
+    return size * params.compute(size)[2]
 
 
 def reducescatter(nbytes, p, alpha, beta):
@@ -110,6 +115,12 @@ def scatter_add_cost(nnz, size, params):
     """Zero-fill of the dense output plus one random add per accumulated element."""
     _, add, mem = params.compute(size)
     return size * mem + nnz * add
+
+
+def merge_cost(entries, params):
+    """Merging packed sparse streams of `entries` rows in all into one index-sorted stream
+    (sparcml.merge: argsort, unique, gather, segment sum, pack), linear in the rows."""
+    return entries * params.merge_s_per_elem
 
 
 def residual_cost(k, size, params):
@@ -147,13 +158,13 @@ def _collective(algorithm):
 
 _MIN_ALPHA, _MIN_BETA, _MIN_COMPUTE = 1e-6, 1e-13, 1e-13   # floors that keep fitted numbers > 0
 _SHAPE = {"allreduce": lambda k: (2 * (k - 1) / k, 2 * (k - 1)),   # (bytes per byte of input, messages)
-          "reducescatter": lambda k: ((k - 1) / k, k - 1), "allgather": lambda k: (k - 1, _log2(k))}
+          "reducescatter": lambda k: ((k - 1) / k, k - 1), "allgather": lambda k: (k - 1, k - 1)}
 
 
 def _fit(points, k):
     """alpha, beta of one link from {op: {size: seconds}} (three sizes) on a k-rank set, averaged over
     the ops. Ring All-Reduce moves 2(k-1)/k·4s bytes in 2(k-1) messages, Reduce-Scatter (k-1)/k·4s in
-    k-1 (eq. (7)), All-Gather (k-1)·4s in log k (eq. (3)). beta = dt/dbytes between the two large
+    k-1 (eq. (7)), All-Gather (k-1)·4s in k-1 (Gloo's ring; eq. (3) has log k). beta = dt/dbytes between the two large
     sizes; alpha = (t - beta·bytes)/messages of the tiny one."""
     alphas, betas = [], []
     for op, t in points.items():
@@ -180,7 +191,9 @@ def calibrate(topo, sizes=(2**20, 2**22), repeats=5, defaults=None, density=0.01
     0.1-3 MB that sparse collectives send (16 MB blasts into a shaped link run at half speed).
     Compute: all ranks at once time MSTopK and scatter-add on arrays of each of `compute_sizes`
     elements, so CPU sharing is included; per-element costs fall as arrays fit the caches, hence
-    a compute_curve (the scalars keep the largest size). Link medians are averaged
+    a compute_curve (the scalars keep the largest size). Merging: sparcml.merge of two index-sorted
+    streams of density·d entries each (d the middle compute size), what a SparCML round merges.
+    Link medians are averaged
     over the ranks that measured them, compute medians take the slowest rank (allreduces on
     topo.world), so all ranks get the same numbers; a one-rank set keeps its link's default.
     """
@@ -205,8 +218,8 @@ def calibrate(topo, sizes=(2**20, 2**22), repeats=5, defaults=None, density=0.01
         for op in scale:
             for size in (latency_size, *(int(s * scale[op]) for s in sizes)):
                 x = tf.ones([size], tf.float32)
-                points[op][size] = median_time(lambda: getattr(P, op)(
-                    x, pset, name=f"costmodel_{tag}_{op}_{next(counter)}").numpy())
+                points[op][size] = median_time(lambda: timing.ready(getattr(P, op)(
+                    x, pset, name=f"costmodel_{tag}_{op}_{next(counter)}")))
         return points
 
     measured = dataclasses.asdict(defaults)
@@ -223,36 +236,62 @@ def calibrate(topo, sizes=(2**20, 2**22), repeats=5, defaults=None, density=0.01
         weight.update(alpha_inter=1.0, beta_inter=1.0)
     barrier()
     curve = [compute_points(d, density, topo.rank, median_time, barrier) for d in sorted(compute_sizes)]
+    import horovod.tensorflow as hvd
     if topo.size > 1:   # a collective waits for its slowest rank: the max over ranks
-        import horovod.tensorflow as hvd
         curve = hvd.allreduce(tf.constant(curve, tf.float64), op=hvd.Max,
                               name=f"costmodel_max_{next(counter)}").numpy().tolist()
     curve = tuple((d, *map(float, row)) for d, row in zip(sorted(compute_sizes), curve))
+    rows = max(2, 2 * math.ceil(density * sorted(compute_sizes)[len(compute_sizes) // 2]))
+    merge = merge_point(rows, topo.rank, median_time, barrier)
+    if topo.size > 1:
+        merge = float(hvd.allreduce(tf.constant(merge, tf.float64), op=hvd.Max,
+                                    name=f"costmodel_merge_{next(counter)}").numpy())
     names = [f for f in measured if f.startswith(("alpha", "beta"))]
     local = tf.constant([measured[f] * weight[f] for f in names] + [weight[f] for f in names], tf.float64)
     total = P.allreduce(local, topo.world, name=f"costmodel_agree_{next(counter)}").numpy()
     sums, counts = total[:len(names)], total[len(names):]
     links = {f: float(sums[i] / counts[i]) if counts[i] > 0 else measured[f] for i, f in enumerate(names)}
     return LinkParams(**links, select_s_per_elem=curve[-1][1], add_s_per_elem=curve[-1][2],
-                      mem_s_per_elem=curve[-1][3], compute_curve=curve)
+                      mem_s_per_elem=curve[-1][3], merge_s_per_elem=merge, compute_curve=curve)
 
 
 def compute_points(d, density, seed, median_time, barrier):
     """[select, add, mem] seconds per element measured on arrays of d elements: MSTopK of
-    density·d, a zero-filled scatter-add output, and the random adds NaiveAG makes on 4 ranks."""
+    density·d, a zero-filled scatter-add output, and the adds NaiveAG makes on 4 ranks: four
+    index-sorted selections of density·d (what every sparse collective scatters: selections and
+    merged streams are sorted by index, which makes the adds far cheaper than in random order)."""
     import numpy as np
     import tensorflow as tf
 
     from tf_commlib import ops
+    from tf_commlib.timing import ready
 
     x = tf.constant(np.random.default_rng(seed).standard_normal(d, dtype=np.float32))
     barrier()
-    t_sel = median_time(lambda: ops.mstopk(x, max(1, math.ceil(density * d)), seed=0)[0].numpy())
+    t_sel = median_time(lambda: ready(ops.mstopk(x, max(1, math.ceil(density * d)), seed=0)))
     barrier()
-    nnz = max(1, math.ceil(4 * density * d))
-    idx = tf.constant(np.random.default_rng(1).integers(0, d, nnz, dtype=np.int32))
+    rng = np.random.default_rng(1)
+    k = max(1, math.ceil(density * d))
+    nnz = 4 * k
+    idx = tf.constant(np.concatenate([np.sort(rng.choice(d, k, replace=False)) for _ in range(4)]).astype(np.int32))
     vals = tf.ones([nnz], tf.float32)
-    t_fill = median_time(lambda: ops.scatter_add(idx[:1], vals[:1], d).numpy())
-    t_add = median_time(lambda: ops.scatter_add(idx, vals, d).numpy())
+    t_fill = median_time(lambda: ready(ops.scatter_add(idx[:1], vals[:1], d)))
+    t_add = median_time(lambda: ready(ops.scatter_add(idx, vals, d)))
     return [max(t_sel / d, _MIN_COMPUTE), max((t_add - t_fill) / nnz, _MIN_COMPUTE),
             max(t_fill / d, _MIN_COMPUTE)]
+
+
+def merge_point(rows, seed, median_time, barrier):
+    """Seconds per row of sparcml.merge on two index-sorted streams of rows/2 random entries each."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tf_commlib.collectives.sparcml import merge
+    from tf_commlib.collectives.sparse_message import pack
+    from tf_commlib.timing import ready
+
+    rng = np.random.default_rng(seed)
+    half = [np.sort(rng.integers(0, 2**30, rows // 2, dtype=np.int32)) for _ in range(2)]
+    stream = pack(tf.ones([2 * (rows // 2)], tf.float32), tf.constant(np.concatenate(half)))
+    barrier()
+    return max(median_time(lambda: ready(merge(stream))) / (2 * (rows // 2)), _MIN_COMPUTE)

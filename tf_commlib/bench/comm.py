@@ -26,6 +26,7 @@ from tf_commlib.collectives import ALGORITHMS
 from tf_commlib.collectives import hitopk as H
 from tf_commlib.collectives.error_feedback import unsent
 from tf_commlib.collectives.sparse_message import allgather_sparse
+from tf_commlib.timing import ready
 
 DEFAULT_SIZES = [2**20, 2**22, 2**24, 25_000_000, 2**26]
 STAGES = ["reducescatter", "select", "inter_allgather", "intra_allgather", "residual"]
@@ -75,12 +76,12 @@ def collective_fn(name, x, topo, density, graph=False):
         fn = lambda v: algo.fn(v, topo)  # noqa: E731
     if graph:
         fn = tf.function(fn)
-    return lambda: tf.nest.map_structure(lambda t: t.numpy(), fn(x))
+    return lambda: ready(fn(x))
 
 
 def staged(steps, timer, repeats, warmup=1):
     """Runs `steps` = [(name, fn(state) -> tensor or tuple of tensors)] in order, each after a
-    barrier and timed on its own until its result is ready (.numpy(), no copy on the CPU);
+    barrier and timed on its own until its result is ready (timing.ready: one element fetched);
     returns {name: median over runs of the slowest rank's time}."""
     per_step = {name: [] for name, _ in steps}
     for i in range(warmup + repeats):
@@ -89,7 +90,7 @@ def staged(steps, timer, repeats, warmup=1):
             timer.barrier()
             start = time.perf_counter()
             state[name] = fn(state)
-            tf.nest.map_structure(lambda t: t.numpy(), state[name])
+            ready(state[name])
             if i >= warmup:
                 per_step[name].append(time.perf_counter() - start)
     flat = [t for name, _ in steps for t in per_step[name]]

@@ -157,14 +157,15 @@ def flat_bytes(variant):
 
 
 def hier_time(variant):
-    """eq. (7) intra reduce-scatter, selection on d/n, ART-Ring (eq. 4a) over the m nodes on each shard
+    """hitopk's step 1 (pad, eq. (7) intra reduce-scatter), selection on d/n, ART-Ring (eq. 4a) over the m nodes on each shard
     (the n concurrent inter-node rounds share each node's link), an intra All-Gather of the k
     aggregated entries (8 bytes each), scatter-add of n·k into d and error feedback on the shard."""
     def time(d, m, n, density, params, options):
         s, k = hitopk.shard_size(d, n), num_selected(density, d / n)
         inter = (params.alpha_inter, params.beta_inter)
         a, b = params.alpha_intra, params.beta_intra
-        return {"reducescatter": C.reducescatter(C.BYTES * n * s, n, a, b), "select": C.select_cost(s, params),
+        rs = hitopk.pad_cost(d, n, params) + C.reducescatter(C.BYTES * n * s, n, a, b)   # pad, eq. (7)
+        return {"reducescatter": rs, "select": C.select_cost(s, params),
                 **_root_choice(variant, m, (inter[0], inter[1] * n)),
                 "length": tree_broadcast(C.BYTES * n, m, *inter), "art_ring": art_ring(C.BYTES * k * n, m, *inter),
                 "intra_allgather": C.allgather(C.SPARSE_BYTES * k, n, a, b),

@@ -13,6 +13,7 @@ import numbers
 
 import tensorflow as tf
 
+from tf_commlib import costmodel as C
 from tf_commlib import primitives as P
 from tf_commlib.collectives import naive_ag, qsgd
 from tf_commlib.collectives import sparcml as S
@@ -110,7 +111,12 @@ def reduce_streams(stream, d, topo, ctx):
 
 
 dsar_split_ag = S.sparse_collective(reduce_streams)
-time, sent_bytes, actual_bytes = S.cost("split", payload)
+split_time, sent_bytes, actual_bytes = S.cost("split", payload)
+
+
+def time(d, m, n, density, params, options):
+    """ssar_split_ag's phases with this payload, and the q decoded slices concatenated (a copy of d)."""
+    return {**split_time(d, m, n, density, params, options), "concat": C.copy_cost(d, params)}
 
 COLLECTIVE = Collective("dsar_split_ag", dsar_split_ag, time, sent_bytes, sparse=True,
                         residual_size=naive_ag.residual_size,

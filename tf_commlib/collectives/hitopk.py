@@ -44,6 +44,11 @@ def residual_to_input(residual, d, topo):
     return tf.pad(residual, [[topo.local * s, (topo.n - 1 - topo.local) * s]])[:d]
 
 
+def pad_cost(d, n, params):
+    """tf.pad copies x when n does not divide d (with no padding it forwards x)."""
+    return C.copy_cost(n * shard_size(d, n), params) if n * shard_size(d, n) > d else 0.0
+
+
 def reduce_shard(x, topo):
     """Step 1: this rank's shard (length ceil(d/n)) of the node's sum; x is padded to n shards."""
     d, s = x.shape[0], shard_size(x.shape[0], topo.n)
@@ -112,7 +117,7 @@ def hitopk(x, topo, density, select, residual=None, ctx=None):
 
 
 def time(d, m, n, density, params, options):
-    """eq. (7) + eq. (8) selection on d/n + eq. (9) (8 bytes per entry, the n streams share the
+    """the pad of x to n shards + eq. (7) + eq. (8) selection on d/n + eq. (9) (8 bytes per entry, the n streams share the
     node's link) + eq. (10) (sparse shards and a scatter-add into d, or dense shards, plus the k
     sent indices) + error feedback."""
     s, k = shard_size(d, n), num_selected(density, d / n)
@@ -123,7 +128,7 @@ def time(d, m, n, density, params, options):
     else:
         step4 = C.scatter_add_cost(m * k, s, params) + C.allgather(C.BYTES * s, n, a, b)
     return {
-        "reducescatter": C.reducescatter(C.BYTES * n * s, n, a, b),
+        "reducescatter": pad_cost(d, n, params) + C.reducescatter(C.BYTES * n * s, n, a, b),
         "select": C.select_cost(s, params),
         "inter_allgather": C.allgather(C.SPARSE_BYTES * k * n, m, params.alpha_inter, params.beta_inter),
         "intra_allgather": step4 + sent,

@@ -21,8 +21,12 @@ unions of index sets it needs; ``sent_bytes`` feeds it the expected sizes for in
 random indices, the fill-in E[K] = L·(1 - (1 - k/d)^j) of j streams on a range of L indices, and
 ``actual_bytes`` the exact sizes from the ranks' selected index sets, so a test can check the bytes
 the primitives moved exactly. ``time`` charges each phase its latency (an exchange α, the split
-alltoall (P'-1)·α, the allgather log2(P)·α) and the bytes of its busiest sender on the phase's
+alltoall (P'-1)·α, the ring allgather (P-1)·α) and the bytes of its busiest sender on the phase's
 link (inter-node if any of its messages crosses nodes), plus selection, merges and error feedback.
+Merges (sparcml.merge: argsort by index, unique, segment sum; linear in the rows at the sizes seen
+here, calibrated as merge_s_per_elem) are charged per row merged: the rank's own stream once
+("sort"), then in each phase the busiest rank's own part plus what it received (SSAR round t
+merges two streams of ~2^t·k rows: ~(2P'-2)·k rows over the rounds, not 2·k·log2 P').
 """
 import math
 
@@ -128,26 +132,29 @@ def densify(rows, d):
 
 # -- bytes and time --------------------------------------------------------------------------
 def schedule(algorithm, d, p, union, payload=None):
-    """Every message of one call: [(phase, sender, receiver, bytes)]. union(ranks, lo, hi): entries
-    in the union of those ranks' index sets within [lo, hi). payload(j, entries): the bytes owner j
-    allgathers for a slice of `entries` (split variants; default the sparse rows)."""
+    """Every message of one call: [(phase, sender, receiver, bytes)], and in the phases that merge
+    (fold, rounds, split) the part of its own stream a rank merges with what it receives, as a
+    message to itself (src == dst, not sent: per_link and phase_times skip it). union(ranks, lo,
+    hi): entries in the union of those ranks' index sets within [lo, hi). payload(j, entries): the
+    bytes owner j allgathers for a slice of `entries` (split variants; default the sparse rows)."""
     q = lower_power_of_two(p)
     if p == 1:
         return []
     folded = {r: [r] + ([r + q] if r + q < p else []) for r in range(q)}
     out = [("fold", r, r - q, C.SPARSE_BYTES * union([r], 0, d)) for r in range(q, p)]
+    out += [("fold", r - q, r - q, C.SPARSE_BYTES * union([r - q], 0, d)) for r in range(q, p)]
     if algorithm == "rd":
         for t in range(q.bit_length() - 1):
             for r in range(q):
                 block = r >> t << t
                 members = [x for b in range(block, block + (1 << t)) for x in folded[b]]
-                out.append((f"round{t}", r, r ^ (1 << t), C.SPARSE_BYTES * union(members, 0, d)))
+                nbytes = C.SPARSE_BYTES * union(members, 0, d)
+                out += [(f"round{t}", r, r ^ (1 << t), nbytes), (f"round{t}", r, r, nbytes)]
         out += [("unfold", r - q, r, C.SPARSE_BYTES * union(range(p), 0, d)) for r in range(q, p)]
         return out
     n_slice = slice_size(d, p)
     bounds = [(j * n_slice, min(d, (j + 1) * n_slice)) for j in range(q)]
-    out += [("split", r, j, C.SPARSE_BYTES * union(folded[r], *bounds[j]))
-            for r in range(q) for j in range(q) if j != r]
+    out += [("split", r, j, C.SPARSE_BYTES * union(folded[r], *bounds[j])) for r in range(q) for j in range(q)]
     payload = payload or (lambda j, entries: C.SPARSE_BYTES * entries)
     for j in range(q):
         nbytes = payload(j, union(range(p), *bounds[j]))
@@ -172,16 +179,19 @@ def per_link(messages, m, n):
     """{"intra": B, "inter": B} sent, averaged over the m·n ranks."""
     total = {link: 0.0 for link in L.LINKS}
     for _, src, dst, nbytes in messages:
-        total["intra" if src // n == dst // n else "inter"] += nbytes
+        if src != dst:
+            total["intra" if src // n == dst // n else "inter"] += nbytes
     return {link: v / (m * n) for link, v in total.items()}
 
 
 def phase_times(messages, m, n, params):
     """{phase: seconds}: its latency and its busiest sender's bytes on its link."""
     p = m * n
-    latency = {"split": lower_power_of_two(p) - 1, "allgather": math.log2(p)}
+    latency = {"split": lower_power_of_two(p) - 1, "allgather": p - 1}   # Gloo's ring allgatherv
     phases = {}
     for phase, src, dst, nbytes in messages:
+        if src == dst:
+            continue
         sent, crosses = phases.setdefault(phase, ({}, [False]))
         sent[src] = sent.get(src, 0.0) + nbytes
         crosses[0] |= src // n != dst // n
@@ -202,14 +212,15 @@ def cost(algorithm, payload=None):
     def time(d, m, n, density, params, options):
         k, p = num_selected(density, d), m * n
         msgs = messages(d, m, n, options, expected_union(d, k))
-        received = {}   # entries each rank merges in (its busiest one bounds the step)
+        merged = {}   # {phase: {rank: rows it merges}}; the busiest rank of each phase bounds it
         for phase, _, dst, nbytes in msgs:
-            if phase != "allgather":
-                received[dst] = received.get(dst, 0.0) + nbytes / C.SPARSE_BYTES
-        merged = max(received.values(), default=0.0)
+            if phase not in ("allgather", "unfold"):
+                rows = merged.setdefault(phase, {})
+                rows[dst] = rows.get(dst, 0.0) + nbytes / C.SPARSE_BYTES
+        merge_rows = sum(max(rows.values()) for rows in merged.values())
         result = expected_union(d, k)(range(p), 0, d)
-        return {"select": C.select_cost(d, params), "sort": C.scatter_add_cost(k * math.log2(max(k, 2)), 0, params),
-                **phase_times(msgs, m, n, params), "merge": C.scatter_add_cost(2 * merged, 0, params),
+        return {"select": C.select_cost(d, params), "sort": C.merge_cost(k, params),
+                **phase_times(msgs, m, n, params), "merge": C.merge_cost(merge_rows, params),
                 "scatter_add": C.scatter_add_cost(result, d, params), "residual": C.residual_cost(k, d, params)}
 
     def sent_bytes(d, m, n, density, options):
