@@ -24,8 +24,8 @@ def test_pack_is_index_then_value_bytes_and_unpack_inverts_it(value_dtype, index
         values[0] = -0.0
     if k > 2:
         values[1] = np.nan
-        values.view(np.uint16 if value_dtype == np.float16 else
-                    {4: np.uint32, 8: np.uint64}[np.dtype(value_dtype).itemsize])[2] |= 1   # NaN-free payload bit
+        bits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[np.dtype(value_dtype).itemsize]
+        values.view(bits)[1] |= 1   # a NaN with a payload bit set
     indices = rng.integers(-2**31, 2**31 - 1, k).astype(index_dtype)
     p = tf.function(pack) if graph else pack
     u = tf.function(unpack, reduce_retracing=False) if graph else unpack
