@@ -91,3 +91,80 @@ def test_bad_value_codec_raises_before_training(name, codec):
 def test_value_codec_defaults_to_none():
     for name in CODEC_ALGORITHMS:
         assert ALGORITHMS[name].resolve_options()["value_codec"] == "none"
+
+
+def _decoded(values, codec):
+    """numpy reference of what receivers decode (the mean only to float32 rounding)."""
+    v = np.asarray(values, np.float32)
+    if codec == "fp16":
+        return v.astype(np.float16).astype(np.float32)
+    if codec == "mean":
+        return np.full_like(v, v[0] + np.mean(v.astype(np.float64) - v[0])) if v.size else v
+    return v
+
+
+def _reference(name, reports, step, codec, run_key, table="topk"):
+    """The dense sum of the ranks' decoded messages, summed in the collective's order (rank order;
+    for hitopk the ranks of each local index in node order, at their shard's place)."""
+    out = np.zeros(D, np.float32)
+    for r, rep in enumerate(reports):
+        values, indices = rep[table][run_key]["rows"][step]["selected"]
+        offset = (r % 2) * (D // 2) if name == "hitopk" else 0
+        np.add.at(out, np.asarray(indices) + offset, _decoded(values, codec))
+    return out
+
+
+D, STEPS = 1000, 3
+
+
+def test_codecs_in_every_collective_on_2x2(tmp_path):
+    reports = hvdrun.run("codec_worker.py", 4, tmp_path, topology="2x2", timeout=240)
+    total_input = np.sum([np.sum(np.array(r["inputs"], np.float64), axis=0) for r in reports], axis=0)
+    for key in reports[0]["topk"]:
+        variant, codec = key.split(":")
+        name = variant.split("_dense4")[0]
+        results = []
+        for step in range(STEPS):
+            got = reports[0]["topk"][key]["rows"][step]["result"]
+            for r in reports:   # the same bits on every rank
+                assert r["topk"][key]["rows"][step]["result"] == got, (key, step, r["rank"])
+            want = _reference(name, reports, step, codec, key)
+            if codec == "mean":
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4, err_msg=key)   # float32 means of values up to ~300
+            else:
+                np.testing.assert_array_equal(np.array(got, np.float32), want, err_msg=key)
+            results.append(np.array(got, np.float64))
+            # bytes counted in the primitives == the declared bytes (4 ranks)
+            counted = {link: sum(r["topk"][key]["rows"][step]["sent"][link] for r in reports)
+                       for link in ("intra", "inter")}
+            formula = reports[0]["topk"][key]["rows"][step]["formula"]
+            assert counted == pytest.approx({k: 4 * v for k, v in formula.items()}, rel=1e-12), key
+        # error feedback: sum of outputs over the steps + residuals = sum of inputs
+        flushed = np.sum([np.array(r["topk"][key]["flush"], np.float64) for r in reports], axis=0)
+        np.testing.assert_allclose(np.sum(results, axis=0) + flushed, total_input, rtol=1e-5, atol=1e-3,
+                                   err_msg=key)
+        if codec != "none":   # the codec did change the values sent
+            plain = reports[0]["topk"][f"{variant}:none"]["rows"][0]["result"]
+            assert not np.array_equal(plain, reports[0]["topk"][key]["rows"][0]["result"]), key
+    for variant in ("naive_ag", "hitopk", "hitopk_dense4"):
+        sent = [reports[0]["topk"][f"{variant}:{c}"]["rows"][0]["sent"] for c in V.CODECS]
+        assert sum(sent[0].values()) > sum(sent[1].values()) > sum(sent[2].values()), variant
+        for codec in V.CODECS:   # both step 4s give the same bits
+            assert reports[0]["topk"][f"hitopk:{codec}"]["rows"][-1]["result"] == \
+                reports[0]["topk"][f"hitopk_dense4:{codec}"]["rows"][-1]["result"]
+        # qRGC's constant values: "mean" sends one value per rank and gives exactly what "none" gives
+        for r in reports:
+            plain, mean = r["qrgc"][f"{variant}:none"], r["qrgc"][f"{variant}:mean"]
+            assert [row["result"] for row in plain["rows"]] == [row["result"] for row in mean["rows"]]
+            assert plain["residual"] == mean["residual"], variant
+    # end to end through GradientAggregator and DistributedOptimizer (tf.function, two buckets)
+    agg = [r["aggregator"] for r in reports]
+    for codec in V.CODECS:
+        assert all(a[codec]["result"] == agg[0][codec]["result"] for a in agg), codec
+        assert all(a[codec]["weights"] == agg[0][codec]["weights"] for a in agg), codec
+        assert all(np.any(np.array(w) != 1) for w in agg[0][codec]["weights"]), codec
+        counted = {link: sum(a[codec]["counted"][link] for a in agg) for link in ("intra", "inter")}
+        assert counted == pytest.approx({k: 4 * v for k, v in agg[0][codec]["formula"].items()}, rel=1e-12)
+    for got, plain in zip(agg[0]["fp16"]["result"], agg[0]["none"]["result"]):
+        assert got != plain
+        np.testing.assert_allclose(got, plain, rtol=2e-3, atol=1e-3)

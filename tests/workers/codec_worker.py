@@ -1,0 +1,82 @@
+"""Every collective that takes value_codec, with each codec, for a few steps with error feedback on
+float inputs: reports inputs, what each step selected (before the codec), results, residuals and
+the bytes this rank's primitives sent; then qRGC's constant values, and the codec reaching hitopk
+through GradientAggregator and DistributedOptimizer inside tf.function (tests/test_value_codec.py)."""
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import tf_commlib  # noqa: E402
+from _report import report  # noqa: E402
+from tf_commlib import link_bytes, ops  # noqa: E402
+from tf_commlib.aggregator import GradientAggregator  # noqa: E402
+from tf_commlib.collectives import ALGORITHMS  # noqa: E402
+from tf_commlib.keras import DistributedOptimizer  # noqa: E402
+
+D, STEPS, DENSITY = 1000, 3, 0.05
+VARIANTS = {"naive_ag": ("naive_ag", {}), "hitopk": ("hitopk", {}),
+            "hitopk_dense4": ("hitopk", {"step4": "dense"})}
+topo = tf_commlib.init()
+rng = np.random.default_rng(7 + topo.rank)
+inputs = [(rng.standard_normal(D) * 10.0 ** rng.uniform(-3, 2, D)).astype(np.float32) for _ in range(STEPS)]
+
+
+def recording(selector, log):
+    def select(v, k):
+        values, indices = selector(v, k)
+        log.append([values.numpy().tolist(), indices.numpy().tolist()])
+        return values, indices
+    return select
+
+
+def run(name, options, codec, selector):
+    coll = ALGORITHMS[name]
+    residual = tf.zeros([coll.residual_size(D, topo)], tf.float32)
+    rows = []
+    for step, x in enumerate(inputs):
+        ctx = coll.context(step=step, options={**options, "value_codec": codec})
+        selected = []
+        with link_bytes.counting() as counter:
+            agg, residual, _ = coll.fn(tf.constant(x), topo, DENSITY, recording(selector(step), selected),
+                                       residual, ctx)
+            sent = counter.result()
+        rows.append({"result": agg.numpy().tolist(), "selected": selected[0], "sent": sent,
+                     "formula": coll.sent_bytes(D, topo.m, topo.n, DENSITY, ctx.options)})
+    flush = coll.residual_to_input(residual, D, topo)
+    return {"rows": rows, "residual": residual.numpy().tolist(), "flush": flush.numpy().tolist()}
+
+
+out = {"rank": topo.rank, "inputs": [x.tolist() for x in inputs], "topk": {}, "qrgc": {}}
+for variant, (name, options) in VARIANTS.items():
+    for codec in ("none", "fp16", "mean"):
+        out["topk"][f"{variant}:{codec}"] = run(name, options, codec, lambda step: ops.exact_topk)
+        if codec != "fp16":
+            out["qrgc"][f"{variant}:{codec}"] = run(name, options, codec,
+                                                   lambda step: lambda v, k: ops.qrgc(v, k, step))
+
+# end to end: algorithm_options={"hitopk": {"value_codec": ...}} through the aggregator (tf.function,
+# two buckets) and the optimizer
+shapes = [(40,), (6, 5)]
+grads = [tf.constant(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+out["aggregator"] = {}
+for codec in ("none", "fp16", "mean"):
+    agg = GradientAggregator("hitopk", density=0.2, op="sum", fusion_threshold_bytes=160, seed=3,
+                             algorithm_options={"hitopk": {"value_codec": codec}})
+    call = tf.function(agg)
+    with link_bytes.counting() as counter:
+        result = call(grads)
+        counted = counter.result()
+    ws = [keras.Variable(np.ones(s, np.float32)) for s in shapes]
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="hitopk", density=0.2,
+                               dense_layers=lambda v: False, seed=3,
+                               algorithm_options={"hitopk": {"value_codec": codec}})
+    for _ in range(2):
+        opt.apply(grads, ws)
+    out["aggregator"][codec] = {"result": [r.numpy().ravel().tolist() for r in result],
+                                "counted": counted, "formula": agg.sent_bytes(),
+                                "weights": [w.numpy().ravel().tolist() for w in ws],
+                                "grads": [g.numpy().ravel().tolist() for g in grads]}
+report(topo.rank, out)
