@@ -16,9 +16,11 @@ from tf_commlib.aggregator import GradientAggregator  # noqa: E402
 from tf_commlib.collectives import ALGORITHMS  # noqa: E402
 from tf_commlib.keras import DistributedOptimizer  # noqa: E402
 
-D, STEPS, DENSITY = 1000, 3, 0.05
+D, STEPS, DENSITY = 1000, 2, 0.05
 VARIANTS = {"naive_ag": ("naive_ag", {}), "hitopk": ("hitopk", {}),
-            "hitopk_dense4": ("hitopk", {"step4": "dense"})}
+            "hitopk_dense4": ("hitopk", {"step4": "dense"}), "ssar_rd": ("ssar_rd", {}),
+            "ssar_split_ag": ("ssar_split_ag", {}), "dsar_split_ag": ("dsar_split_ag", {})}
+SPARCML = ("ssar_rd", "ssar_split_ag", "dsar_split_ag")   # no "mean": merged streams carry sums
 topo = tf_commlib.init()
 rng = np.random.default_rng(7 + topo.rank)
 inputs = [(rng.standard_normal(D) * 10.0 ** rng.uniform(-3, 2, D)).astype(np.float32) for _ in range(STEPS)]
@@ -43,17 +45,17 @@ def run(name, options, codec, selector):
             agg, residual, _ = coll.fn(tf.constant(x), topo, DENSITY, recording(selector(step), selected),
                                        residual, ctx)
             sent = counter.result()
-        rows.append({"result": agg.numpy().tolist(), "selected": selected[0], "sent": sent,
-                     "formula": coll.sent_bytes(D, topo.m, topo.n, DENSITY, ctx.options)})
+        rows.append({"result": agg.numpy().tolist(), "selected": selected[0], "sent": sent})
     flush = coll.residual_to_input(residual, D, topo)
-    return {"rows": rows, "residual": residual.numpy().tolist(), "flush": flush.numpy().tolist()}
+    return {"rows": rows, "residual": residual.numpy().tolist(), "flush": flush.numpy().tolist(),
+            "options": dict(ctx.options)}
 
 
 out = {"rank": topo.rank, "inputs": [x.tolist() for x in inputs], "topk": {}, "qrgc": {}}
 for variant, (name, options) in VARIANTS.items():
-    for codec in ("none", "fp16", "mean"):
+    for codec in ("none", "fp16") if name in SPARCML else ("none", "fp16", "mean"):
         out["topk"][f"{variant}:{codec}"] = run(name, options, codec, lambda step: ops.exact_topk)
-        if codec != "fp16":
+        if codec != "fp16" and variant in ("naive_ag", "hitopk"):
             out["qrgc"][f"{variant}:{codec}"] = run(name, options, codec,
                                                    lambda step: lambda v, k: ops.qrgc(v, k, step))
 
@@ -69,14 +71,13 @@ for codec in ("none", "fp16", "mean"):
     with link_bytes.counting() as counter:
         result = call(grads)
         counted = counter.result()
-    ws = [keras.Variable(np.ones(s, np.float32)) for s in shapes]
-    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="hitopk", density=0.2,
-                               dense_layers=lambda v: False, seed=3,
-                               algorithm_options={"hitopk": {"value_codec": codec}})
-    for _ in range(2):
-        opt.apply(grads, ws)
     out["aggregator"][codec] = {"result": [r.numpy().ravel().tolist() for r in result],
-                                "counted": counted, "formula": agg.sent_bytes(),
-                                "weights": [w.numpy().ravel().tolist() for w in ws],
-                                "grads": [g.numpy().ravel().tolist() for g in grads]}
+                                "counted": counted, "formula": agg.sent_bytes()}
+ws = [keras.Variable(np.ones(s, np.float32)) for s in shapes]
+opt = DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="hitopk", density=0.2,
+                           dense_layers=lambda v: False, seed=3,
+                           algorithm_options={"hitopk": {"value_codec": "fp16"}})
+for _ in range(2):
+    opt.apply(grads, ws)
+out["weights"] = [w.numpy().ravel().tolist() for w in ws]
 report(topo.rank, out)

@@ -21,9 +21,9 @@ INDEX_BYTES, HEADER_BYTES = 4, 8
 _VALUE_BYTES = {"none": 4, "fp16": 2, "mean": 0}
 
 
-def check(codec, algorithm):
-    if not isinstance(codec, str) or codec not in CODECS:
-        raise ValueError(f"algorithm_options[{algorithm!r}]['value_codec'] must be one of {CODECS}, "
+def check(codec, algorithm, codecs=CODECS):
+    if not isinstance(codec, str) or codec not in codecs:
+        raise ValueError(f"algorithm_options[{algorithm!r}]['value_codec'] must be one of {codecs}, "
                          f"got {codec!r}")
 
 
@@ -46,6 +46,22 @@ def quantise(values, codec):
         first = values[:1]   # [1], or [0] when nothing was selected
         return tf.zeros_like(values) + (first + tf.reduce_mean(values - first))
     return values
+
+
+def encode_rows(rows, codec):
+    """Packed float32 rows [int32 index | value] -> the rows a "none" or "fp16" message sends."""
+    if codec == "none":
+        return rows
+    values, indices = unpack(rows, tf.float32, tf.int32)
+    return pack(tf.cast(values, tf.float16), indices)
+
+
+def decode_rows(rows, codec):
+    """The inverse of encode_rows (float32 rows again)."""
+    if codec == "none":
+        return rows
+    values, indices = unpack(rows, tf.float16, tf.int32)
+    return pack(tf.cast(values, tf.float32), indices)
 
 
 def _encode_mean(values, indices, part, parts):
