@@ -187,3 +187,19 @@ def test_codecs_in_every_collective_on_2x2(tmp_path):
         np.testing.assert_allclose(got, plain, rtol=2e-3, atol=1e-3)
     assert all(r["weights"] == reports[0]["weights"] for r in reports)
     assert all(np.any(np.array(w) != 1) for w in reports[0]["weights"])
+    # DistributedOptimizer(qrgc=True): its qRGC group sends one mean per rank, with the same
+    # weights as the same optimizer told value_codec "none", and fewer bytes
+    for r in reports:
+        q = r["qrgc_optimizer"]
+        assert q["options"]["hitopk"] == {"step4": "auto", "value_codec": "mean"}
+        assert q["weights"]["mean"] == q["weights"]["none"] and q["weights"]["mean"] != reports[0]["weights"]
+        assert sum(q["sent"]["mean"].values()) < sum(q["sent"]["none"].values())
+
+
+def test_qrgc_group_sends_one_mean_unless_told_otherwise():
+    from tf_commlib.keras.optimizer import qrgc_options
+    assert qrgc_options(None) == {"naive_ag": {"value_codec": "mean"}, "hitopk": {"value_codec": "mean"}}
+    assert qrgc_options({"hitopk": {"value_codec": "fp16", "step4": "dense"}, "ssar_rd": {}}) == \
+        {"naive_ag": {"value_codec": "mean"}, "hitopk": {"value_codec": "fp16", "step4": "dense"},
+         "ssar_rd": {}}
+    # DistributedOptimizer(qrgc=True) end to end: tests/workers/codec_worker.py ("qrgc_optimizer")

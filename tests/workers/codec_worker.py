@@ -80,4 +80,17 @@ opt = DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="hitopk", densit
 for _ in range(2):
     opt.apply(grads, ws)
 out["weights"] = [w.numpy().ravel().tolist() for w in ws]
+# DistributedOptimizer(qrgc=True): the qRGC group (all but the last variable) defaults to "mean"
+out["qrgc_optimizer"] = {"weights": {}, "sent": {}}
+for codec in ("mean", "none"):
+    ws = [keras.Variable(np.ones(s, np.float32)) for s in shapes]
+    options = None if codec == "mean" else {"hitopk": {"value_codec": "none"}}
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="hitopk", density=0.2, qrgc=True,
+                               dense_layers=lambda v: False, seed=3, algorithm_options=options)
+    for _ in range(2):
+        opt.apply(grads, ws)
+    out["qrgc_optimizer"]["weights"][codec] = [w.numpy().ravel().tolist() for w in ws]
+    out["qrgc_optimizer"]["sent"][codec] = opt.sent_bytes_at(0)
+    if codec == "mean":
+        out["qrgc_optimizer"]["options"] = opt._groups[0][0].algorithm_options
 report(topo.rank, out)
