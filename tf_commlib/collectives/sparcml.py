@@ -191,7 +191,8 @@ def schedule(algorithm, d, p, union, payload=None, entry=C.SPARSE_BYTES):
     (fold, rounds, split) the part of its own stream a rank merges with what it receives, as a
     message to itself (src == dst, not sent: per_link and phase_times skip it). union(ranks, lo,
     hi): entries in the union of those ranks' index sets within [lo, hi). payload(j, entries): the
-    bytes owner j allgathers for a slice of `entries` (split variants; default the sparse rows)."""
+    bytes owner j allgathers for a slice of `entries` (split variants; default the sparse rows);
+    entry: the bytes of one sparse entry (the value codec's)."""
     q = lower_power_of_two(p)
     if p == 1:
         return []
