@@ -132,7 +132,6 @@ def test_codecs_in_every_collective_on_2x2(tmp_path):
     feedback conserves mass; bytes counted in the primitives == declared bytes; qRGC's constant
     values through "mean" == "none" exactly; hitopk's value_codec end to end."""
     reports = hvdrun.run("codec_worker.py", 4, tmp_path, topology="2x2", timeout=240)
-    print({k: round(v, 1) for k, v in reports[0].items() if k.startswith("t_")})
     total_input = np.sum([np.sum(np.array(r["inputs"], np.float64)[:STEPS], axis=0) for r in reports], axis=0)
     for key in reports[0]["topk"]:
         variant, codec = key.split(":")
