@@ -6,7 +6,8 @@ and of a Transformer-base encoder, with random weights and gradients (the same o
     python -m pto.bench [--ranks 1 2 4] [--models resnet50 transformer] [--repeats 10] [--json]
 
 The driver starts one ``horovodrun --gloo -np P`` job per P; every rank runs both steps inside
-tf.function, each timed after a barrier, and a run's time is the slowest rank's. The all-gather's
+tf.function, timed in alternating rounds after a barrier (tf_commlib.timing.Timer), and a run's time
+is the slowest rank's. The all-gather's
 share is the time of one all-gather of the scalars this rank sends, over the PTO step. "ratios"
 columns time the trust ratios alone (the part PTO shards; the element-wise update is not sharded).
 """
@@ -49,38 +50,20 @@ def make_optimizer(kind, use_pto):
 
 def worker(spec_path, result_path, repeats):
     """One rank of the job: times the steps and writes the slowest rank's medians (rank 0)."""
-    import horovod.tensorflow as hvd
     import keras
     import tensorflow as tf
 
     import tf_commlib
     from pto.parallel import CALL_COST, partition
     from tf_commlib import primitives as P
+    from tf_commlib.timing import Timer
 
     topo = tf_commlib.init()
     spec = json.loads(Path(spec_path).read_text())
-    calls = [0]
+    timer = Timer(topo)
 
-    def barrier():
-        calls[0] += 1
-        if topo.size > 1:
-            P.allreduce(tf.zeros([1]), topo.world, name=f"pto_bench_barrier_{calls[0]}").numpy()
-
-    def slowest(times):
-        if topo.size == 1:
-            return np.asarray(times)
-        calls[0] += 1
-        return hvd.allreduce(tf.constant(times, tf.float64), op=hvd.Max, name=f"pto_bench_max_{calls[0]}").numpy()
-
-    def timed(fn):
-        fn()   # trace and warm up
-        times = []
-        for _ in range(repeats):
-            barrier()
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return float(np.median(slowest(times)))
+    def timed(fns):
+        return timer.interleaved(fns, repeats, warmup=2)
 
     rows = []
     for model, shapes in spec["models"].items():
@@ -92,21 +75,23 @@ def worker(spec_path, result_path, repeats):
         costs = [int(np.prod(s)) + CALL_COST for s in shapes]
         mine = len(partition(costs, topo.size)[topo.rank])
         gather = tf.function(lambda x: P.allgather(x, topo.world))
-        allgather_s = timed(lambda: gather(tf.ones([mine])).numpy()) if topo.size > 1 else 0.0
+        allgather_s = timed({"ag": lambda: gather(tf.ones([mine])).numpy()})["ag"] if topo.size > 1 else 0.0
         for kind in spec["optimizers"]:
             row = {"model": model, "optimizer": kind, "ranks": topo.size, "tensors": len(shapes),
                    "elements": int(sum(np.prod(s) for s in shapes)), "allgather_s": allgather_s}
+            fns = {}
             for mode, use_pto in (("unsharded", False), ("pto", True)):
                 opt = make_optimizer(kind, use_pto)
                 opt.build(variables)
-                step = tf.function(lambda: (opt.apply(grads, variables), opt.iterations)[1])
-                row[f"step_{mode}_s"] = timed(lambda: step().numpy())
+                step = tf.function(lambda opt=opt: (opt.apply(grads, variables), opt.iterations)[1])
+                fns[f"step_{mode}_s"] = lambda step=step: step().numpy()
                 elements = [(v.value, g) for v, g in zip(variables, grads)]
                 if kind == "lars":
                     elements = [(w, g, tf.constant(0.0)) for w, g in elements]
-                ratios = tf.function(lambda: tf.stack(opt.trust_ratios(elements)))
-                row[f"ratios_{mode}_s"] = timed(lambda: ratios().numpy())
-                del opt, step, ratios
+                ratios = tf.function(lambda opt=opt, elements=elements: tf.stack(opt.trust_ratios(elements)))
+                fns[f"ratios_{mode}_s"] = lambda ratios=ratios: ratios().numpy()
+            row.update(timed(fns))   # unsharded and PTO in alternating rounds: neither gets a warmer allocator
+            del fns
             rows.append(row)
         del variables, grads
     if topo.rank == 0:

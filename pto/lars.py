@@ -84,9 +84,12 @@ class LARS(LayerwiseTrust, keras.optimizers.Optimizer):
         if not self.momentum:
             self.assign_sub(variable, step)
             return
-        v, m = self.velocities[i], tf.cast(self.momentum, w.dtype)
-        self.assign(v, m * v + step)
-        self.assign_sub(variable, m * v + step if self.nesterov else v)
+        # v <- m v + step; w <- w - v (Nesterov: w <- w - (m v + step)) in one fused pass: TensorFlow's
+        # momentum kernel with lr = 1 computes exactly these (accum = accum m + grad; var -= lr accum)
+        tf.raw_ops.ResourceApplyMomentum(var=variable.handle, accum=self.velocities[i].handle,
+                                         lr=tf.ones([], w.dtype), grad=step,
+                                         momentum=tf.cast(self.momentum, w.dtype), use_locking=False,
+                                         use_nesterov=self.nesterov)
 
     def get_config(self):
         config = super().get_config()

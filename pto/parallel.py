@@ -160,6 +160,14 @@ def _from_wire(piece, spec, wire):
     return tf.reshape(tf.bitcast(tf.reshape(piece, shape), spec.dtype), spec.shape)
 
 
+def _uniform(flat_specs, wire):
+    """The spec shared by every element's output when each is one tensor of the wire dtype."""
+    first = flat_specs[0][0] if flat_specs[0] else None
+    if first is None or first.dtype != wire or any(f != [first] for f in flat_specs):
+        return None
+    return first
+
+
 def parallel_map(fn, tensors, process_set=None, check=True):
     """[fn(e) for e in tensors], computed in parallel over the ranks of process_set (default: all).
 
@@ -189,6 +197,12 @@ def parallel_map(fn, tensors, process_set=None, check=True):
         send = tf.concat([_to_wire(t, wire) for t in mine], 0) if mine else tf.zeros([0], wire)
     gathered = P.allgather(send, process_set)
     order = [i for part in owned for i in part]
+    uniform = _uniform(flat_specs, wire)
+    if uniform is not None:   # e.g. one scalar per element: a gather and an unstack, not 2N ops
+        rows = tf.reshape(gathered, [len(items), *uniform.shape])
+        back = sorted(range(len(order)), key=order.__getitem__)   # row of element i in `order`
+        return [tf.nest.pack_sequence_as(out_specs[i], [t])
+                for i, t in enumerate(tf.unstack(tf.gather(rows, back)))]
     lengths = [_wire_length(s, wire) for i in order for s in flat_specs[i]]
     pieces = iter(tf.split(gathered, lengths))
     results = [None] * len(items)

@@ -30,3 +30,44 @@ def median_time(fn, repeats=5, warmup=1):
         fn()
         times.append(time.perf_counter() - start)
     return float(np.median(times))
+
+
+class Timer:
+    """Timed runs on every rank of a Horovod job: each run starts after a barrier on topo.world and
+    a run's time is the slowest rank's."""
+
+    def __init__(self, topo):
+        self.topo, self.calls = topo, 0
+
+    def barrier(self):
+        import tensorflow as tf
+
+        from tf_commlib import primitives as P
+        self.calls += 1
+        P.allreduce(tf.zeros([1]), self.topo.world, name=f"bench_barrier_{self.calls}").numpy()
+
+    def max_over_ranks(self, times):
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+        self.calls += 1
+        t = tf.constant(times, tf.float64)
+        if self.topo.size == 1:
+            return t.numpy()
+        return hvd.allreduce(t, op=hvd.Max, name=f"bench_max_{self.calls}").numpy()
+
+    def interleaved(self, fns, repeats, warmup=1):
+        """{name: median over runs of the slowest rank's time} for fns = {name: fn}, timed in rounds:
+        each round runs every fn once, in an order rotated by one per round, so a burst of load on
+        a shared machine lands on one run of several functions instead of on every run of one."""
+        names = list(fns)
+        times = {name: [] for name in names}
+        for i in range(warmup + repeats):
+            for j in range(len(names)):
+                name = names[(i + j) % len(names)]
+                self.barrier()
+                start = time.perf_counter()
+                fns[name]()
+                if i >= warmup:
+                    times[name].append(time.perf_counter() - start)
+        maxed = self.max_over_ranks([t for name in names for t in times[name]]).reshape(len(names), repeats)
+        return {name: float(np.median(maxed[j])) for j, name in enumerate(names)}

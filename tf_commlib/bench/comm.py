@@ -7,7 +7,9 @@ fastest measured, and the per-step breakdown of HiTopKComm. Run it on every rank
     scripts/emulate_cluster.sh down
 
 (or ``horovodrun -np 4 -H localhost:4 --gloo`` with TF_COMMLIB_TOPOLOGY=2x2). Every timed run
-starts after a barrier; each rank times it and the run's time is the maximum over the ranks.
+starts after a barrier; each rank times it and the run's time is the maximum over the ranks. The
+algorithms of one size are timed in interleaved rounds (Timer.interleaved), so that load from
+other processes spreads over all of them.
 """
 import argparse
 import math
@@ -26,7 +28,7 @@ from tf_commlib.collectives import ALGORITHMS
 from tf_commlib.collectives import hitopk as H
 from tf_commlib.collectives.error_feedback import unsent
 from tf_commlib.collectives.sparse_message import allgather_sparse
-from tf_commlib.timing import ready
+from tf_commlib.timing import Timer, ready
 
 DEFAULT_SIZES = [2**20, 2**22, 2**24, 25_000_000, 2**26]
 STAGES = ["reducescatter", "select", "inter_allgather", "intra_allgather", "residual"]
@@ -34,36 +36,6 @@ STAGES = ["reducescatter", "select", "inter_allgather", "intra_allgather", "resi
 
 def select(x, k):
     return ops.mstopk(x, k, seed=0)
-
-
-class Timer:
-    """Per-run wall times on this rank; `result` takes the max over ranks per run, then the median."""
-
-    def __init__(self, topo):
-        self.topo, self.calls = topo, 0
-
-    def barrier(self):
-        self.calls += 1
-        P.allreduce(tf.zeros([1]), self.topo.world, name=f"bench_barrier_{self.calls}").numpy()
-
-    def max_over_ranks(self, times):
-        import horovod.tensorflow as hvd
-        self.calls += 1
-        t = tf.constant(times, tf.float64)
-        if self.topo.size == 1:
-            return t.numpy()
-        return hvd.allreduce(t, op=hvd.Max, name=f"bench_max_{self.calls}").numpy()
-
-    def runs(self, fn, repeats, warmup=1):
-        """Median over runs of the slowest rank's time of fn() (fn blocks until its result is ready)."""
-        times = []
-        for i in range(warmup + repeats):
-            self.barrier()
-            start = time.perf_counter()
-            fn()
-            if i >= warmup:
-                times.append(time.perf_counter() - start)
-        return float(np.median(self.max_over_ranks(times)))
 
 
 def collective_fn(name, x, topo, density, graph=False):
@@ -172,6 +144,8 @@ def main(argv):
     p.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=list(ALGORITHMS),
                    help="collectives to time (the model chooses among these)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs (median of the max over ranks)")
+    p.add_argument("--calibrate-repeats", type=int, default=None,
+                   help="timed runs per calibration point (default: max(5, --repeats))")
     p.add_argument("--graph", action="store_true",
                    help="time each collective inside tf.function (as in training) instead of eagerly")
     p.add_argument("--quick", action="store_true", help="smoke run: sizes 1M and 4M, 3 repeats")
@@ -185,7 +159,8 @@ def main(argv):
     topo = tf_commlib.init()
     lead = topo.rank == 0
     start = time.perf_counter()
-    params = costmodel.LinkParams() if args.no_calibrate else costmodel.calibrate(topo, repeats=repeats)
+    params = costmodel.LinkParams() if args.no_calibrate else costmodel.calibrate(
+        topo, repeats=args.calibrate_repeats or max(5, repeats))
     if lead:
         print(f"# {topo.m}x{topo.n} ranks, density {args.density}, {repeats} repeats, "
               f"inter link {os.environ.get('TF_COMMLIB_INTER_MBIT') or 'unshaped'} Mbit/s; "
@@ -195,9 +170,9 @@ def main(argv):
     rows, stage_rows, choice_rows = [], [], []
     for size in sizes:
         x = tf.constant(np.random.default_rng(topo.rank).standard_normal(size, dtype=np.float32))
-        measured = {}
+        measured = timer.interleaved({name: collective_fn(name, x, topo, args.density, args.graph)
+                                      for name in args.algorithms}, repeats)
         for name in args.algorithms:
-            measured[name] = timer.runs(collective_fn(name, x, topo, args.density, args.graph), repeats)
             sent = ALGORITHMS[name].sent_bytes(size, topo.m, topo.n, args.density)
             rows.append({"size": size, "algorithm": name, "median_s": measured[name],
                          "predicted_s": costmodel.predict(name, size, topo.m, topo.n, args.density, params),
