@@ -99,7 +99,9 @@ def test_registry_rejects_bad_collectives():
     ({"dsar_split_ag": {"delta": 0}}, "delta"),
     ({"dsar_split_ag": {"delta": -2.5}}, "delta"),
     ({"dsar_split_ag": {"bits": 4}}, r"unknown option\(s\) \['bits'\]"),
-    ({"ssar_rd": {"delta": 1}}, r"ssar_rd takes none"),
+    ({"ssar_rd": {"delta": 1}}, r"ssar_rd takes \['value_codec'\]"),
+    ({"ssar_split_ag": {"value_codec": "mean"}}, "value_codec"),
+    ({"dsar_split_ag": {"value_codec": "int8"}}, "value_codec"),
 ])
 def test_bad_algorithm_options_raise_before_anything_runs(options, message):
     with pytest.raises(ValueError, match=message):
@@ -111,16 +113,17 @@ def test_bad_algorithm_options_raise_before_anything_runs(options, message):
 
 
 def test_options_are_filled_in_and_serialised():
-    assert resolve_algorithm_options({"hitopk": {}}) == {"hitopk": {"step4": "auto"}}
+    assert resolve_algorithm_options({"hitopk": {}}) == {"hitopk": {"step4": "auto", "value_codec": "none"}}
     assert resolve_algorithm_options({"dsar_split_ag": {"qsgd_bits": 8}}) == \
-        {"dsar_split_ag": {"delta": None, "qsgd_bits": 8}}
+        {"dsar_split_ag": {"delta": None, "qsgd_bits": 8, "value_codec": "none"}}
     sparcml = DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="dsar_split_ag",
                                    algorithm_options={"dsar_split_ag": {"delta": 100, "qsgd_bits": 2}})
     assert DistributedOptimizer.from_config(sparcml.get_config()).algorithm_options == \
         {"dsar_split_ag": {"delta": 100, "qsgd_bits": 2}}
     for name in ("ssar_rd", "ssar_split_ag", "dsar_split_ag"):
         assert DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm=name).algorithm == name
-    assert dict(ALGORITHMS["hitopk"].context(options={"step4": "dense"}).options) == {"step4": "dense"}
+    assert dict(ALGORITHMS["hitopk"].context(options={"step4": "dense"}).options) == \
+        {"step4": "dense", "value_codec": "none"}
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
                                algorithm_options={"hitopk": {"step4": "sparse"}})
     again = DistributedOptimizer.from_config(opt.get_config())

@@ -13,6 +13,8 @@ def ready(result):
     import tensorflow as tf
 
     def first(t):
+        if t is None:   # e.g. value_codec.allgather's part for codecs without parts
+            return None
         t = tf.convert_to_tensor(t)
         return t.numpy() if t.shape.rank == 0 else tf.reshape(t, [-1])[:1].numpy()
     return tf.nest.map_structure(first, result)

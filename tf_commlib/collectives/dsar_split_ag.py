@@ -7,7 +7,8 @@ Each owner's message starts with one int32 word, as SparCML's streams do: its nu
 the break-even of fp32 values with int32 indices; must be > 0) and ``qsgd_bits`` (None, or 2, 4
 or 8: the dense slices are QSGD-quantised in buckets of 1024 with a stochastic rounding seeded by
 the Context's seed (else its step) and the owner, so every rank decodes the same bits; the sparse
-phase stays lossless)."""
+phase stays lossless) and ``value_codec`` ("none" or "fp16", sparcml.py: the sparse streams and
+sparse slices; δ's default becomes the break-even N·4/(bytes per entry))."""
 import math
 import numbers
 
@@ -16,12 +17,13 @@ import tensorflow as tf
 from tf_commlib import costmodel as C
 from tf_commlib import primitives as P
 from tf_commlib.collectives import naive_ag, qsgd
+from tf_commlib.collectives import value_codec as V
 from tf_commlib.collectives import sparcml as S
 from tf_commlib.collectives.interface import Collective
 from tf_commlib.collectives.sparse_message import unpack
 from tf_commlib.ops import scatter_add
 
-OPTIONS = {"delta": None, "qsgd_bits": None}
+OPTIONS = {"delta": None, "qsgd_bits": None, "value_codec": "none"}
 
 
 def check_options(options):
@@ -33,10 +35,13 @@ def check_options(options):
     if bits is not None and not (integral and bits in qsgd.BITS):
         raise ValueError(f"algorithm_options['dsar_split_ag']['qsgd_bits'] must be one of "
                          f"{qsgd.BITS} (or None), got {bits!r}")
+    S.check_codec(options, "dsar_split_ag")
 
 
 def delta_of(d, p, options):
-    return S.slice_size(d, p) / 2 if options["delta"] is None else options["delta"]
+    if options["delta"] is None:
+        return S.slice_size(d, p) * C.BYTES / V.entry_bytes(options["value_codec"])
+    return options["delta"]
 
 
 def dense_bytes(n_slice, bits):
@@ -46,7 +51,8 @@ def dense_bytes(n_slice, bits):
 def payload(d, p, options):
     """The bytes owner j allgathers for a slice of `entries` entries (sparcml.schedule)."""
     n_slice, delta, bits = S.slice_size(d, p), delta_of(d, p, options), options["qsgd_bits"]
-    return lambda j, entries: 4 + (dense_bytes(n_slice, bits) if entries > delta else 8 * entries)
+    entry = V.entry_bytes(options["value_codec"])
+    return lambda j, entries: 4 + (dense_bytes(n_slice, bits) if entries > delta else entry * entries)
 
 
 def _word(value):
@@ -78,39 +84,40 @@ def _seed(ctx, owner):
     return tf.cast(base, tf.int64) * 65537 + owner
 
 
-def reduce_streams(stream, d, topo, ctx):
+def reduce_streams(stream, d, topo, ctx, wire):
     world = topo.world
     p, me = world.size(), world.rank()
     q, n_slice = S.lower_power_of_two(p), S.slice_size(d, p)
-    options = ctx.options if ctx is not None else COLLECTIVE.resolve_options()
-    delta, bits = delta_of(d, p, options), options["qsgd_bits"]
-    owned = S.split_reduce(S.fold_in(stream, world), d, world)
+    options = ctx.options
+    delta, bits, entry = delta_of(d, p, options), options["qsgd_bits"], V.entry_bytes(wire.codec)
+    owned = S.split_reduce(S.fold_in(stream, world, wire), d, world, wire)
     values, indices = unpack(owned, tf.float32, tf.int32)
     count = tf.shape(indices)[0]
+    is_dense = tf.cast(count, tf.float64) > delta
+    sparse_rows = wire.send(wire.round(owned, keep=True, lose=tf.logical_not(is_dense)))
 
     def dense():
         slice_ = scatter_add(indices - me * n_slice, values, n_slice)
         return tf.concat([_word(-1), _encode_dense(slice_, bits, _seed(ctx, me))], 0)
 
-    blob = tf.cond(tf.cast(count, tf.float64) > delta, dense,
-                   lambda: tf.concat([_word(count), tf.reshape(owned, [-1])], 0))
+    blob = tf.cond(is_dense, dense, lambda: tf.concat([_word(count), tf.reshape(sparse_rows, [-1])], 0))
     gathered = P.allgather(S.keep_if(blob, me < q), world)   # the owners' messages in order
     offset, slices = tf.constant(0, tf.int32), []
     for j in range(q):
         head = tf.bitcast(tf.reshape(gathered[offset:offset + 4], [4]), tf.int32)
         is_dense = head < 0
-        length = tf.where(is_dense, dense_bytes(n_slice, bits), 8 * head)
+        length = tf.where(is_dense, dense_bytes(n_slice, bits), entry * head)
         data = gathered[offset + 4:offset + 4 + length]
 
         def sparse(data=data, j=j):
-            v, i = unpack(tf.reshape(data, [-1, 8]), tf.float32, tf.int32)
+            v, i = unpack(wire.receive(tf.reshape(data, [-1, entry])), tf.float32, tf.int32)
             return scatter_add(i - j * n_slice, v, n_slice)
         slices.append(tf.cond(is_dense, lambda data=data: _decode_dense(data, n_slice, bits), sparse))
         offset = offset + 4 + length
     return tf.concat(slices, 0)[:d]
 
 
-dsar_split_ag = S.sparse_collective(reduce_streams)
+dsar_split_ag = S.sparse_collective(reduce_streams, lambda: COLLECTIVE)
 split_time, sent_bytes, actual_bytes = S.cost("split", payload)
 
 

@@ -5,7 +5,11 @@ ranks exchange what they gathered and scatter-add it.
 Step 4 gathers the sparse shards (m·k values and indices per rank, the volume of eq. (10)) while
 that is fewer bytes than the dense d/n shard, i.e. while 2·m·density < 1; above it, each rank
 scatter-adds its shard and the dense shards are gathered. Both give the same bits; the option
-step4 ("auto", "sparse" or "dense") forces one.
+step4 ("auto", "sparse" or "dense") forces one. The option value_codec ("none", "fp16" or "mean",
+value_codec.py) sets how steps 3 and 4 carry the values: the rank quantises its selection (the
+loss stays in its residual) and step 4 forwards what step 3 decoded (for "mean", one header per
+node's part), so every codec gives the same bits in both step 4s, with bytes per entry of the codec
+(the auto break-even becomes entry_bytes·m·density < 4).
 """
 import math
 
@@ -14,10 +18,10 @@ import tensorflow as tf
 from tf_commlib import costmodel as C
 from tf_commlib import link_bytes as L
 from tf_commlib import primitives as P
+from tf_commlib.collectives import value_codec as V
 from tf_commlib.collectives.count import num_selected
 from tf_commlib.collectives.error_feedback import unsent
 from tf_commlib.collectives.interface import Collective
-from tf_commlib.collectives.sparse_message import allgather_sparse
 from tf_commlib.ops import scatter_add
 
 
@@ -63,16 +67,21 @@ def select_shard(shard, d, topo, density, select):
     return select(shard[:real], num_selected(density, d / topo.n))
 
 
-def inter_gather(values, indices, topo):
-    """Step 3: what the ranks of this local index selected on every node, in node order."""
-    return allgather_sparse(values, indices, topo.inter)
+def inter_gather(values, indices, topo, codec="none"):
+    """Step 3: what the ranks of this local index selected on every node, in node order:
+    (values, indices, part) as value_codec.allgather (values must be quantised for the codec)."""
+    return V.allgather(values, indices, topo.inter, codec)
 
 
-def sparse_step4(density, m, step4="auto"):
-    """True (a bool or a bool tensor) when step 4 sends the sparse shards."""
+def sparse_step4(density, m, step4="auto", codec="none"):
+    """True (a bool or a bool tensor) when step 4 sends the sparse shards: forced by step4, or while
+    m·k entries of the codec cost fewer bytes than the dense shard (2·m·density < 1 for "none")."""
     if step4 != "auto":
         return step4 == "sparse"
-    return tf.less(2 * m * tf.cast(density, tf.float64), 1.0) if tf.is_tensor(density) else 2 * m * density < 1
+    per_entry = V.entry_bytes(codec) / C.BYTES
+    if tf.is_tensor(density):
+        return tf.less(per_entry * m * tf.cast(density, tf.float64), 1.0)
+    return per_entry * m * density < 1
 
 
 def _branch(pred, if_true, if_false):
@@ -82,21 +91,22 @@ def _branch(pred, if_true, if_false):
     return tf.cond(pred, if_true, if_false)
 
 
-def intra_gather(gathered, indices, d, topo, density, step4="auto"):
+def intra_gather(gathered, indices, d, topo, density, step4="auto", codec="none"):
     """Step 4: the node's ranks exchange their gathered shards -> (sum over all ranks, sent), sent
     being the indices of x that this node's ranks selected."""
     s = shard_size(d, topo.n)
-    values, node_indices = gathered
+    values, node_indices, part = gathered
     offset = tf.cast(topo.local * s, indices.dtype)
 
     def sparse():   # every rank's gathered entries, moved to their place in x, summed into d
-        all_values, all_indices = allgather_sparse(values, node_indices + offset, topo.intra)
+        all_values, all_indices, _ = V.allgather(values, node_indices + offset, topo.intra, codec,
+                                                 part, topo.m)
         return scatter_add(all_indices, all_values, d)
 
     def dense():    # the shard's sum, then an allgather of the dense shards
         return P.allgather(scatter_add(node_indices, values, s), topo.intra)[:d]
 
-    aggregated = _branch(sparse_step4(density, topo.m, step4), sparse, dense)
+    aggregated = _branch(sparse_step4(density, topo.m, step4, codec), sparse, dense)
     return aggregated, P.allgather(indices + offset, topo.intra)
 
 
@@ -106,13 +116,16 @@ def hitopk(x, topo, density, select, residual=None, ctx=None):
     The residual (error feedback) lives on this rank's shard after the reduce-scatter; returns
     (aggregated, new residual, sent), sent being the indices of x that this rank's node sent.
     """
-    step4 = (ctx or COLLECTIVE.context()).options["step4"]
+    options = (ctx or COLLECTIVE.context()).options
+    step4, codec = options["step4"], options["value_codec"]
     d = x.shape[0]
     shard = reduce_shard(x, topo)
     if residual is not None:
         shard = shard + residual
     values, indices = select_shard(shard, d, topo, density, select)
-    aggregated, sent = intra_gather(inter_gather(values, indices, topo), indices, d, topo, density, step4)
+    values = V.quantise(values, codec)
+    aggregated, sent = intra_gather(inter_gather(values, indices, topo, codec), indices, d, topo,
+                                    density, step4, codec)
     return aggregated, unsent(shard, values, indices), sent
 
 
@@ -122,15 +135,16 @@ def time(d, m, n, density, params, options):
     sent indices) + error feedback."""
     s, k = shard_size(d, n), num_selected(density, d / n)
     a, b = params.alpha_intra, params.beta_intra
+    codec = options["value_codec"]
     sent = C.allgather(C.BYTES * k, n, a, b)
-    if sparse_step4(density, m, options["step4"]):
-        step4 = C.allgather(C.SPARSE_BYTES * m * k, n, a, b) + C.scatter_add_cost(n * m * k, d, params)
+    if sparse_step4(density, m, options["step4"], codec):
+        step4 = C.allgather(V.message_bytes(codec, m * k, m), n, a, b) + C.scatter_add_cost(n * m * k, d, params)
     else:
         step4 = C.scatter_add_cost(m * k, s, params) + C.allgather(C.BYTES * s, n, a, b)
     return {
         "reducescatter": pad_cost(d, n, params) + C.reducescatter(C.BYTES * n * s, n, a, b),
         "select": C.select_cost(s, params),
-        "inter_allgather": C.allgather(C.SPARSE_BYTES * k * n, m, params.alpha_inter, params.beta_inter),
+        "inter_allgather": C.allgather(V.message_bytes(codec, k) * n, m, params.alpha_inter, params.beta_inter),
         "intra_allgather": step4 + sent,
         "residual": C.residual_cost(k, s, params),
     }
@@ -139,13 +153,14 @@ def time(d, m, n, density, params, options):
 def sent_bytes(d, m, n, density, options):
     """Steps 1, 3, 4 and the sent indices, averaged over the shards (short shards select fewer)."""
     s, k = shard_size(d, n), num_selected(density, d / n)
-    sparse4 = sparse_step4(density, m, options["step4"])
+    codec = options["value_codec"]
+    sparse4 = sparse_step4(density, m, options["step4"], codec)
     total = {link: 0.0 for link in L.LINKS}
     for local in range(n):
         kj = min(k, real_size(d, n, local))
         shard = L.add(L.per_rank("reducescatter", C.BYTES * n * s, "intra", m, n),
-                      L.per_rank("allgather", C.SPARSE_BYTES * kj, "inter", m, n),
-                      L.per_rank("allgather", C.SPARSE_BYTES * m * kj if sparse4 else C.BYTES * s,
+                      L.per_rank("allgather", V.message_bytes(codec, kj), "inter", m, n),
+                      L.per_rank("allgather", V.message_bytes(codec, m * kj, m) if sparse4 else C.BYTES * s,
                                  "intra", m, n),
                       L.per_rank("allgather", C.BYTES * kj, "intra", m, n))
         total = L.add(total, {link: v / n for link, v in shard.items()})
@@ -155,8 +170,9 @@ def sent_bytes(d, m, n, density, options):
 def check_options(options):
     if options["step4"] not in STEP4:
         raise ValueError(f"algorithm_options['hitopk']['step4'] must be one of {STEP4}, got {options['step4']!r}")
+    V.check(options["value_codec"], "hitopk")
 
 
 COLLECTIVE = Collective("hitopk", hitopk, time, sent_bytes, sparse=True, residual_size=residual_size,
-                        residual_to_input=residual_to_input, options={"step4": "auto"},
+                        residual_to_input=residual_to_input, options={"step4": "auto", "value_codec": "none"},
                         check_options=check_options)

@@ -1,11 +1,12 @@
 """NaiveAG: top-k of the whole tensor, allgather of values and indices (one packed message) over
-all ranks, scatter-add."""
+all ranks, scatter-add. Option ``value_codec`` ("none", "fp16" or "mean", value_codec.py): how the
+message carries the values; what it loses stays in the residual."""
 from tf_commlib import costmodel as C
 from tf_commlib import link_bytes as L
+from tf_commlib.collectives import value_codec as V
 from tf_commlib.collectives.count import num_selected
 from tf_commlib.collectives.error_feedback import unsent
 from tf_commlib.collectives.interface import Collective
-from tf_commlib.collectives.sparse_message import allgather_sparse
 from tf_commlib.ops import scatter_add
 
 
@@ -23,31 +24,39 @@ def naive_ag(x, topo, density, select, residual=None, ctx=None):
     ``residual`` (length d) is added before the selection; returns (aggregated, new residual,
     sent): the new residual is what this rank did not send, ``sent`` the indices it sent.
     """
+    codec = (ctx or COLLECTIVE.context()).options["value_codec"]
     d = x.shape[0]
     if residual is not None:
         x = x + residual
     values, indices = select(x, num_selected(density, d))
-    all_values, all_indices = allgather_sparse(values, indices, topo.world)
+    values = V.quantise(values, codec)
+    all_values, all_indices, _ = V.allgather(values, indices, topo.world, codec)
     aggregated = scatter_add(all_indices, all_values, d)
     return aggregated, unsent(x, values, indices), indices
 
 
 def time(d, m, n, density, params, options):
-    """Selection on d + eq. (3) over P ranks (8 bytes per entry, the world's slowest link) +
+    """Selection on d + eq. (3) over P ranks (the codec's bytes, the world's slowest link) +
     scatter-add of P·k into d + error feedback."""
     k = num_selected(density, d)
     a, b = C.world_link(m, params)
     return {
         "select": C.select_cost(d, params),
-        "allgather": C.allgather(C.SPARSE_BYTES * k, m * n, a, b),
+        "allgather": C.allgather(V.message_bytes(options["value_codec"], k), m * n, a, b),
         "scatter_add": C.scatter_add_cost(m * n * k, d, params),
         "residual": C.residual_cost(k, d, params),
     }
 
 
 def sent_bytes(d, m, n, density, options):
-    return L.per_rank("allgather", C.SPARSE_BYTES * num_selected(density, d), "world", m, n)
+    k = num_selected(density, d)
+    return L.per_rank("allgather", V.message_bytes(options["value_codec"], k), "world", m, n)
+
+
+def check_options(options):
+    V.check(options["value_codec"], "naive_ag")
 
 
 COLLECTIVE = Collective("naive_ag", naive_ag, time, sent_bytes, sparse=True,
-                        residual_size=residual_size, residual_to_input=residual_to_input)
+                        residual_size=residual_size, residual_to_input=residual_to_input,
+                        options={"value_codec": "none"}, check_options=check_options)

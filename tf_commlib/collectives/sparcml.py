@@ -27,6 +27,13 @@ Merges (sparcml.merge: argsort by index, unique, segment sum; linear in the rows
 here, calibrated as merge_s_per_elem) are charged per row merged: the rank's own stream once
 ("sort"), then in each phase the busiest rank's own part plus what it received (SSAR round t
 merges two streams of ~2^t·k rows: ~(2P'-2)·k rows over the rounds, not 2·k·log2 P').
+
+* Value codec (option ``value_codec``, "none" or "fp16"; value_codec.py): every stream is rounded
+  to the codec before it is sent (the sender then merges the rounded stream too, so partners agree)
+  and travels as the codec's rows (6 bytes per entry for fp16). The rounding loss goes into the
+  residual of exactly one holder of that stream (Wire: in SSAR round t the block's lowest rank,
+  rank 0 for the final stream sent to the extras), so error feedback conserves the mass. "mean" is
+  refused: merged streams carry sums of several ranks' values, not one rank's constant.
 """
 import math
 
@@ -36,6 +43,7 @@ import tensorflow as tf
 from tf_commlib import costmodel as C
 from tf_commlib import link_bytes as L
 from tf_commlib import primitives as P
+from tf_commlib.collectives import value_codec as V
 from tf_commlib.collectives.count import num_selected
 from tf_commlib.collectives.error_feedback import unsent
 from tf_commlib.collectives.sparse_message import pack, unpack
@@ -61,57 +69,101 @@ def merge(rows):
     return pack(scatter_add(segment, tf.gather(values, order), tf.size(unique)), unique)
 
 
+CODECS = ("none", "fp16")
+
+
+def check_codec(options, algorithm):
+    V.check(options["value_codec"], algorithm, CODECS)
+
+
+class Wire:
+    """Streams on the wire with the value codec; collects what rounding lost, for the residual."""
+
+    def __init__(self, codec):
+        self.codec, self.lost = codec, []
+
+    def round(self, rows, keep, lose=True):
+        """rows as receivers decode them; with keep, this rank's residual takes the loss (where the
+        bool tensor `lose` holds)."""
+        if self.codec == "none":
+            return rows
+        out = V.decode_rows(V.encode_rows(rows, self.codec), self.codec)
+        if keep:
+            (v, i), (r, _) = unpack(rows, tf.float32, tf.int32), unpack(out, tf.float32, tf.int32)
+            self.lost.append((tf.where(lose, v - r, tf.zeros_like(v)), i))
+        return out
+
+    def send(self, rows):
+        return V.encode_rows(rows, self.codec)
+
+    def receive(self, rows):
+        return V.decode_rows(rows, self.codec)
+
+    def residual(self, d):
+        """What rounding took from this rank's streams, as a dense length-d addition to its residual."""
+        return sum(scatter_add(i, v, d) for v, i in self.lost) if self.lost else 0.0
+
+
 def keep_if(rows, keep):
     """rows, or none of them when the Python bool keep is False (the same ops either way)."""
     return rows[:tf.shape(rows)[0] * int(keep)]
 
 
-def exchange(rows, to, process_set):
-    """Sends rows to set rank `to` (None: sends nothing) and returns the rows sent to this rank."""
+def exchange(rows, to, process_set, wire=None):
+    """Sends rows (rounded by the wire) to set rank `to` (None: sends nothing) and returns the
+    rows sent to this rank."""
+    wire = wire or Wire("none")
     splits = [0] * process_set.size()
     if to is not None:
         splits[to] = 1
-    rows = keep_if(rows, to is not None)
-    return P.alltoall(rows, tf.constant(splits, tf.int32) * tf.shape(rows)[0], process_set)
+    rows = wire.send(keep_if(rows, to is not None))
+    return wire.receive(P.alltoall(rows, tf.constant(splits, tf.int32) * tf.shape(rows)[0], process_set))
 
 
-def fold_in(stream, process_set):
+def fold_in(stream, process_set, wire=None):
     """Extras send their stream to rank - P' (which merges it after its own) and keep nothing."""
+    wire = wire or Wire("none")
     p, me = process_set.size(), process_set.rank()
     q = lower_power_of_two(p)
     if p == q:
         return stream
-    received = exchange(stream, me - q if me >= q else None, process_set)
+    received = exchange(wire.round(stream, keep=me >= q), me - q if me >= q else None, process_set, wire)
     return merge(tf.concat([keep_if(stream, me < q), received], 0))
 
 
-def recursive_double(stream, process_set):
+def recursive_double(stream, process_set, wire=None):
     """SSAR_Recursive_double on the folded streams: in round t, rank r < P' exchanges its whole
     stream with r XOR 2^t and merges (the lower rank's first); then the extras get the result."""
+    wire = wire or Wire("none")
     p, me = process_set.size(), process_set.rank()
     q = lower_power_of_two(p)
     for t in range(q.bit_length() - 1):
         partner = me ^ (1 << t)
-        received = exchange(stream, partner if me < q else None, process_set)
+        stream = wire.round(stream, keep=me < q and me % (1 << t) == 0)   # the block's copies agree
+        received = exchange(stream, partner if me < q else None, process_set, wire)
         first, second = (stream, received) if me < partner else (received, stream)
         stream = merge(tf.concat([first, second], 0))
     if p > q:
-        stream = tf.concat([stream, exchange(stream, me + q if me + q < p else None, process_set)], 0)
+        stream = wire.round(stream, keep=me == 0)
+        stream = tf.concat([stream, exchange(stream, me + q if me + q < p else None, process_set, wire)], 0)
     return stream
 
 
-def split_reduce(stream, d, process_set):
+def split_reduce(stream, d, process_set, wire=None):
     """The split phase: each of the P' folded streams sends the entries of slice j (indices
     [j·N, (j+1)·N), N = slice_size) to rank j, which merges them in rank order."""
+    wire = wire or Wire("none")
     n_slice = slice_size(d, process_set.size())
+    stream = wire.round(stream, keep=True)
     _, indices = unpack(stream, tf.float32, tf.int32)
     splits = tf.math.bincount(indices // n_slice, minlength=process_set.size(),
                               maxlength=process_set.size(), dtype=tf.int32)
-    return merge(P.alltoall(stream, splits, process_set))
+    return merge(wire.receive(P.alltoall(wire.send(stream), splits, process_set)))
 
 
-def sparse_collective(reduce_streams):
-    """The collective fn around reduce_streams(stream, d, topo, ctx) -> dense sum of length d."""
+def sparse_collective(reduce_streams, collective):
+    """The collective fn around reduce_streams(stream, d, topo, ctx, wire) -> dense sum of length
+    d; collective() gives the Collective (for its default options)."""
     def fn(x, topo, density, select, residual=None, ctx=None):
         d = x.shape[0]
         if d >= 2 ** 31:
@@ -120,8 +172,11 @@ def sparse_collective(reduce_streams):
             x = x + residual
         values, indices = select(x, num_selected(density, d))
         stream = merge(pack(tf.cast(values, tf.float32), tf.cast(indices, tf.int32)))
-        aggregated = reduce_streams(stream, d, topo, ctx)
-        return tf.reshape(tf.cast(aggregated, x.dtype), [d]), unsent(x, values, indices), indices
+        ctx = ctx or collective().context()
+        wire = Wire(ctx.options["value_codec"])
+        aggregated = reduce_streams(stream, d, topo, ctx, wire)
+        new_residual = unsent(x, values, indices) + tf.cast(wire.residual(d), x.dtype)
+        return tf.reshape(tf.cast(aggregated, x.dtype), [d]), new_residual, indices
     return fn
 
 
@@ -131,31 +186,32 @@ def densify(rows, d):
 
 
 # -- bytes and time --------------------------------------------------------------------------
-def schedule(algorithm, d, p, union, payload=None):
+def schedule(algorithm, d, p, union, payload=None, entry=C.SPARSE_BYTES):
     """Every message of one call: [(phase, sender, receiver, bytes)], and in the phases that merge
     (fold, rounds, split) the part of its own stream a rank merges with what it receives, as a
     message to itself (src == dst, not sent: per_link and phase_times skip it). union(ranks, lo,
     hi): entries in the union of those ranks' index sets within [lo, hi). payload(j, entries): the
-    bytes owner j allgathers for a slice of `entries` (split variants; default the sparse rows)."""
+    bytes owner j allgathers for a slice of `entries` (split variants; default the sparse rows);
+    entry: the bytes of one sparse entry (the value codec's)."""
     q = lower_power_of_two(p)
     if p == 1:
         return []
     folded = {r: [r] + ([r + q] if r + q < p else []) for r in range(q)}
-    out = [("fold", r, r - q, C.SPARSE_BYTES * union([r], 0, d)) for r in range(q, p)]
-    out += [("fold", r - q, r - q, C.SPARSE_BYTES * union([r - q], 0, d)) for r in range(q, p)]
+    out = [("fold", r, r - q, entry * union([r], 0, d)) for r in range(q, p)]
+    out += [("fold", r - q, r - q, entry * union([r - q], 0, d)) for r in range(q, p)]
     if algorithm == "rd":
         for t in range(q.bit_length() - 1):
             for r in range(q):
                 block = r >> t << t
                 members = [x for b in range(block, block + (1 << t)) for x in folded[b]]
-                nbytes = C.SPARSE_BYTES * union(members, 0, d)
+                nbytes = entry * union(members, 0, d)
                 out += [(f"round{t}", r, r ^ (1 << t), nbytes), (f"round{t}", r, r, nbytes)]
-        out += [("unfold", r - q, r, C.SPARSE_BYTES * union(range(p), 0, d)) for r in range(q, p)]
+        out += [("unfold", r - q, r, entry * union(range(p), 0, d)) for r in range(q, p)]
         return out
     n_slice = slice_size(d, p)
     bounds = [(j * n_slice, min(d, (j + 1) * n_slice)) for j in range(q)]
-    out += [("split", r, j, C.SPARSE_BYTES * union(folded[r], *bounds[j])) for r in range(q) for j in range(q)]
-    payload = payload or (lambda j, entries: C.SPARSE_BYTES * entries)
+    out += [("split", r, j, entry * union(folded[r], *bounds[j])) for r in range(q) for j in range(q)]
+    payload = payload or (lambda j, entries: entry * entries)
     for j in range(q):
         nbytes = payload(j, union(range(p), *bounds[j]))
         out += [("allgather", j, r, nbytes) for r in range(p) if r != j]
@@ -207,7 +263,8 @@ def cost(algorithm, payload=None):
     """(time, sent_bytes, actual_bytes) for a Collective; payload(d, p, options) -> the schedule's
     payload for the split variants' allgather."""
     def messages(d, m, n, options, union):
-        return schedule(algorithm, d, m * n, union, payload and payload(d, m * n, options))
+        return schedule(algorithm, d, m * n, union, payload and payload(d, m * n, options),
+                        V.entry_bytes(options["value_codec"]))
 
     def time(d, m, n, density, params, options):
         k, p = num_selected(density, d), m * n
@@ -216,7 +273,7 @@ def cost(algorithm, payload=None):
         for phase, _, dst, nbytes in msgs:
             if phase not in ("allgather", "unfold"):
                 rows = merged.setdefault(phase, {})
-                rows[dst] = rows.get(dst, 0.0) + nbytes / C.SPARSE_BYTES
+                rows[dst] = rows.get(dst, 0.0) + nbytes / V.entry_bytes(options["value_codec"])
         merge_rows = sum(max(rows.values()) for rows in merged.values())
         result = expected_union(d, k)(range(p), 0, d)
         return {"select": C.select_cost(d, params), "sort": C.merge_cost(k, params),

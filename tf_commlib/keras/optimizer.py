@@ -86,7 +86,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         {0: "hitopk", 13: "2dtar"} (shi2021's DAWNBench recipe).
       dense_warmup_epochs: RedSync's dense warm-up: the first epochs use "2dtar".
       qrgc: RedSync's quantized selection (selector "qrgc", one tensor per bucket) for every
-        sparse variable except the output layer (the last one), which keeps ``selector``.
+        sparse variable except the output layer (the last one), which keeps ``selector``; its
+        messages carry one mean per rank (value_codec "mean", exact for qRGC's equal values) in
+        every algorithm that takes that codec, unless algorithm_options sets value_codec.
       density="adaptive": tyagi's adaptive compression ratio over ``candidates`` (default
         (0.1, 0.033, 0.011, 0.004, 0.001)), driven by the callback tf_commlib.keras.AdaptiveDensity
         (which profiles them and sets the density); until then the first candidate.
@@ -145,16 +147,17 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         sparse_idx = [i for i, v in enumerate(var_list) if not self.dense_layers(v)]
         names = sorted(set(self.schedule.values()), key=list(self.schedule.values()).index)
 
-        def aggregator(algorithm, selector, fusion):
+        def aggregator(algorithm, selector, fusion, options=self.algorithm_options):
             return GradientAggregator(algorithm, self.target_density, selector, topology=topo,
                                       fusion_threshold_bytes=fusion, seed=self.seed,
                                       variable_factory=self._factory,
-                                      algorithm_options=self.algorithm_options, track_gain=self.adaptive)
+                                      algorithm_options=options, track_gain=self.adaptive)
 
         # (aggregator, variable indices, sparse?) groups
         self._groups = []
         if self.qrgc and len(sparse_idx) > 1:
-            self._groups.append((aggregator(names, "qrgc", 0), sparse_idx[:-1], True))
+            self._groups.append((aggregator(names, "qrgc", 0, qrgc_options(self.algorithm_options)),
+                                 sparse_idx[:-1], True))
             sparse_idx = sparse_idx[-1:]
         self._groups.append((aggregator(names, self.selector, self.fusion_threshold_bytes), sparse_idx, True))
         self._groups.append((aggregator(["2dtar" if topo.m > 1 and topo.n > 1 else "dense"],
@@ -297,3 +300,19 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                                                            custom_objects=custom_objects)
         config["schedule"] = {int(e): a for e, a in config["schedule"].items()}
         return cls(**config)
+
+
+def qrgc_options(algorithm_options):
+    """algorithm_options for the qRGC group: value_codec "mean" added for every registered
+    algorithm that takes it and where algorithm_options does not set value_codec."""
+    from tf_commlib.collectives import ALGORITHMS
+
+    out = {name: dict(opts) for name, opts in (algorithm_options or {}).items()}
+    for name, coll in ALGORITHMS.items():
+        if "value_codec" in coll.options and "value_codec" not in out.get(name, {}):
+            try:
+                coll.resolve_options({**out.get(name, {}), "value_codec": "mean"})
+            except ValueError:   # the algorithm refuses "mean" (SparCML's merged streams)
+                continue
+            out.setdefault(name, {})["value_codec"] = "mean"
+    return out
