@@ -88,6 +88,13 @@ def test_bad_value_codec_raises_before_training(name, codec):
         DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm=name, algorithm_options=options)
 
 
+def test_mean_refuses_int64_indices():
+    """Selectors give int64 indices only for buckets of 2^31 entries or more, which the mean codec's
+    int32 words cannot address: a clear error instead of wrapped indices (checked before any send)."""
+    with pytest.raises(ValueError, match="value_codec 'mean'.*2\\^31"):
+        V.allgather(tf.ones([3]), tf.constant([0, 1, 2**31], tf.int64), None, "mean")
+
+
 def test_value_codec_defaults_to_none():
     for name in CODEC_ALGORITHMS:
         assert ALGORITHMS[name].resolve_options()["value_codec"] == "none"

@@ -101,6 +101,9 @@ def allgather(values, indices, process_set, codec, part=None, parts=1):
     """(values, indices, part) of every rank of the set, concatenated in rank order; part (for
     "mean" only, else None) numbers the parts (sender · parts + own part). values must be quantised
     (or decoded from this codec); part: [k] in [0, parts), default all 0."""
+    if codec == "mean" and indices.dtype.size > 4:   # selectors give int64 only for d >= 2^31
+        raise ValueError("value_codec 'mean' sends int32 indices; this bucket has 2^31 entries or "
+                         "more (int64 indices): use value_codec 'none' or 'fp16', or smaller buckets")
     if process_set.size() == 1:   # the identity, no packing (as sparse_message.allgather_sparse)
         if codec == "mean" and part is None:
             part = tf.zeros_like(indices, tf.int32)
