@@ -14,7 +14,7 @@ included); decoded values re-encode exactly, so a collective may forward what it
 import tensorflow as tf
 
 from tf_commlib import primitives as P
-from tf_commlib.collectives.sparse_message import pack, unpack
+from tf_commlib.collectives.sparse_message import allgather_sparse, pack, unpack
 
 CODECS = ("none", "fp16", "mean")
 INDEX_BYTES, HEADER_BYTES = 4, 8
@@ -104,19 +104,14 @@ def allgather(values, indices, process_set, codec, part=None, parts=1):
     if codec == "mean" and indices.dtype.size > 4:   # selectors give int64 only for d >= 2^31
         raise ValueError("value_codec 'mean' sends int32 indices; this bucket has 2^31 entries or "
                          "more (int64 indices): use value_codec 'none' or 'fp16', or smaller buckets")
-    if process_set.size() == 1:   # the identity, no packing (as sparse_message.allgather_sparse)
-        if codec == "mean" and part is None:
-            part = tf.zeros_like(indices, tf.int32)
-        return tf.identity(values), tf.identity(indices), part if codec == "mean" else None
-    if codec == "none":
-        rows = P.allgather(pack(values, indices), process_set)
-        return (*unpack(rows, values.dtype, indices.dtype), None)
-    if codec == "fp16":
-        rows = P.allgather(pack(tf.cast(values, tf.float16), indices), process_set)
-        got, idx = unpack(rows, tf.float16, indices.dtype)
+    if codec != "mean":   # [index | value] rows, the values as float16 for "fp16"
+        wire = tf.float16 if codec == "fp16" else values.dtype
+        got, idx = allgather_sparse(tf.cast(values, wire), indices, process_set)
         return tf.cast(got, values.dtype), idx, None
     if part is None:
         part = tf.zeros_like(indices, tf.int32)
+    if process_set.size() == 1:   # the identity, no packing (as allgather_sparse)
+        return tf.identity(values), tf.identity(indices), part
     rows = _encode_mean(tf.cast(values, tf.float32), tf.cast(indices, tf.int32), part, parts)
     got, idx, part = _decode_mean(P.allgather(rows, process_set), process_set.size() * parts)
     return tf.cast(got, values.dtype), tf.cast(idx, indices.dtype), part
