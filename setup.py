@@ -80,7 +80,7 @@ class BuildOps(build_ext):
                 if rc != 0:
                     raise RuntimeError("op library build failed: " + " ".join(cmd))
         objs = [j[j.index("-o") + 1] for j in jobs]
-        link = ["g++", "-shared", "-o", str(out), *objs, *tf.sysconfig.get_link_flags()]
+        link = ["g++", "-shared", "-o", str(out), *objs, *tf.sysconfig.get_link_flags(), "-lisal"]  # ISA-L: DataCache CRC32
         if cuda:  # the static runtime: nothing to find at load time, no GPU needed to load
             cuda_lib = Path(nvcc).resolve().parents[1] / "lib64"
             link += [f"-L{cuda_lib}", "-lcudart_static", "-ldl", "-lrt", "-lpthread"]

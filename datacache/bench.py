@@ -7,7 +7,9 @@ and twice (run 1, then run 2 in a new process, as a second training job would):
   nocache    read + decode + resize every epoch (tf.data parallel map)
   tfdata     the same, then ``tf.data.Dataset.cache()`` in memory (lost when the process ends)
   datacache  cached_dataset with level 1 (a local directory) and Redis (a server started by the
-             benchmark for its whole duration, as a node's cache service would be)
+             benchmark for its whole duration, as a node's cache service would be), read by
+             the C++ op (datacache.direct)
+  datacache_py  the same through redis-py (DataCache(direct_read=False))
 Every pipeline shuffles, batches (--batch) and prefetches; an epoch is timed from its first to its
 last batch; the targets compare the median of epochs >= 2 (use --epochs 5 or more). Runs 1 of
 the three modes go first, then runs 2. Prints a table, the targets, writes bench_out/datacache.png
@@ -24,7 +26,7 @@ import subprocess
 import sys
 import time
 
-MODES = ("nocache", "tfdata", "datacache")
+MODES = ("nocache", "tfdata", "datacache", "datacache_py")
 
 
 def child(args):
@@ -46,7 +48,9 @@ def child(args):
     else:
         with open(args.redis_url_file) as f:
             url = f.read().strip()
-        cache = datacache.DataCache(url, args.local_dir, read_batch=args.read_batch, progress=False)
+        cache = datacache.DataCache(url, args.local_dir, read_batch=args.read_batch, progress=False,
+                                    direct_read=args.child == "datacache")
+        assert (cache.direct() is not None) == (args.child == "datacache"), "the direct path is unavailable"
         ds = datacache.cached_dataset(source, prep, cache, seed=0)
     ds = ds.batch(args.batch).prefetch(tf.data.AUTOTUNE)
     rates = []
@@ -87,7 +91,7 @@ def plot(rows, path, epochs):
     width = 0.8 / len(MODES)
     for k, mode in enumerate(MODES):
         values = [r["samples_per_s"] for r in rows if r["mode"] == mode]
-        ax.bar([i + (k - 1) * width for i in range(len(values))], values, width, label=mode)
+        ax.bar([i + (k - (len(MODES) - 1) / 2) * width for i in range(len(values))], values, width, label=mode)
     ax.set_xticks(range(len(labels)), labels, rotation=30)
     ax.set_yscale("log")
     ax.set_ylabel("input pipeline samples/s")

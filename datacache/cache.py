@@ -15,6 +15,7 @@ import threading
 import numpy as np
 import redis
 
+from datacache.direct import direct_attrs
 from datacache.local import LocalCopy, read_source
 from datacache.server import EVICTIONS, RedisServer, parse_maxmemory
 from datacache.store import RedisStore
@@ -60,11 +61,13 @@ class DataCache:
     retry_interval, max_retry_interval: backoff between reconnection tries while Redis is down.
     read_batch: samples per MGET; write_batch: writes per pipeline.
     progress: show a progress bar while an epoch fills the cache (rank 0 only).
+    direct_read: read batches with the C++ op (datacache.direct) where the server allows it;
+        False: through redis-py in Python.
     """
 
     def __init__(self, redis_url=None, local_dir=None, *, maxmemory=None, eviction="allkeys-lru",
                  unix_socket=True, redis_kwargs=None, retry_interval=1.0, max_retry_interval=30.0,
-                 read_batch=128, write_batch=64, progress=True):
+                 read_batch=128, write_batch=64, progress=True, direct_read=True):
         if not isinstance(read_batch, int) or read_batch < 1:
             raise ValueError(f"read_batch must be a positive int, got {read_batch!r}")
         if not isinstance(write_batch, int) or write_batch < 1:
@@ -74,6 +77,7 @@ class DataCache:
                              f"{retry_interval!r}, {max_retry_interval!r}")
         self.local = LocalCopy(local_dir) if local_dir is not None else None
         self.read_batch = read_batch
+        self.direct_read = bool(direct_read)
         topo = _topology()
         self.progress = bool(progress) and (topo is None or topo.rank == 0)
         self.server = None
@@ -132,6 +136,16 @@ class DataCache:
     def redis(self):
         """The redis-py client (None without level 2 or before the first connection)."""
         return self.store.client if self.store is not None else None
+
+    def direct(self):
+        """(op attrs, password) for the direct read path, or None for the redis-py path."""
+        store = self.store
+        if not self.direct_read or store is None or store.client is None or store.cluster:
+            return None
+        attrs = direct_attrs(store.client)
+        if attrs is None:
+            return None
+        return attrs, store.client.connection_pool.connection_kwargs.get("password") or ""
 
     # -- level 1 ---------------------------------------------------------------------------------
     def read(self, source, i, record=None):

@@ -1,8 +1,9 @@
 """cached_dataset: a tf.data pipeline that reads pre-processed samples from the cache.
 
 Per epoch: one Python call shuffles the shard's indices (with (seed, epoch)), the graph cuts them
-into batches of ``read_batch`` → one MGET per batch in a parallel ``tf.numpy_function`` (several in
-flight, one connection each) that checks and unpacks the hits into one aligned array and reads the
+into batches of ``read_batch`` → one MGET per batch (several in flight, one connection each),
+through the C++ op of datacache.direct where the server allows it, else redis-py in a
+``tf.numpy_function``, that checks and unpacks the hits into the batch → one Python call reads the
 files of the misses (none from epoch 2 on) through level 1 → ``preprocess`` of the misses in the
 graph (in parallel), queued for Redis in one call → unbatch → ``augment`` (after the cache, so it
 is random every epoch). Python runs once per batch, not once per sample. Every epoch yields each
@@ -15,6 +16,7 @@ import threading
 import numpy as np
 import tensorflow as tf
 
+from datacache import direct
 from datacache.cache import DataCache, _topology
 from datacache.codec import Codec
 from datacache.fingerprint import preprocess_fingerprint
@@ -88,6 +90,7 @@ class _Plan:
     def __init__(self, source, indices, cache, codec, prefix, shuffle, seed):
         self.source, self.indices, self.cache, self.codec = source, indices, cache, codec
         self.prefix, self.shuffle, self.seed = prefix.encode(), shuffle, seed
+        self.direct = cache.direct()   # (op attrs, password) or None: the redis-py path
         self.epoch = 0
         self.records = {}
         self.bars = {}
@@ -109,9 +112,8 @@ class _Plan:
         return self.prefix + b"%d" % i
 
     def lookup(self, idx, epoch):
-        """One MGET for a batch of indices: (values, hit, labels, positions of the misses, their
-        encoded files read through level 1, their paths)."""
-        record = self.records[int(epoch)]
+        """One MGET through redis-py for a batch of indices: (values, hit, labels, positions of the
+        misses, their encoded files read through level 1, their paths)."""
         out = _aligned_empty((len(idx),) + self.codec.shape, self.codec.dtype)
         hit = np.zeros(len(idx), bool)
         store = self.cache.store
@@ -120,15 +122,30 @@ class _Plan:
         if values is not None:
             hit = self.codec.decode_batch(values, idx, out)
             corrupt = sum(v is not None for v in values) - int(hit.sum())
-        hits = int(hit.sum())
         fallbacks = len(idx) if values is None and store is not None else 0
+        return (out, hit) + self._finish(idx, epoch, hit, corrupt, fallbacks)
+
+    def redis_state(self):
+        """(password, Redis is up) for the direct path's next batch (reconnects at retry times)."""
+        return self.direct[1].encode(), np.bool_(self.cache.store.available())
+
+    def after_direct(self, idx, epoch, hit, present, ok, enabled, error):
+        """The direct path's counters and misses: (labels, positions of the misses, files, paths)."""
+        if enabled and not ok:
+            self.cache.store.failed(RuntimeError(error.decode(errors="replace")))
+        corrupt = int(np.count_nonzero(present & ~hit))
+        return self._finish(idx, epoch, hit, corrupt, 0 if ok else len(idx))
+
+    def _finish(self, idx, epoch, hit, corrupt, fallbacks):
+        record = self.records[int(epoch)]
+        hits = int(hit.sum())
         self.cache.count(record, samples=len(idx), hits=hits, misses=len(idx) - hits - fallbacks,
                          fallbacks=fallbacks, corrupt=corrupt)
         self._progress(record, hits)
         missing = np.flatnonzero(~hit)
         files = np.array([self.fetch(int(idx[j]), record) for j in missing], object)
         paths = np.array([self.source.path(int(idx[j])).encode() for j in missing], object)
-        return out, hit, self.source.labels[idx], missing.astype(np.int64), files, paths
+        return self.source.labels[idx], missing.astype(np.int64), files, paths
 
     def fetch(self, i, record):
         data = self.cache.read(self.source, i, record)
@@ -243,9 +260,18 @@ def _cached(source, preprocess, cache, indices, shuffle, seed, preprocess_key, p
 
     def load(idx, epoch):
         """One MGET for the batch; only the misses go through preprocess (in parallel)."""
-        values, hit, labels, missing, files, paths = tf.numpy_function(
-            plan.lookup, [idx, epoch], [dtype, tf.bool, tf.int32, tf.int64, tf.string, tf.string],
-            stateful=True, name="datacache_mget")
+        if plan.direct is None:
+            values, hit, labels, missing, files, paths = tf.numpy_function(
+                plan.lookup, [idx, epoch], [dtype, tf.bool, tf.int32, tf.int64, tf.string, tf.string],
+                stateful=True, name="datacache_mget")
+        else:
+            password, up = tf.numpy_function(plan.redis_state, [], [tf.string, tf.bool], stateful=True,
+                                             name="datacache_state")
+            keys = tf.strings.join([plan.prefix, tf.strings.as_string(idx)])
+            values, hit, present, ok, error = direct.mget(keys, idx, password, up, plan.direct[0], codec)
+            labels, missing, files, paths = tf.numpy_function(
+                plan.after_direct, [idx, epoch, hit, present, ok, up, error],
+                [tf.int32, tf.int64, tf.string, tf.string], stateful=True, name="datacache_misses")
         values.set_shape((None,) + shape)
         labels.set_shape([None])
         missing.set_shape([None])

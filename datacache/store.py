@@ -87,6 +87,10 @@ class RedisStore:
         log.warning("datacache: Redis failed (%s: %s); reading from level 1 / the source, retrying "
                     "in %.1f s", type(error).__name__, error, self._interval)
 
+    def failed(self, error):
+        """A read outside this client (the direct path) failed: Redis is down until the next retry."""
+        self._down(error)
+
     def mget(self, keys):
         """Values (bytes or None) of keys, or None when Redis is not available."""
         if not self.available():

@@ -3,7 +3,7 @@
 # Slurm (slurmctld slurmd slurm-client munge libpmix2) is for tests/test_slurm.py, which starts a
 # single-node Slurm of its own; no daemon is started here.
 set -euo pipefail
-pkgs="redis-server iproute2 g++ make cmake python3-dev slurmctld slurmd slurm-client munge libpmix2"
+pkgs="redis-server iproute2 g++ make cmake python3-dev libisal-dev slurmctld slurmd slurm-client munge libpmix2"
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -148,9 +148,19 @@ def test_resolutions_do_not_collide_and_augment_is_random(source, ref16):
         np.testing.assert_array_equal(np.floor(e2), base)
 
 
-def test_redis_killed_mid_epoch_is_restarted_and_refilled(source, ref16):
+BOTH_PATHS = pytest.mark.parametrize("direct_read", [True, False], ids=["direct", "redis-py"])
+
+
+def uses(cache, direct_read):
+    assert (cache.direct() is not None) == direct_read
+    return cache
+
+
+@BOTH_PATHS
+def test_redis_killed_mid_epoch_is_restarted_and_refilled(source, ref16, direct_read):
     n = len(source)
-    with DataCache(progress=False, retry_interval=0.05, read_batch=4) as cache:
+    with DataCache(progress=False, retry_interval=0.05, read_batch=4, direct_read=direct_read) as cache:
+        uses(cache, direct_read)
         # Sequential maps: lookups happen as samples are consumed, so the kill lands mid-epoch.
         ds = cached_dataset(source, DecodeResize(16), cache, seed=1, num_parallel_calls=None)
         ref16.epoch(ds)
@@ -191,14 +201,17 @@ def test_redis_unreachable_at_start_then_back(source, ref16, caplog):
         server.stop()
 
 
+@BOTH_PATHS
 @pytest.mark.parametrize("eviction", ["noeviction", "allkeys-lru"])
-def test_full_redis(source, eviction):
+def test_full_redis(source, eviction, direct_read):
     n = len(source)
     big = DecodeResize(64)   # 12 KiB per sample, 0.5 MiB in all
     ref = Reference(source, big)
     server = RedisServer(maxmemory="64mb", eviction=eviction)
     try:
-        with DataCache(server.url(with_password=True), progress=False, read_batch=4, write_batch=4) as cache:
+        with DataCache(server.url(with_password=True), progress=False, read_batch=4, write_batch=4,
+                       direct_read=direct_read) as cache:
+            uses(cache, direct_read)
             # room for about half of the samples
             cache.redis.config_set("maxmemory", cache.redis.info("memory")["used_memory"] + 250_000)
             ds = cached_dataset(source, big, cache)
@@ -214,7 +227,8 @@ def test_full_redis(source, eviction):
         server.stop()
 
 
-def test_corrupt_values_and_pickles_are_misses(source, ref16, tmp_path):
+@BOTH_PATHS
+def test_corrupt_values_and_pickles_are_misses(source, ref16, tmp_path, direct_read):
     n = len(source)
     marker = tmp_path / "unpickled"
 
@@ -222,7 +236,8 @@ def test_corrupt_values_and_pickles_are_misses(source, ref16, tmp_path):
         def __reduce__(self):
             return (open, (str(marker), "w"))
 
-    with DataCache(progress=False) as cache:
+    with DataCache(progress=False, direct_read=direct_read) as cache:
+        uses(cache, direct_read)
         ds = cached_dataset(source, DecodeResize(16), cache, shuffle=False)
         ref16.epoch(ds)
         keys = keys_of(cache.redis)

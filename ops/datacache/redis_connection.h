@@ -1,0 +1,53 @@
+// A minimal blocking Redis client for the DataCache read path: one socket (unix or TCP), AUTH and
+// SELECT on connect, commands sent as RESP arrays, replies read through a buffer or straight into
+// the caller's memory. Every failure is returned as a message; the caller drops the connection.
+#ifndef TF_COMMLIB_OPS_DATACACHE_REDIS_CONNECTION_H_
+#define TF_COMMLIB_OPS_DATACACHE_REDIS_CONNECTION_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tf_commlib {
+
+struct RedisAddress {
+  std::string address;   // "unix:/path/to/socket" or "tcp:host:port"
+  std::string username;  // empty: AUTH with the password only
+  std::string password;  // empty: no AUTH
+  int db = 0;
+  int timeout_ms = 10000;
+};
+
+class RedisConnection {
+ public:
+  // A connected, authenticated socket, or nullptr with *error set.
+  static std::unique_ptr<RedisConnection> Open(const RedisAddress& where, std::string* error);
+  ~RedisConnection();
+  RedisConnection(const RedisConnection&) = delete;
+  RedisConnection& operator=(const RedisConnection&) = delete;
+
+  // Sends one command: a RESP array of bulk strings.
+  bool Send(const std::vector<std::string_view>& args, std::string* error);
+  // One reply line without its CRLF.
+  bool ReadLine(std::string* line, std::string* error);
+  // Exactly n bytes into dst (nullptr: discard them).
+  bool Read(char* dst, size_t n, std::string* error);
+  // A simple-string reply that must be +OK.
+  bool ExpectOk(const char* what, std::string* error);
+  const std::string& password() const { return password_; }
+
+ private:
+  explicit RedisConnection(int fd) : fd_(fd), buf_(1 << 16) {}
+  bool Fill(std::string* error);
+
+  int fd_;
+  std::string password_;
+  std::vector<char> buf_;
+  size_t begin_ = 0, end_ = 0;
+};
+
+}  // namespace tf_commlib
+
+#endif  // TF_COMMLIB_OPS_DATACACHE_REDIS_CONNECTION_H_
