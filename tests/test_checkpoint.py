@@ -29,3 +29,14 @@ def test_per_rank_state_across_a_restart_on_4_ranks(tmp_path):
         assert "[None, 0, 0, 0]" in r["refused"], r["refused"]
         assert np.isfinite(r["after_reset"]).all()
         assert r["full"] == reports[0]["full"] and r["after_reset"] == reports[0]["after_reset"]
+    # broadcast_variables (root 1) and average_variables over mixed dtypes and shapes, against numpy
+    from tests.workers._mixed import rank_values
+    root = rank_values(1)
+    floats = [[v for v in rank_values(r) if v.dtype.kind == "f"] for r in range(4)]
+    for r in reports:
+        assert r["broadcast_dtypes"] == ["float32", "int64", "float64", "float64", "float32"]
+        for got, want in zip(r["broadcast"], root):
+            np.testing.assert_array_equal(np.asarray(got).reshape(want.shape), want)
+        for j, got in enumerate(r["averaged"]):
+            want = np.mean([floats[q][j] for q in range(4)], axis=0)
+            np.testing.assert_allclose(np.asarray(got).reshape(want.shape), want, rtol=1e-6, atol=1e-7)

@@ -11,10 +11,11 @@ import tensorflow as tf
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import tf_commlib  # noqa: E402
 import _fit  # noqa: E402
+from _mixed import rank_values  # noqa: E402
 from _report import report  # noqa: E402
 from tf_commlib.apps import digits  # noqa: E402
 from tf_commlib import primitives as P  # noqa: E402
-from tf_commlib.keras import BackupAndRestore  # noqa: E402
+from tf_commlib.keras import BackupAndRestore, average_variables, broadcast_variables  # noqa: E402
 
 topo = tf_commlib.init()
 shared = os.environ["HVD_TEST_OUT"]
@@ -58,5 +59,14 @@ except (ValueError, tf.errors.OpError) as e:
 loaded = keras.models.load_model(path)
 loaded.optimizer.reset_rank_state()   # knowingly start residuals and momentum from zero
 fit(loaded, STOP + 1, initial_epoch=STOP)
+
+# broadcast_variables / average_variables pack the variables per dtype: mixed dtypes and shapes.
+mixed = [keras.Variable(v) for v in rank_values(topo.rank)]
+broadcast_variables(mixed, root_rank=1)
+floats = [keras.Variable(v) for v in rank_values(topo.rank) if v.dtype.kind == "f"]
+average_variables(floats)
 report(topo.rank, {"full": _fit.weights(full), "resumed": _fit.weights(resumed), "backed_up": backed_up, "deleted": not os.path.exists(mine),
-                   "residual": residual, "refused": refused, "after_reset": _fit.weights(loaded)})
+                   "residual": residual, "refused": refused, "after_reset": _fit.weights(loaded),
+                   "broadcast": [np.asarray(v.numpy()).tolist() for v in mixed],
+                   "broadcast_dtypes": [str(v.dtype) for v in mixed],
+                   "averaged": [np.asarray(v.numpy()).tolist() for v in floats]})

@@ -1,8 +1,8 @@
 """Keras 3 integration: DistributedOptimizer and the callbacks that go with it."""
 from tf_commlib.keras.callbacks import (BackupAndRestore, BroadcastGlobalVariables, CompressionScheduler, MetricAverage,
-                                        broadcast_variables, default_callbacks)
+                                        average_variables, broadcast_variables, default_callbacks)
 from tf_commlib.keras.adaptive import AdaptiveDensity
 from tf_commlib.keras.optimizer import DistributedOptimizer
 
 __all__ = ["DistributedOptimizer", "AdaptiveDensity", "BackupAndRestore", "BroadcastGlobalVariables", "CompressionScheduler",
-           "MetricAverage", "broadcast_variables", "default_callbacks"]
+           "MetricAverage", "average_variables", "broadcast_variables", "default_callbacks"]

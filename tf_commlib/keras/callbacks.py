@@ -9,11 +9,30 @@ from tf_commlib import primitives as P
 from tf_commlib.topology import topology as current_topology
 
 
+def _each_dtype(variables, collective):
+    """Applies collective (flat tensor -> flat tensor) to the variables packed into one flat tensor
+    per dtype, and assigns the results back: one collective per dtype instead of one per variable
+    (ResNet-50's 320 variables one by one cost ~1 s per call on 4 ranks)."""
+    groups = {}
+    for v in variables:
+        groups.setdefault(str(v.dtype), []).append(v)   # the variables' order: the same on every rank
+    for group in groups.values():
+        flat = tf.concat([tf.reshape(tf.convert_to_tensor(v), [-1]) for v in group], 0)
+        parts = tf.split(collective(flat), [int(np.prod(v.shape, dtype=np.int64)) for v in group])
+        for v, part in zip(group, parts):
+            v.assign(tf.reshape(part, v.shape))
+
+
 def broadcast_variables(variables, root_rank=0):
     """Sets every variable to its value on root_rank."""
     world = current_topology().world
-    for v in variables:
-        v.assign(P.broadcast(tf.convert_to_tensor(v), root_rank, world))
+    _each_dtype(variables, lambda flat: P.broadcast(flat, root_rank, world))
+
+
+def average_variables(variables):
+    """Sets every variable to its mean over the ranks (e.g. batch-norm statistics)."""
+    world = current_topology().world
+    _each_dtype(variables, lambda flat: P.allreduce(flat, world, average=True))
 
 
 class BroadcastGlobalVariables(keras.callbacks.Callback):

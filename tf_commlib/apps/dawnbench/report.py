@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_commlib import primitives as P
+from tf_commlib.keras.callbacks import average_variables
 
 
 class Log:
@@ -124,10 +125,8 @@ class EpochReport(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         elapsed = time.perf_counter() - self.start
         self.step_s = elapsed / self.steps
-        world = self.topo.world
-        for v in self.model.non_trainable_variables:
-            v.assign(P.allreduce(tf.convert_to_tensor(v), world, average=True))
-        top1, top5 = evaluate(self.model, self.val, world)
+        average_variables(self.model.non_trainable_variables)
+        top1, top5 = evaluate(self.model, self.val, self.topo.world)
         opt = self.model.optimizer
         row = {"epoch": epoch + 1, "resolution": self.stage.resolution, "batch": self.stage.batch,
                "algorithm": opt.algorithm_at(epoch), "loss": float((logs or {}).get("loss", np.nan)),
