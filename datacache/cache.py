@@ -140,6 +140,10 @@ class DataCache:
     def direct(self):
         """(op attrs, password) for the direct read path, or None for the redis-py path."""
         store = self.store
+        if self.direct_read and store is not None and store.client is None:
+            log.warning("datacache: Redis was unreachable when this dataset was built; it reads "
+                        "through redis-py (the direct path needs to know whether the server is a "
+                        "cluster)")
         if not self.direct_read or store is None or store.client is None or store.cluster:
             return None
         attrs = direct_attrs(store.client)

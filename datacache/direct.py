@@ -33,8 +33,10 @@ def direct_attrs(client):
     else:
         return None
     timeout = kw.get("socket_timeout") or 10
+    connect_timeout = kw.get("socket_connect_timeout") or timeout
     return {"address": address, "username": kw.get("username") or "", "db": int(kw.get("db") or 0),
-            "timeout_ms": max(1, int(timeout * 1000))}
+            "timeout_ms": max(1, int(timeout * 1000)),
+            "connect_timeout_ms": max(1, int(connect_timeout * 1000))}
 
 
 def mget(keys, indices, password, enabled, attrs, codec):

@@ -1,7 +1,10 @@
 """The direct read path (datacache.direct, op DatacacheMget) against a real redis-server: it accepts
 exactly the values Codec.decode_batch accepts, over TCP and a unix socket, with username and db;
 failures are reported, never raised or returned as samples."""
+import os
 import pickle
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -106,3 +109,160 @@ def test_which_clients_take_the_direct_path(server, tmp_path):
         assert cache.direct() is None
     with DataCache(progress=False) as cache:   # embedded: a unix socket
         assert cache.direct()[0]["address"] == f"unix:{cache.server.socket}"
+
+
+def test_large_values_and_many_small_ones(server):
+    """Payloads of 100 KiB and more (received straight into the rows) and batches of many small
+    values (a reply that spans many buffer refills) equal Codec.decode_batch, hits bit-equal."""
+    writer = redis.Redis(**server.client_kwargs())
+    attrs = direct_attrs(writer)
+    rng = np.random.default_rng(1)
+    for shape, n in (((160, 163), 20), ((9_000,), 24), ((3, 5), 700)):   # 104 KB, 36 KB, 60 B
+        codec = Codec(np.float32, shape)
+        xs = rng.standard_normal((n,) + shape).astype(np.float32)
+        values = [codec.encode(i, xs[i]) for i in range(n)]
+        bad = bytearray(values[n // 2])
+        bad[len(bad) // 2] ^= 4                                          # bad CRC mid-payload
+        values[n // 2] = bytes(bad)
+        values[n - 2] = values[n - 2][:-1]                               # one byte short
+        keys = [b"big:%d:%d" % (len(shape), i) for i in range(n)]
+        writer.delete(*keys)
+        writer.mset({k: v for k, v in zip(keys, values)})
+        order = list(rng.permutation(n))
+        values_, hit, present, ok, error = call([keys[i] for i in order], order, server.password,
+                                                attrs, codec)
+        assert ok and error == b""
+        expect = np.zeros((n,) + shape, np.float32)
+        ref = codec.decode_batch(writer.mget([keys[i] for i in order]), order, expect)
+        np.testing.assert_array_equal(hit, ref)
+        assert hit.sum() == n - 2 and present.all()
+        assert values_.tobytes() == expect.tobytes()
+        np.testing.assert_array_equal(values_[hit], xs[np.array(order)[hit]])
+
+
+class CuttingProxy:
+    """A TCP proxy to a real Redis that closes every connection once `limit` bytes of replies
+    have passed: a server that dies in the middle of a reply."""
+
+    def __init__(self, port, limit):
+        import socket
+        import threading
+
+        self.port, self.limit = port, limit
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = self.listener.getsockname()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.port))
+            threading.Thread(target=self._pipe, args=(client, upstream, None), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, self.limit), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst, limit):
+        passed = 0
+        try:
+            while limit is None or passed < limit:
+                data = src.recv(65536 if limit is None else min(65536, limit - passed))
+                if not data:
+                    break
+                dst.sendall(data)
+                passed += len(data)
+        except OSError:
+            pass
+        import socket
+
+        for s in (src, dst):   # shutdown: the other direction's thread may block on the socket
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+
+    def close(self):
+        self.listener.close()
+
+
+def test_a_reply_cut_partway_reads_no_row(server, tmp_path):
+    """The op reports no row of a batch whose reply broke off; the dataset counts the whole
+    batch as a fallback (never a negative miss count) and serves every sample from the source."""
+    import datacache
+    from tests.test_datacache import Reference, write_folder
+
+    codec = Codec(np.float32, SHAPE)
+    writer = redis.Redis(**server.client_kwargs())
+    xs = np.random.default_rng(2).standard_normal((16,) + SHAPE).astype(np.float32)
+    keys = [b"cut:%d" % i for i in range(16)]
+    writer.mset({k: codec.encode(i, x) for i, (k, x) in enumerate(zip(keys, xs))})
+    proxy = CuttingProxy(server.port, limit=5 + 4 * 200)   # +OK, then a third of the reply
+    try:
+        attrs = dict(direct_attrs(writer), address=f"tcp:127.0.0.1:{proxy.address[1]}")
+        _, hit, present, ok, error = call(keys, range(16), server.password, attrs, codec)
+        assert not ok and b"closed" in error and not hit.any() and not present.any()
+
+        source = datacache.ImageFolderSource(write_folder(str(tmp_path / "img"), 2, 6))
+        ref = Reference(source, datacache.DecodeResize(16))
+        url = f"redis://:{server.password}@127.0.0.1:{proxy.address[1]}"
+        with DataCache(url, progress=False, read_batch=4, retry_interval=0.01,
+                       max_retry_interval=0.01) as cache:
+            assert cache.direct() is not None
+            ds = datacache.cached_dataset(source, datacache.DecodeResize(16), cache, seed=0,
+                                          num_parallel_calls=None)
+            for _ in range(3):
+                assert sorted(ref.epoch(ds)) == list(range(len(source)))
+                time.sleep(0.05)
+            epochs = cache.stats()["epochs"]
+        assert all(e["misses"] >= 0 and e["hits"] + e["misses"] + e["fallbacks"] == e["samples"]
+                   for e in epochs), epochs
+        assert sum(e["fallbacks"] for e in epochs[1:]) > 0
+    finally:
+        proxy.close()
+
+
+def test_restarted_server_with_several_pooled_connections(tmp_path):
+    """Connections pooled by a long-lived iterator (a parallel map over a repeated dataset, as
+    model.fit with steps_per_epoch keeps one) are not reused after the server restarts: the next
+    epoch reads on fresh connections, with no failed batch."""
+    import datacache
+    from tests.test_datacache import Reference, digest, write_folder
+
+    source = datacache.ImageFolderSource(write_folder(str(tmp_path / "img"), 2, 16))
+    n = len(source)
+    ref = Reference(source, datacache.DecodeResize(16))
+    server = RedisServer(maxmemory="64mb", unix_socket=False)
+    try:
+        with DataCache(server.url(with_password=True), progress=False, read_batch=2) as cache:
+            ds = datacache.cached_dataset(source, datacache.DecodeResize(16), cache, seed=0,
+                                          num_parallel_calls=4)
+            it = iter(ds.repeat())
+            admin = redis.Redis(**server.client_kwargs())
+
+            def epoch():
+                seen = [ref.index[digest(next(it)[0].numpy())] for _ in range(n)]
+                assert sorted(seen) == list(range(n))
+
+            epoch()
+            epoch()
+            readers = [c for c in admin.client_list() if c["cmd"] == "mget"]
+            assert len(readers) >= 2, readers   # the parallel map pooled several connections
+            time.sleep(0.5)   # the map's read-ahead stalls (a read while the server is down is an outage)
+            os.kill(server.proc.pid, signal.SIGKILL)
+            server.proc.wait()
+            server.start()
+            epoch()
+            epoch()
+            s = cache.stats()
+        assert s["outages"] == 0 and s["fallbacks"] == 0, s
+        e = s["epochs"]
+        # the restarted server was empty (batches read ahead before the kill may be hits)
+        assert e[1]["hits"] == n and e[2]["misses"] + e[3]["misses"] > 0, e
+    finally:
+        server.stop()

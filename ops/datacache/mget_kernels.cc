@@ -2,6 +2,7 @@
 // checked (length, header, sample index, CRC32) and its payload received straight into its row.
 #include <isa-l/crc.h>  // Intel ISA-L: zlib's CRC32, ~10x faster (PCLMUL)
 
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -24,6 +25,8 @@ using tensorflow::Tensor;
 using tensorflow::TensorShape;
 namespace errors = tensorflow::errors;
 
+constexpr long long kMaxValue = 512ll << 20;  // Redis' own limit on a string value
+
 class DatacacheMgetOp : public OpKernel {
  public:
   explicit DatacacheMgetOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -31,6 +34,7 @@ class DatacacheMgetOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("username", &where_.username));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("db", &where_.db));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_ms", &where_.timeout_ms));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("connect_timeout_ms", &where_.connect_timeout_ms));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("prefix", &prefix_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dtype", &dtype_));
     tensorflow::PartialTensorShape shape;
@@ -39,6 +43,9 @@ class DatacacheMgetOp : public OpKernel {
                 errors::InvalidArgument("DatacacheMget: shape must be fully defined, got ", shape.DebugString()));
     OP_REQUIRES(ctx, where_.timeout_ms > 0,
                 errors::InvalidArgument("DatacacheMget: timeout_ms must be > 0, got ", where_.timeout_ms));
+    OP_REQUIRES(ctx, where_.connect_timeout_ms > 0,
+                errors::InvalidArgument("DatacacheMget: connect_timeout_ms must be > 0, got ",
+                                        where_.connect_timeout_ms));
     payload_ = static_cast<size_t>(shape_.num_elements()) * tensorflow::DataTypeSize(dtype_);
     header_ = prefix_.size() + 12;  // prefix, uint64 index, uint32 crc32
   }
@@ -63,8 +70,6 @@ class DatacacheMgetOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({}), &error));
     auto hits = hit->vec<bool>();
     auto presents = present->vec<bool>();
-    hits.setConstant(false);
-    presents.setConstant(false);
     char* rows = static_cast<char*>(values->data());
     std::string message;
     bool fine = ctx->input(3).scalar<bool>()();
@@ -72,10 +77,24 @@ class DatacacheMgetOp : public OpKernel {
       message = "disabled";
     } else if (n > 0) {
       const std::string& password = ctx->input(2).scalar<tensorflow::tstring>()();
-      std::unique_ptr<RedisConnection> conn = Take(password, &message);
-      fine = conn != nullptr && Fetch(conn.get(), keys.vec<tensorflow::tstring>(), indices.vec<int64_t>(),
-                                      rows, &hits, &presents, &message);
-      if (fine) Give(std::move(conn));
+      // A pooled connection may have died with a restarted server between two batches: the
+      // batch is then tried once more on a fresh connection, and the pool is emptied.
+      for (int attempt = 0; attempt < 2; ++attempt) {
+        hits.setConstant(false);
+        presents.setConstant(false);
+        message.clear();
+        bool reused = false;
+        std::unique_ptr<RedisConnection> conn = Take(password, &reused, &message);
+        fine = conn != nullptr && Fetch(conn.get(), keys.vec<tensorflow::tstring>(),
+                                        indices.vec<int64_t>(), rows, &hits, &presents, &message);
+        if (fine) Give(std::move(conn));
+        if (fine || !reused) break;
+        Drain();
+      }
+    }
+    if (!fine) {  // a reply that failed partway: no row of it counts
+      hits.setConstant(false);
+      presents.setConstant(false);
     }
     for (int64_t j = 0; j < n; ++j) {
       if (!hits(j)) std::memset(rows + j * payload_, 0, payload_);
@@ -105,8 +124,14 @@ class DatacacheMgetOp : public OpKernel {
         *error = "MGET: unexpected reply element " + line.substr(0, 200);
         return false;
       }
-      const long long length = std::strtoll(line.c_str() + 1, nullptr, 10);
-      if (length < 0) continue;  // no such key
+      long long length = 0;
+      const char* end = line.data() + line.size();
+      const auto parsed = std::from_chars(line.data() + 1, end, length);
+      if (parsed.ec != std::errc() || parsed.ptr != end || length < -1 || length > kMaxValue) {
+        *error = "MGET: bad bulk length " + line.substr(0, 200);
+        return false;
+      }
+      if (length == -1) continue;  // no such key
       (*presents)(j) = true;
       if (static_cast<size_t>(length) != header_ + payload_) {
         if (!conn->Read(nullptr, static_cast<size_t>(length) + 2, error)) return false;
@@ -128,18 +153,28 @@ class DatacacheMgetOp : public OpKernel {
     return true;
   }
 
-  std::unique_ptr<RedisConnection> Take(const std::string& password, std::string* error) {
+  // An idle pooled connection (*reused = true) or a new one; nullptr with *error set.
+  std::unique_ptr<RedisConnection> Take(const std::string& password, bool* reused, std::string* error) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       while (!idle_.empty()) {
         std::unique_ptr<RedisConnection> c = std::move(idle_.back());
         idle_.pop_back();
-        if (c->password() == password) return c;
+        if (c->password() == password && c->Idle()) {
+          *reused = true;
+          return c;
+        }
       }
     }
+    *reused = false;
     RedisAddress where = where_;
     where.password = password;
     return RedisConnection::Open(where, error);
+  }
+
+  void Drain() {
+    std::lock_guard<std::mutex> lock(mu_);
+    idle_.clear();
   }
 
   void Give(std::unique_ptr<RedisConnection> conn) {

@@ -10,7 +10,9 @@ using ::tensorflow::shape_inference::ShapeHandle;
 // with the CRC32 (zlib's) of the payload and the expected length; otherwise zeros and hit[j] =
 // false (present[j] says whether the key held some value: a corrupt or foreign one). With
 // enabled = false, or when Redis cannot be reached or answers with an error, nothing is read:
-// ok = false and error says why. Stateful: it reads a server.
+// ok = false, every hit and present false, and error says why (a batch whose reply fails partway
+// counts as a whole failure). A pooled connection that failed is retried once on a new one.
+// Stateful: it reads a server.
 REGISTER_OP("DatacacheMget")
     .Input("keys: string")
     .Input("indices: int64")
@@ -25,6 +27,7 @@ REGISTER_OP("DatacacheMget")
     .Attr("username: string = ''")
     .Attr("db: int = 0")
     .Attr("timeout_ms: int = 10000")
+    .Attr("connect_timeout_ms: int = 2000")
     .Attr("prefix: string")
     .Attr("dtype: {bool, uint8, int8, uint16, int16, uint32, int32, uint64, int64, half, float, double}")
     .Attr("shape: shape")

@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -15,7 +16,10 @@
 namespace tf_commlib {
 namespace {
 
-std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+std::string Errno(const char* what) {
+  if (errno == EAGAIN || errno == EWOULDBLOCK) return std::string(what) + ": timed out";  // SO_*TIMEO
+  return std::string(what) + ": " + std::strerror(errno);
+}
 
 int ConnectUnix(const std::string& path, const timeval& tv, std::string* error) {
   sockaddr_un addr{};
@@ -54,17 +58,22 @@ int ConnectTcp(const std::string& hostport, const timeval& tv, std::string* erro
     return -1;
   }
   int fd = -1;
+  std::string last = "getaddrinfo " + hostport + ": no address";
   for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
     fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      last = Errno("socket");
+      continue;
+    }
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));  // also bounds connect() on Linux
     if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
-      *error = Errno(("connect " + hostport).c_str());
+      last = Errno(("connect " + hostport).c_str());
       close(fd);
       fd = -1;
     }
   }
   freeaddrinfo(found);
+  if (fd < 0) *error = last;
   if (fd >= 0) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -75,16 +84,18 @@ int ConnectTcp(const std::string& hostport, const timeval& tv, std::string* erro
 }  // namespace
 
 std::unique_ptr<RedisConnection> RedisConnection::Open(const RedisAddress& where, std::string* error) {
-  timeval tv{where.timeout_ms / 1000, (where.timeout_ms % 1000) * 1000};
+  const timeval tv{where.timeout_ms / 1000, (where.timeout_ms % 1000) * 1000};
+  const timeval connect_tv{where.connect_timeout_ms / 1000, (where.connect_timeout_ms % 1000) * 1000};
   int fd = -1;
   if (where.address.rfind("unix:", 0) == 0) {
-    fd = ConnectUnix(where.address.substr(5), tv, error);
+    fd = ConnectUnix(where.address.substr(5), connect_tv, error);
   } else if (where.address.rfind("tcp:", 0) == 0) {
-    fd = ConnectTcp(where.address.substr(4), tv, error);
+    fd = ConnectTcp(where.address.substr(4), connect_tv, error);
   } else {
     *error = "address must start with unix: or tcp:, got " + where.address;
   }
   if (fd < 0) return nullptr;
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   std::unique_ptr<RedisConnection> c(new RedisConnection(fd));
   c->password_ = where.password;
@@ -102,6 +113,12 @@ std::unique_ptr<RedisConnection> RedisConnection::Open(const RedisAddress& where
 }
 
 RedisConnection::~RedisConnection() { close(fd_); }
+
+bool RedisConnection::Idle() const {
+  if (begin_ != end_) return false;
+  pollfd p{fd_, POLLIN | POLLRDHUP, 0};
+  return poll(&p, 1, 0) == 0;
+}
 
 bool RedisConnection::Send(const std::vector<std::string_view>& args, std::string* error) {
   std::string out = "*" + std::to_string(args.size()) + "\r\n";

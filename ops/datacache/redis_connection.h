@@ -17,7 +17,8 @@ struct RedisAddress {
   std::string username;  // empty: AUTH with the password only
   std::string password;  // empty: no AUTH
   int db = 0;
-  int timeout_ms = 10000;
+  int timeout_ms = 10000;         // every send and receive
+  int connect_timeout_ms = 2000;  // connect()
 };
 
 class RedisConnection {
@@ -37,6 +38,9 @@ class RedisConnection {
   // A simple-string reply that must be +OK.
   bool ExpectOk(const char* what, std::string* error);
   const std::string& password() const { return password_; }
+  // False when the server closed this idle connection or sent something unasked (a restart):
+  // reusing it would fail the next command.
+  bool Idle() const;
 
  private:
   explicit RedisConnection(int fd) : fd_(fd), buf_(1 << 16) {}
