@@ -1,7 +1,10 @@
 """Per-step time breakdown (shi2021 Fig. 1 analogue), from the script's own timers: each phase of a
 training step is timed on its own over a few steps at the end of a stage, with fresh copies of the
 state it would change (a separate aggregator, a cloned optimizer on copied variables), so that
-profiling never alters training. Every rank runs it at the same point (the phases communicate)."""
+profiling never alters training. Every rank runs it at the same point (the phases communicate).
+The phases that do not see the input (selection, communication, optimizer) take the gradients as
+arguments and are traced once, then reused by later stages: the variables' shapes do not change
+between stages, only the resolution does."""
 import math
 import time
 
@@ -13,11 +16,14 @@ from tf_commlib.aggregator import GradientAggregator
 from tf_commlib.collectives import ALGORITHMS
 
 
-def _timed(fn, reps):
-    fn()   # trace / warm up
+_TRACED = {}   # (id(optimizer), phase, its settings, gradient shapes) -> (optimizer, traced function)
+
+
+def _timed(fn, reps, *args):
+    fn(*args)   # trace / warm up
     t = time.perf_counter()
     for _ in range(reps):
-        out = fn()
+        out = fn(*args)
     tf.nest.map_structure(lambda x: x.numpy() if hasattr(x, "numpy") else x, out)
     return (time.perf_counter() - t) / reps
 
@@ -60,25 +66,43 @@ def _measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, t
     sparse = ALGORITHMS[algorithm].sparse
     d = sum(int(g.shape.num_elements()) for g in grads)
     out["selection"] = 0.0
+    shapes = tuple((tuple(g.shape), g.dtype.name) for g in grads)
     if sparse:
         flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
         if algorithm.startswith("hitopk"):
             flat = flat[:max(1, d // topo.n)]   # hitopk selects on its d/n shard
         k = max(1, math.ceil(density * int(flat.shape[0])))
-        select = tf.function(lambda: ops.SELECTORS[selector](flat, k))
-        out["selection"] = _timed(select, reps)
-    agg = GradientAggregator(algorithm, density if sparse else 1.0, selector, topology=topo)
-    agg.build([(g.shape, g.dtype) for g in grads])
-    aggregate = tf.function(lambda: agg.aggregate(list(grads), sent="indices"))   # as the optimizer
-    out["communication"] = max(0.0, _timed(aggregate, reps) - out["selection"])
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    config = dict(inner.get_config(), learning_rate=0.01)
-    clone = type(inner).from_config(config)
-    copies = [keras.Variable(v.numpy(), name=v.name) for v in variables]   # copies (names: for exclusions)
-    clone.build(copies)
-    apply = tf.function(lambda: clone.apply(list(grads), copies))
-    out["optimizer"] = _timed(apply, reps)
+        select = _traced((optimizer, "selection", selector, k, shapes),
+                         lambda: tf.function(lambda f: ops.SELECTORS[selector](f, k)))
+        out["selection"] = _timed(select, reps, flat)
+
+    def aggregator():
+        agg = GradientAggregator(algorithm, density if sparse else 1.0, selector, topology=topo)
+        agg.build([(g.shape, g.dtype) for g in grads])
+        return tf.function(lambda gs: agg.aggregate(gs, sent="indices"))   # as the optimizer
+
+    aggregate = _traced((optimizer, "communication", algorithm, density, selector, shapes), aggregator)
+    out["communication"] = max(0.0, _timed(aggregate, reps, list(grads)) - out["selection"])
+
+    def clone_apply():
+        inner = getattr(optimizer, "inner_optimizer", optimizer)
+        clone = type(inner).from_config(dict(inner.get_config(), learning_rate=0.01))
+        copies = [keras.Variable(v.numpy(), name=v.name) for v in variables]   # copies (names: for exclusions)
+        clone.build(copies)
+        return tf.function(lambda gs: clone.apply(gs, copies))
+
+    apply = _traced((optimizer, "optimizer", shapes), clone_apply)
+    out["optimizer"] = _timed(apply, reps, list(grads))
     return out
+
+
+def _traced(key, build):
+    """build() once per key, then reused; the optimizer, kept alive with the entry, stands for one
+    training run (so its id cannot be taken by another optimizer)."""
+    optimizer, key = key[0], (id(key[0]),) + key[1:]
+    if key not in _TRACED:
+        _TRACED[key] = (optimizer, build())
+    return _TRACED[key][1]
 
 
 def table(stage, phases, step_s):
