@@ -138,7 +138,7 @@ class DataCache:
         return self.store.client if self.store is not None else None
 
     def direct(self):
-        """(op attrs, password) for the direct read path, or None for the redis-py path."""
+        """(op attrs, password as bytes) for the direct read path, or None for the redis-py path."""
         store = self.store
         if self.direct_read and store is not None and store.client is None:
             log.warning("datacache: Redis was unreachable when this dataset was built; it reads "
@@ -149,7 +149,8 @@ class DataCache:
         attrs = direct_attrs(store.client)
         if attrs is None:
             return None
-        return attrs, store.client.connection_pool.connection_kwargs.get("password") or ""
+        password = store.client.connection_pool.connection_kwargs.get("password") or b""
+        return attrs, password if isinstance(password, bytes) else str(password).encode()
 
     # -- level 1 ---------------------------------------------------------------------------------
     def read(self, source, i, record=None):

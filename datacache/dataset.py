@@ -127,7 +127,7 @@ class _Plan:
 
     def redis_state(self):
         """(password, Redis is up) for the direct path's next batch (reconnects at retry times)."""
-        return self.direct[1].encode(), np.bool_(self.cache.store.available())
+        return self.direct[1], np.bool_(self.cache.store.available())
 
     def after_direct(self, idx, epoch, hit, present, ok, enabled, error):
         """The direct path's counters and misses: (labels, positions of the misses, files, paths)."""

@@ -35,8 +35,12 @@ def direct_attrs(client):
     timeout = kw.get("socket_timeout") or 10
     connect_timeout = kw.get("socket_connect_timeout") or timeout
     return {"address": address, "username": kw.get("username") or "", "db": int(kw.get("db") or 0),
-            "timeout_ms": max(1, int(timeout * 1000)),
-            "connect_timeout_ms": max(1, int(connect_timeout * 1000))}
+            "timeout_ms": _ms(timeout), "connect_timeout_ms": _ms(connect_timeout)}
+
+
+def _ms(seconds):
+    """An int32 attr of milliseconds (a timeout over 24.8 days is clamped)."""
+    return max(1, min(2**31 - 1, int(seconds * 1000)))
 
 
 def mget(keys, indices, password, enabled, attrs, codec):

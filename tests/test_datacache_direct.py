@@ -104,7 +104,7 @@ def test_which_clients_take_the_direct_path(server, tmp_path):
     assert direct_attrs(redis.Redis.from_url("rediss://127.0.0.1:6380")) is None   # TLS: redis-py
     with DataCache(server.url(with_password=True), progress=False) as cache:
         assert cache.direct()[0]["address"] == f"tcp:127.0.0.1:{server.port}"
-        assert cache.direct()[1] == server.password
+        assert cache.direct()[1] == server.password.encode()
     with DataCache(server.url(with_password=True), progress=False, direct_read=False) as cache:
         assert cache.direct() is None
     with DataCache(progress=False) as cache:   # embedded: a unix socket
@@ -264,5 +264,44 @@ def test_restarted_server_with_several_pooled_connections(tmp_path):
         e = s["epochs"]
         # the restarted server was empty (batches read ahead before the kill may be hits)
         assert e[1]["hits"] == n and e[2]["misses"] + e[3]["misses"] > 0, e
+    finally:
+        server.stop()
+
+
+def test_a_bytes_password_reads_through_the_direct_path(server, tmp_path):
+    """redis-py takes the password as bytes too; the direct path then reads with it."""
+    import datacache
+    from tests.test_datacache import Reference, write_folder
+
+    source = datacache.ImageFolderSource(write_folder(str(tmp_path / "img"), 2, 4))
+    ref = Reference(source, datacache.DecodeResize(16))
+    with DataCache(f"redis://127.0.0.1:{server.port}", progress=False,
+                   redis_kwargs={"password": server.password.encode()}) as cache:
+        assert cache.direct()[1] == server.password.encode()
+        ds = datacache.cached_dataset(source, datacache.DecodeResize(16), cache, seed=0)
+        for _ in range(2):
+            assert sorted(ref.epoch(ds)) == list(range(len(source)))
+        e = cache.stats()["epochs"]
+    assert e[1]["hits"] == len(source) and e[1]["fallbacks"] == 0, e
+
+
+def test_a_stalled_server_fails_the_batch_after_one_timeout(tmp_path):
+    """A server that stops answering (SIGSTOP) fails a batch on a pooled connection after one
+    timeout, reported as such; it is not retried on a new connection (that would wait twice)."""
+    codec = Codec(np.float32, SHAPE)
+    server = RedisServer(maxmemory="16mb", unix_socket=False)
+    try:
+        attrs = dict(direct_attrs(redis.Redis(**server.client_kwargs())), timeout_ms=2000)
+        assert call([b"s:0"], [0], server.password, attrs, codec)[3]   # a pooled connection
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            t = time.monotonic()
+            _, hit, _, ok, error = call([b"s:0"], [0], server.password, attrs, codec)
+            waited = time.monotonic() - t
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        assert not ok and not hit.any() and b"timed out" in error, error
+        assert 1.9 < waited < 3.9, waited   # one timeout of 2 s, not two
+        assert call([b"s:0"], [0], server.password, attrs, codec)[3]   # answers again
     finally:
         server.stop()

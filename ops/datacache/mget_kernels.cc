@@ -78,7 +78,8 @@ class DatacacheMgetOp : public OpKernel {
     } else if (n > 0) {
       const std::string& password = ctx->input(2).scalar<tensorflow::tstring>()();
       // A pooled connection may have died with a restarted server between two batches: the
-      // batch is then tried once more on a fresh connection, and the pool is emptied.
+      // batch is then tried once more on a fresh connection, and the pool is emptied. Not after
+      // a timeout: a stalled server would make the batch wait twice.
       for (int attempt = 0; attempt < 2; ++attempt) {
         hits.setConstant(false);
         presents.setConstant(false);
@@ -87,8 +88,9 @@ class DatacacheMgetOp : public OpKernel {
         std::unique_ptr<RedisConnection> conn = Take(password, &reused, &message);
         fine = conn != nullptr && Fetch(conn.get(), keys.vec<tensorflow::tstring>(),
                                         indices.vec<int64_t>(), rows, &hits, &presents, &message);
+        const bool stalled = conn != nullptr && conn->timed_out();
         if (fine) Give(std::move(conn));
-        if (fine || !reused) break;
+        if (fine || !reused || stalled) break;
         Drain();
       }
     }

@@ -17,7 +17,8 @@ namespace tf_commlib {
 namespace {
 
 std::string Errno(const char* what) {
-  if (errno == EAGAIN || errno == EWOULDBLOCK) return std::string(what) + ": timed out";  // SO_*TIMEO
+  // SO_RCVTIMEO / SO_SNDTIMEO expired (connect() then fails with EINPROGRESS)
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINPROGRESS) return std::string(what) + ": timed out";
   return std::string(what) + ": " + std::strerror(errno);
 }
 
@@ -131,6 +132,7 @@ bool RedisConnection::Send(const std::vector<std::string_view>& args, std::strin
     ssize_t n = send(fd_, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
+      timed_out_ = errno == EAGAIN || errno == EWOULDBLOCK;
       *error = Errno("send");
       return false;
     }
@@ -154,6 +156,7 @@ bool RedisConnection::Fill(std::string* error) {
     ssize_t n = recv(fd_, buf_.data() + end_, buf_.size() - end_, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
+      timed_out_ = errno == EAGAIN || errno == EWOULDBLOCK;
       *error = Errno("recv");
       return false;
     }
@@ -197,6 +200,7 @@ bool RedisConnection::Read(char* dst, size_t n, std::string* error) {
       ssize_t got = recv(fd_, dst + done, want, MSG_WAITALL);
       if (got < 0 && errno == EINTR) continue;
       if (got <= 0) {
+        timed_out_ = got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
         *error = got < 0 ? Errno("recv") : "recv: the server closed the connection";
         return false;
       }

@@ -41,6 +41,8 @@ class RedisConnection {
   // False when the server closed this idle connection or sent something unasked (a restart):
   // reusing it would fail the next command.
   bool Idle() const;
+  // Whether the last failure was a send/receive timeout (a stalled server, not a closed socket).
+  bool timed_out() const { return timed_out_; }
 
  private:
   explicit RedisConnection(int fd) : fd_(fd), buf_(1 << 16) {}
@@ -50,6 +52,7 @@ class RedisConnection {
   std::string password_;
   std::vector<char> buf_;
   size_t begin_ = 0, end_ = 0;
+  bool timed_out_ = false;
 };
 
 }  // namespace tf_commlib
