@@ -133,8 +133,6 @@ class _Plan:
         """The direct path's counters and misses: (labels, positions of the misses, files, paths)."""
         if enabled and not ok:
             self.cache.store.failed(RuntimeError(error.decode(errors="replace")))
-        if not ok:   # the op reports no row of a failed batch; never count one as read
-            hit, present = np.zeros_like(hit), np.zeros_like(present)
         corrupt = int(np.count_nonzero(present & ~hit))
         return self._finish(idx, epoch, hit, corrupt, 0 if ok else len(idx))
 

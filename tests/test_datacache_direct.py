@@ -4,6 +4,8 @@ failures are reported, never raised or returned as samples."""
 import os
 import pickle
 import signal
+import socket
+import threading
 import time
 
 import numpy as np
@@ -145,18 +147,12 @@ class CuttingProxy:
     have passed: a server that dies in the middle of a reply."""
 
     def __init__(self, port, limit):
-        import socket
-        import threading
-
         self.port, self.limit = port, limit
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.address = self.listener.getsockname()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
-        import socket
-        import threading
-
         while True:
             try:
                 client, _ = self.listener.accept()
@@ -178,8 +174,6 @@ class CuttingProxy:
                 passed += len(data)
         except OSError:
             pass
-        import socket
-
         for s in (src, dst):   # shutdown: the other direction's thread may block on the socket
             try:
                 s.shutdown(socket.SHUT_RDWR)

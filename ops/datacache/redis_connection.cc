@@ -16,10 +16,11 @@
 namespace tf_commlib {
 namespace {
 
+// SO_RCVTIMEO / SO_SNDTIMEO expired (connect() then fails with EINPROGRESS).
+bool TimedOut(int e) { return e == EAGAIN || e == EWOULDBLOCK || e == EINPROGRESS; }
+
 std::string Errno(const char* what) {
-  // SO_RCVTIMEO / SO_SNDTIMEO expired (connect() then fails with EINPROGRESS)
-  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINPROGRESS) return std::string(what) + ": timed out";
-  return std::string(what) + ": " + std::strerror(errno);
+  return std::string(what) + ": " + (TimedOut(errno) ? "timed out" : std::strerror(errno));
 }
 
 int ConnectUnix(const std::string& path, const timeval& tv, std::string* error) {
@@ -115,6 +116,12 @@ std::unique_ptr<RedisConnection> RedisConnection::Open(const RedisAddress& where
 
 RedisConnection::~RedisConnection() { close(fd_); }
 
+bool RedisConnection::Failed(const char* what, std::string* error) {
+  timed_out_ = TimedOut(errno);
+  *error = Errno(what);
+  return false;
+}
+
 bool RedisConnection::Idle() const {
   if (begin_ != end_) return false;
   pollfd p{fd_, POLLIN | POLLRDHUP, 0};
@@ -131,11 +138,7 @@ bool RedisConnection::Send(const std::vector<std::string_view>& args, std::strin
   for (size_t sent = 0; sent < out.size();) {
     ssize_t n = send(fd_, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      timed_out_ = errno == EAGAIN || errno == EWOULDBLOCK;
-      *error = Errno("send");
-      return false;
-    }
+    if (n <= 0) return Failed("send", error);
     sent += static_cast<size_t>(n);
   }
   return true;
@@ -155,11 +158,7 @@ bool RedisConnection::Fill(std::string* error) {
   for (;;) {
     ssize_t n = recv(fd_, buf_.data() + end_, buf_.size() - end_, 0);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      timed_out_ = errno == EAGAIN || errno == EWOULDBLOCK;
-      *error = Errno("recv");
-      return false;
-    }
+    if (n < 0) return Failed("recv", error);
     if (n == 0) {
       *error = "recv: the server closed the connection";
       return false;
@@ -199,9 +198,9 @@ bool RedisConnection::Read(char* dst, size_t n, std::string* error) {
     if (dst != nullptr && want >= buf_.size() / 2) {  // large: straight into the destination
       ssize_t got = recv(fd_, dst + done, want, MSG_WAITALL);
       if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) {
-        timed_out_ = got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
-        *error = got < 0 ? Errno("recv") : "recv: the server closed the connection";
+      if (got < 0) return Failed("recv", error);
+      if (got == 0) {
+        *error = "recv: the server closed the connection";
         return false;
       }
       done += static_cast<size_t>(got);

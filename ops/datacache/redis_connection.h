@@ -47,6 +47,8 @@ class RedisConnection {
  private:
   explicit RedisConnection(int fd) : fd_(fd), buf_(1 << 16) {}
   bool Fill(std::string* error);
+  // Records a failed send/recv (errno): sets *error and timed_out_; returns false.
+  bool Failed(const char* what, std::string* error);
 
   int fd_;
   std::string password_;
