@@ -132,8 +132,10 @@ class _Plan:
 
     def after_direct(self, idx, epoch, hit, present, ok, enabled, error):
         """The direct path's counters and misses: (labels, positions of the misses, files, paths)."""
-        if enabled and not ok:
-            self.cache.store.failed(RuntimeError(error.decode(errors="replace")))
+        if enabled and not ok:   # the op quotes an error reply of the server as "<command> failed: -..."
+            self.cache.store.failed(RuntimeError(error.decode(errors="replace")), refused=b" failed: -" in error)
+        elif ok:
+            self.cache.store.succeeded()
         corrupt = int(np.count_nonzero(present & ~hit))
         return self._finish(idx, epoch, hit, corrupt, 0 if ok else len(idx))
 

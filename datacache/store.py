@@ -5,7 +5,10 @@ A failed command marks Redis down; until the next retry (exponential backoff fro
 counts fallbacks and reads level 1 / the source) and writes are dropped, so an outage costs one
 failed command per retry, not one per sample. A retry pings (restarting the embedded server first
 when this process owns it and it died); when Redis answers, reads and writes resume and the cache
-refills. Writes go through a queue to one thread that sends them in pipelines; a full Redis
+refills. A read the server refuses with an error reply (an ACL without MGET or the keys: -NOPERM)
+is not an outage that a reconnect ends: the retry interval keeps doubling through the reconnects
+until a read succeeds, so a permanent refusal costs one failed batch per ``max_retry_interval``.
+Writes go through a queue to one thread that sends them in pipelines; a full Redis
 (``maxmemory`` with ``noeviction``: OOM replies) drops the writes and is counted, reads go on.
 """
 import logging
@@ -30,6 +33,7 @@ class RedisStore:
         self.max_retry_interval = float(max_retry_interval)
         self._interval = self.retry_interval
         self._retry_at = 0.0
+        self._refused = False            # the last read got an error reply: keep backing off
         self._probing = False
         self._lock = threading.Lock()
         self.write_batch = int(write_batch)
@@ -72,34 +76,49 @@ class RedisStore:
             if self.counts["outages"] or self.counts["reconnects"]:
                 log.warning("datacache: Redis is back; the cache refills")
             self.counts["reconnects"] += 1
-            self._interval = self.retry_interval
+            if not self._refused:
+                self._interval = self.retry_interval
             self.up = True
             self._probing = False
         return True
 
-    def _down(self, error):
+    def _down(self, error, refused=False):
         with self._lock:
             if not self.up:
                 return
             self.up = False
             self.counts["outages"] += 1
             self._retry_at = time.monotonic() + self._interval
-        log.warning("datacache: Redis failed (%s: %s); reading from level 1 / the source, retrying "
-                    "in %.1f s", type(error).__name__, error, self._interval)
+            wait = self._interval
+            if refused:
+                self._interval = min(self._interval * 2, self.max_retry_interval)
+            self._refused = refused
+        log.warning("datacache: Redis %s (%s: %s); reading from level 1 / the source, retrying "
+                    "in %.1f s", "refused a read" if refused else "failed", type(error).__name__, error, wait)
 
-    def failed(self, error):
-        """A read outside this client (the direct path) failed: Redis is down until the next retry."""
-        self._down(error)
+    def failed(self, error, refused=False):
+        """A read outside this client (the direct path) failed: Redis is down until the next retry.
+        refused: the server answered with an error reply (not a lost connection)."""
+        self._down(error, refused)
+
+    def succeeded(self):
+        """A read worked: the next outage backs off from retry_interval again."""
+        if self._refused:
+            with self._lock:
+                self._refused = False
+                self._interval = self.retry_interval
 
     def mget(self, keys):
         """Values (bytes or None) of keys, or None when Redis is not available."""
         if not self.available():
             return None
         try:
-            return self.client.mget_nonatomic(keys) if self.cluster else self.client.mget(keys)
+            values = self.client.mget_nonatomic(keys) if self.cluster else self.client.mget(keys)
         except (redis.RedisError, OSError) as e:
-            self._down(e)
+            self._down(e, refused=isinstance(e, redis.ResponseError))
             return None
+        self.succeeded()
+        return values
 
     def put(self, key, value):
         """Queues one write; dropped (and counted) when Redis is down or the queue stays full."""

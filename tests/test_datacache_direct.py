@@ -299,3 +299,43 @@ def test_a_stalled_server_fails_the_batch_after_one_timeout(tmp_path):
         assert call([b"s:0"], [0], server.password, attrs, codec)[3]   # answers again
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("direct_read", [True, False])
+def test_a_refused_read_backs_off_until_it_is_allowed(tmp_path, direct_read):
+    """A user whose ACL refuses the dataset's keys (-NOPERM on MGET) trains from the source; the
+    reconnects (PING works) do not reset the backoff, so the refusal costs a few failed batches,
+    not one per retry_interval; once the ACL allows the keys, the cache fills and is read."""
+    import datacache
+    from tests.test_datacache import Reference, write_folder
+
+    source = datacache.ImageFolderSource(write_folder(str(tmp_path / "img"), 2, 8))
+    n = len(source)
+    ref = Reference(source, datacache.DecodeResize(16))
+    server = RedisServer(maxmemory="64mb", unix_socket=False)
+    try:
+        admin = redis.Redis(**server.client_kwargs())
+        allowed = ["+mget", "+set", "+ping", "+info", "+dbsize", "+select"]
+        admin.acl_setuser("trainer", enabled=True, passwords=["+trainer-secret"], keys=["other:*"],
+                          commands=allowed)
+        url = f"redis://trainer:trainer-secret@127.0.0.1:{server.port}/0"
+        with DataCache(url, progress=False, read_batch=1, retry_interval=0.02, max_retry_interval=0.3,
+                       direct_read=direct_read) as cache:
+            assert (cache.direct() is not None) == direct_read
+            ds = datacache.cached_dataset(source, datacache.DecodeResize(16), cache, seed=0,
+                                          num_parallel_calls=None)
+            t = time.monotonic()
+            while time.monotonic() - t < 1.5:   # ~100 batches of one sample
+                assert sorted(ref.epoch(ds)) == list(range(n))
+            s = cache.stats()
+            assert s["hits"] == 0 and s["fallbacks"] > 0, s
+            # 0.02 .. 0.3 s doubling: ~9 refusals in 1.5 s (one per batch without the backoff)
+            assert 1 <= s["outages"] <= 14, s
+            admin.acl_setuser("trainer", enabled=True, keys=["*"], reset_keys=True)
+            for _ in range(4):   # the backoff is at most 0.3 s: epochs fill the cache, then read it
+                assert sorted(ref.epoch(ds)) == list(range(n))
+                time.sleep(0.1)
+            e = cache.stats()["epochs"]
+        assert e[-1]["hits"] == n and e[-1]["fallbacks"] == 0, e
+    finally:
+        server.stop()

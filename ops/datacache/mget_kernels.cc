@@ -116,7 +116,8 @@ class DatacacheMgetOp : public OpKernel {
     std::string line;
     if (!conn->ReadLine(&line, error)) return false;
     if (line != "*" + std::to_string(n)) {
-      *error = "MGET: unexpected reply " + line.substr(0, 200);
+      // An error reply (-NOPERM, ...) is quoted as ExpectOk quotes one: "<command> failed: -...".
+      *error = (line.empty() || line[0] != '-' ? "MGET: unexpected reply " : "MGET failed: ") + line.substr(0, 200);
       return false;
     }
     std::vector<char> head(header_);
