@@ -144,10 +144,12 @@ def test_large_values_and_many_small_ones(server):
 
 class CuttingProxy:
     """A TCP proxy to a real Redis that closes every connection once `limit` bytes of replies
-    have passed: a server that dies in the middle of a reply."""
+    have passed: a server that dies in the middle of a reply. With ``trickle=(n, seconds)`` it
+    passes the replies on n bytes at a time, one piece every `seconds`: a server that never
+    stalls long enough for one receive to time out, yet never finishes a large reply."""
 
-    def __init__(self, port, limit):
-        self.port, self.limit = port, limit
+    def __init__(self, port, limit=None, trickle=None):
+        self.port, self.limit, self.trickle = port, limit, trickle
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.address = self.listener.getsockname()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -160,18 +162,23 @@ class CuttingProxy:
                 return
             upstream = socket.create_connection(("127.0.0.1", self.port))
             threading.Thread(target=self._pipe, args=(client, upstream, None), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, self.limit), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, self.limit, self.trickle),
+                             daemon=True).start()
 
     @staticmethod
-    def _pipe(src, dst, limit):
+    def _pipe(src, dst, limit, trickle=None):
         passed = 0
         try:
             while limit is None or passed < limit:
                 data = src.recv(65536 if limit is None else min(65536, limit - passed))
                 if not data:
                     break
-                dst.sendall(data)
-                passed += len(data)
+                step = trickle[0] if trickle else len(data)
+                for k in range(0, len(data), step):
+                    if trickle and passed:
+                        time.sleep(trickle[1])
+                    dst.sendall(data[k:k + step])
+                    passed += len(data[k:k + step])
         except OSError:
             pass
         for s in (src, dst):   # shutdown: the other direction's thread may block on the socket
@@ -217,6 +224,29 @@ def test_a_reply_cut_partway_reads_no_row(server, tmp_path):
         assert all(e["misses"] >= 0 and e["hits"] + e["misses"] + e["fallbacks"] == e["samples"]
                    for e in epochs), epochs
         assert sum(e["fallbacks"] for e in epochs[1:]) > 0
+    finally:
+        proxy.close()
+
+
+def test_a_trickling_reply_fails_after_the_timeout(server):
+    """A server that sends a large reply a few bytes at a time (each receive gets data well within
+    the timeout) fails the batch once the reply has taken timeout_ms: the timeout bounds a whole
+    reply, not each receive."""
+    codec = Codec(np.float32, (64, 64))   # 16 KiB values: 20 of them take 33 s at 1 KiB per 0.1 s
+    writer = redis.Redis(**server.client_kwargs())
+    xs = np.random.default_rng(3).standard_normal((20, 64, 64)).astype(np.float32)
+    keys = [b"slow:%d" % i for i in range(20)]
+    writer.mset({k: codec.encode(i, x) for i, (k, x) in enumerate(zip(keys, xs))})
+    proxy = CuttingProxy(server.port, trickle=(1024, 0.1))
+    try:
+        attrs = dict(direct_attrs(writer), address=f"tcp:127.0.0.1:{proxy.address[1]}", timeout_ms=1000)
+        t = time.monotonic()
+        _, hit, present, ok, error = call(keys, range(20), server.password, attrs, codec)
+        waited = time.monotonic() - t
+        assert not ok and not hit.any() and b"timed out" in error, error
+        assert 0.9 < waited < 3.0, waited   # the AUTH reply, then about one timeout for the MGET reply
+        direct = dict(direct_attrs(writer), timeout_ms=1000)   # the same batch straight from the server
+        assert call(keys, range(20), server.password, direct, codec)[1].all()
     finally:
         proxy.close()
 

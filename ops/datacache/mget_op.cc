@@ -11,8 +11,9 @@ using ::tensorflow::shape_inference::ShapeHandle;
 // false (present[j] says whether the key held some value: a corrupt or foreign one). With
 // enabled = false, or when Redis cannot be reached or answers with an error, nothing is read:
 // ok = false, every hit and present false, and error says why (a batch whose reply fails partway
-// counts as a whole failure). A batch that failed on a pooled connection, other than by a
-// timeout, is retried once on a new one.
+// counts as a whole failure). timeout_ms bounds a command's send and its whole reply (a server
+// that trickles a reply fails the batch). A batch that failed on a pooled connection, other than
+// by a timeout, is retried once on a new one.
 // Stateful: it reads a server.
 REGISTER_OP("DatacacheMget")
     .Input("keys: string")

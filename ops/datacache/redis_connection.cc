@@ -101,6 +101,7 @@ std::unique_ptr<RedisConnection> RedisConnection::Open(const RedisAddress& where
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   std::unique_ptr<RedisConnection> c(new RedisConnection(fd));
   c->password_ = where.password;
+  c->timeout_ = std::chrono::milliseconds(where.timeout_ms);
   if (!where.password.empty()) {
     std::vector<std::string_view> auth{"AUTH"};
     if (!where.username.empty()) auth.push_back(where.username);
@@ -122,6 +123,13 @@ bool RedisConnection::Failed(const char* what, std::string* error) {
   return false;
 }
 
+bool RedisConnection::Overdue(std::string* error) {
+  if (std::chrono::steady_clock::now() <= deadline_) return false;
+  timed_out_ = true;
+  *error = "recv: timed out (the reply took longer than timeout_ms)";
+  return true;
+}
+
 bool RedisConnection::Idle() const {
   if (begin_ != end_) return false;
   pollfd p{fd_, POLLIN | POLLRDHUP, 0};
@@ -129,6 +137,7 @@ bool RedisConnection::Idle() const {
 }
 
 bool RedisConnection::Send(const std::vector<std::string_view>& args, std::string* error) {
+  deadline_ = std::chrono::steady_clock::now() + timeout_;
   std::string out = "*" + std::to_string(args.size()) + "\r\n";
   for (std::string_view a : args) {
     out += "$" + std::to_string(a.size()) + "\r\n";
@@ -164,7 +173,7 @@ bool RedisConnection::Fill(std::string* error) {
       return false;
     }
     end_ += static_cast<size_t>(n);
-    return true;
+    return !Overdue(error);
   }
 }
 
@@ -204,6 +213,7 @@ bool RedisConnection::Read(char* dst, size_t n, std::string* error) {
         return false;
       }
       done += static_cast<size_t>(got);
+      if (done < n && Overdue(error)) return false;
       continue;
     }
     if (!Fill(error)) return false;

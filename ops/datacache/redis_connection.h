@@ -4,6 +4,7 @@
 #ifndef TF_COMMLIB_OPS_DATACACHE_REDIS_CONNECTION_H_
 #define TF_COMMLIB_OPS_DATACACHE_REDIS_CONNECTION_H_
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -17,7 +18,7 @@ struct RedisAddress {
   std::string username;  // empty: AUTH with the password only
   std::string password;  // empty: no AUTH
   int db = 0;
-  int timeout_ms = 10000;         // every send and receive
+  int timeout_ms = 10000;         // a command: its send and its whole reply
   int connect_timeout_ms = 2000;  // connect()
 };
 
@@ -29,7 +30,8 @@ class RedisConnection {
   RedisConnection(const RedisConnection&) = delete;
   RedisConnection& operator=(const RedisConnection&) = delete;
 
-  // Sends one command: a RESP array of bulk strings.
+  // Sends one command: a RESP array of bulk strings. Its reply must then be read within
+  // timeout_ms (a server that trickles a large reply fails it once that has passed).
   bool Send(const std::vector<std::string_view>& args, std::string* error);
   // One reply line without its CRLF.
   bool ReadLine(std::string* line, std::string* error);
@@ -47,6 +49,8 @@ class RedisConnection {
  private:
   explicit RedisConnection(int fd) : fd_(fd), buf_(1 << 16) {}
   bool Fill(std::string* error);
+  // True (with *error and timed_out_ set) when the reply to the last command is overdue.
+  bool Overdue(std::string* error);
   // Records a failed send/recv (errno): sets *error and timed_out_; returns false.
   bool Failed(const char* what, std::string* error);
 
@@ -55,6 +59,8 @@ class RedisConnection {
   std::vector<char> buf_;
   size_t begin_ = 0, end_ = 0;
   bool timed_out_ = false;
+  std::chrono::milliseconds timeout_{10000};
+  std::chrono::steady_clock::time_point deadline_;
 };
 
 }  // namespace tf_commlib
