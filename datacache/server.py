@@ -5,7 +5,9 @@ name (``port 0``: no TCP listener at all), or with ``unix_socket=False`` TCP bou
 only; a random 256-bit password, written with the rest of the configuration to a file created
 exclusively (O_EXCL|O_NOFOLLOW, mode 0600) and never passed on a command line; no persistence
 (``save ""``, ``appendonly no``); ``maxmemory`` with an eviction policy. The server gets SIGTERM
-when the process that started it dies (PR_SET_PDEATHSIG) and is stopped at exit.
+when the process that started it dies (PR_SET_PDEATHSIG) and is stopped at exit. The directory of
+a process killed before it could remove it (SIGKILL) is removed by the next server this user
+starts on the machine (``remove_stale_dirs``).
 """
 import atexit
 import ctypes
@@ -16,6 +18,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -112,6 +115,56 @@ def _free_port():
         return s.getsockname()[1]
 
 
+_PREFIX = "datacache-redis-"
+_OWNER = "owner"   # "<pid> <start time>" of the process that created the directory
+
+
+def _start_time(pid):
+    """When process pid started (clock ticks after boot), or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _answers(sock_path):
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(sock_path)
+            return True
+        except OSError:
+            return False
+
+
+def remove_stale_dirs(parent=None):
+    """Removes this user's server directories in ``parent`` (the temp dir) whose creating process
+    is gone and whose socket does not answer; leaves a directory without an owner file alone.
+    Returns the removed paths."""
+    parent = parent or tempfile.gettempdir()
+    removed = []
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(parent, name)
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            fd = os.open(os.path.join(path, _OWNER), os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd) as f:
+                pid, start = (int(v) for v in f.read().split())
+        except (OSError, ValueError):
+            continue
+        if _start_time(pid) == start or _answers(os.path.join(path, "redis.sock")):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
 class RedisServer:
     """A private redis-server. ``client_kwargs()`` are the redis.Redis arguments to reach it."""
 
@@ -121,7 +174,11 @@ class RedisServer:
         self.maxmemory = parse_maxmemory(maxmemory)
         self.binary = redis_server_binary()
         self.timeout = float(timeout)
-        self.dir = tempfile.mkdtemp(prefix="datacache-redis-")   # 0700, unguessable name
+        remove_stale_dirs()
+        self.dir = tempfile.mkdtemp(prefix=_PREFIX)   # 0700, unguessable name
+        fd = os.open(os.path.join(self.dir, _OWNER), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()} {_start_time(os.getpid())}\n")
         self.password = secrets.token_hex(32)
         self.socket = os.path.join(self.dir, "redis.sock") if unix_socket else None
         self.port = 0 if unix_socket else _free_port()

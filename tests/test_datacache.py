@@ -2,8 +2,12 @@
 import hashlib
 import os
 import pickle
+import shutil
 import signal
 import stat
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -14,6 +18,7 @@ import tensorflow as tf
 import datacache
 from datacache import DataCache, DecodeResize, ImageFolderSource, RedisServer, cached_dataset
 from datacache.codec import Codec
+from datacache.server import remove_stale_dirs
 from tests import hvdrun
 
 N_CLASSES, PER_CLASS = 3, 14   # 42 images, half JPEG and half PNG
@@ -323,6 +328,38 @@ def test_embedded_server_is_private(source):
         assert bare(port=cache.server.port, password=cache.server.password).ping()
         with pytest.raises(redis.AuthenticationError):
             bare(port=cache.server.port).ping()
+
+
+def test_directory_of_a_killed_owner_is_removed_by_the_next_server():
+    """A process killed with SIGKILL cannot remove its server's directory (its redis-server dies
+    with it); the next RedisServer of this user removes it, and leaves the directories of live
+    owners and those without an owner file alone."""
+    parent = tempfile.mkdtemp(prefix="dc-stale-")   # short: unix socket paths are <= 107 bytes
+    try:
+        code = ("import datacache, sys; s = datacache.RedisServer(maxmemory='16mb'); "
+                "print(s.dir, s.proc.pid, flush=True); sys.stdin.read()")
+        child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True, env=dict(os.environ, TMPDIR=parent))
+        dead_dir, redis_pid = child.stdout.readline().split()
+        live = RedisServer(maxmemory="16mb")   # in the default temp dir: must not be touched
+        other = os.path.join(parent, "datacache-redis-noowner")
+        os.mkdir(other, 0o700)
+        try:
+            assert remove_stale_dirs(parent) == []   # the owner is alive
+            child.kill()
+            child.wait()
+            deadline = time.monotonic() + 10
+            while os.path.exists(f"/proc/{redis_pid}") and time.monotonic() < deadline:
+                time.sleep(0.05)   # the server got SIGTERM when its parent died
+            assert os.path.isdir(dead_dir)
+            assert remove_stale_dirs(parent) == [dead_dir]
+            assert not os.path.exists(dead_dir) and os.path.isdir(other)
+            assert live.alive() and os.path.isdir(live.dir)
+            assert live.dir not in remove_stale_dirs()
+        finally:
+            live.stop()
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 def test_bad_arguments(tmp_path, source):
