@@ -10,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -101,7 +102,7 @@ std::unique_ptr<RedisConnection> RedisConnection::Open(const RedisAddress& where
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   std::unique_ptr<RedisConnection> c(new RedisConnection(fd));
   c->password_ = where.password;
-  c->timeout_ = std::chrono::milliseconds(where.timeout_ms);
+  c->timeout_ = c->recv_timeout_ = std::chrono::milliseconds(where.timeout_ms);
   if (!where.password.empty()) {
     std::vector<std::string_view> auth{"AUTH"};
     if (!where.username.empty()) auth.push_back(where.username);
@@ -130,6 +131,25 @@ bool RedisConnection::Overdue(std::string* error) {
   return true;
 }
 
+bool RedisConnection::Bound(std::string* error) {
+  using std::chrono::milliseconds;
+  if (Overdue(error)) return false;
+  // At least 1 ms: an SO_RCVTIMEO of 0 would wait forever.
+  const milliseconds left = std::max(
+      milliseconds(1), std::chrono::ceil<milliseconds>(deadline_ - std::chrono::steady_clock::now()));
+  // A blocking recv waits up to SO_RCVTIMEO: lowered to the time left (when that is shorter by more
+  // than an eighth of timeout_ms, so a fast reply costs no extra system calls) so that a recv
+  // started just before the deadline cannot outlast it by up to a whole timeout_ms.
+  if (recv_timeout_ - left > timeout_ / 8) SetRecvTimeout(left);
+  return true;
+}
+
+void RedisConnection::SetRecvTimeout(std::chrono::milliseconds t) {
+  const timeval tv{static_cast<time_t>(t.count() / 1000), static_cast<suseconds_t>((t.count() % 1000) * 1000)};
+  setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  recv_timeout_ = t;
+}
+
 bool RedisConnection::Idle() const {
   if (begin_ != end_) return false;
   pollfd p{fd_, POLLIN | POLLRDHUP, 0};
@@ -138,6 +158,7 @@ bool RedisConnection::Idle() const {
 
 bool RedisConnection::Send(const std::vector<std::string_view>& args, std::string* error) {
   deadline_ = std::chrono::steady_clock::now() + timeout_;
+  if (recv_timeout_ != timeout_) SetRecvTimeout(timeout_);
   std::string out = "*" + std::to_string(args.size()) + "\r\n";
   for (std::string_view a : args) {
     out += "$" + std::to_string(a.size()) + "\r\n";
@@ -165,6 +186,7 @@ bool RedisConnection::Fill(std::string* error) {
     }
   }
   for (;;) {
+    if (!Bound(error)) return false;
     ssize_t n = recv(fd_, buf_.data() + end_, buf_.size() - end_, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Failed("recv", error);
@@ -205,6 +227,7 @@ bool RedisConnection::Read(char* dst, size_t n, std::string* error) {
   while (done < n) {
     const size_t want = n - done;
     if (dst != nullptr && want >= buf_.size() / 2) {  // large: straight into the destination
+      if (!Bound(error)) return false;
       ssize_t got = recv(fd_, dst + done, want, MSG_WAITALL);
       if (got < 0 && errno == EINTR) continue;
       if (got < 0) return Failed("recv", error);

@@ -51,6 +51,10 @@ class RedisConnection {
   bool Fill(std::string* error);
   // True (with *error and timed_out_ set) when the reply to the last command is overdue.
   bool Overdue(std::string* error);
+  // Before a blocking recv: false (overdue) once the deadline has passed, else bounds the recv's
+  // wait by the time left.
+  bool Bound(std::string* error);
+  void SetRecvTimeout(std::chrono::milliseconds t);
   // Records a failed send/recv (errno): sets *error and timed_out_; returns false.
   bool Failed(const char* what, std::string* error);
 
@@ -60,6 +64,7 @@ class RedisConnection {
   size_t begin_ = 0, end_ = 0;
   bool timed_out_ = false;
   std::chrono::milliseconds timeout_{10000};
+  std::chrono::milliseconds recv_timeout_{10000};  // SO_RCVTIMEO as set now
   std::chrono::steady_clock::time_point deadline_;
 };
 
