@@ -1,26 +1,58 @@
 """Runs a worker script on N local ranks with horovodrun (Gloo) and collects each rank's JSON.
 
 A worker calls ``report(obj)`` to write ``rank<R>.json`` into $HVD_TEST_OUT. A run that exceeds its
-timeout is killed with its whole process group and fails the test; it never hangs CI.
+timeout has its ranks killed (then anything left in its process group) and fails the test; it never hangs CI.
 """
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
 
 
+def kill_ranks(proc, script):
+    """SIGKILLs the ranks (as a node failure would) and lets horovodrun see them die and exit, so
+    that its multiprocessing resource tracker unlinks the job's named semaphores (SIGKILL of the
+    whole process group left 5 /dev/shm/sem.mp-* per rank behind); then kills what is left.
+    Returns proc's output."""
+    log = None
+    try:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                if script in " ".join(child.cmdline()):
+                    child.kill()
+            except psutil.Error:
+                pass
+        log = proc.communicate(timeout=60)[0]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:   # the resource tracker unlinks, then exits
+            os.killpg(proc.pid, 0)
+            time.sleep(0.1)
+    except (psutil.Error, subprocess.TimeoutExpired, ProcessLookupError):
+        pass
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if log is None:
+            log = proc.communicate()[0]
+    return log
+
+
 def output(proc, timeout, what):
-    """proc's output once it exits; past the timeout its process group is killed and the test fails."""
+    """proc's output once it exits; past the timeout its ranks are killed and the test fails."""
     try:
         return proc.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log = proc.communicate()[0]
+        log = kill_ranks(proc, str(WORKERS))
         raise AssertionError(f"{what} timed out after {timeout}s:\n{log[-4000:]}")
 
 
