@@ -116,7 +116,23 @@ def _free_port():
 
 
 _PREFIX = "datacache-redis-"
-_OWNER = "owner"   # "<pid> <start time>" of the process that created the directory
+_OWNER = "owner"   # "<pid> <start time> <host> <boot id> <pid namespace>" of the process that made it
+
+
+def _owner_line(pid):
+    """Who owns a directory: a pid means something only on this host, boot and pid namespace (a
+    temp dir on NFS, or shared by containers, holds directories of owners this process cannot see)."""
+    return f"{pid} {_start_time(pid)} {_machine()}"
+
+
+def _machine():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        pidns = os.readlink("/proc/self/ns/pid").replace(" ", "_")
+    except OSError:
+        boot = pidns = "unknown"
+    return f"{socket.gethostname()} {boot} {pidns}"
 
 
 def _start_time(pid):
@@ -139,7 +155,8 @@ def _answers(sock_path):
 
 def remove_stale_dirs(parent=None):
     """Removes this user's server directories in ``parent`` (the temp dir) whose creating process
-    is gone and whose socket does not answer; leaves a directory without an owner file alone.
+    is gone and whose socket does not answer; leaves alone a directory without an owner file and
+    one made on another host, boot or pid namespace (whose process this one cannot see).
     Returns the removed paths."""
     parent = parent or tempfile.gettempdir()
     removed = []
@@ -155,11 +172,12 @@ def remove_stale_dirs(parent=None):
                 continue
             fd = os.open(os.path.join(path, _OWNER), os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd) as f:
-                pid, start = (int(v) for v in f.read().split())
+                pid, start, machine = f.read().rstrip("\n").split(" ", 2)
+            pid, start = int(pid), int(start)
         except (OSError, ValueError):
             continue
-        if _start_time(pid) == start or _answers(os.path.join(path, "redis.sock")):
-            continue
+        if machine != _machine() or _start_time(pid) == start or _answers(os.path.join(path, "redis.sock")):
+            continue   # another host's, boot's or pid namespace's, or alive
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
@@ -178,7 +196,7 @@ class RedisServer:
         self.dir = tempfile.mkdtemp(prefix=_PREFIX)   # 0700, unguessable name
         fd = os.open(os.path.join(self.dir, _OWNER), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()} {_start_time(os.getpid())}\n")
+            f.write(_owner_line(os.getpid()) + "\n")
         self.password = secrets.token_hex(32)
         self.socket = os.path.join(self.dir, "redis.sock") if unix_socket else None
         self.port = 0 if unix_socket else _free_port()

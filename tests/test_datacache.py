@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 
 import numpy as np
 import pytest
@@ -333,7 +334,7 @@ def test_embedded_server_is_private(source):
 def test_directory_of_a_killed_owner_is_removed_by_the_next_server():
     """A process killed with SIGKILL cannot remove its server's directory (its redis-server dies
     with it); the next RedisServer of this user removes it, and leaves the directories of live
-    owners and those without an owner file alone."""
+    owners, those without an owner file and those of another host (a shared temp dir) alone."""
     parent = tempfile.mkdtemp(prefix="dc-stale-")   # short: unix socket paths are <= 107 bytes
     try:
         code = ("import datacache, sys; s = datacache.RedisServer(maxmemory='16mb'); "
@@ -344,6 +345,10 @@ def test_directory_of_a_killed_owner_is_removed_by_the_next_server():
         live = RedisServer(maxmemory="16mb")   # in the default temp dir: must not be touched
         other = os.path.join(parent, "datacache-redis-noowner")
         os.mkdir(other, 0o700)
+        elsewhere = os.path.join(parent, "datacache-redis-elsewhere")   # a dead pid, on another host
+        os.mkdir(elsewhere, 0o700)
+        with open(os.path.join(elsewhere, "owner"), "w") as f:
+            f.write(f"{2**22 + 1} 1 other-host {uuid.uuid4()} pid:[1]\n")
         try:
             assert remove_stale_dirs(parent) == []   # the owner is alive
             child.kill()
@@ -353,7 +358,7 @@ def test_directory_of_a_killed_owner_is_removed_by_the_next_server():
                 time.sleep(0.05)   # the server got SIGTERM when its parent died
             assert os.path.isdir(dead_dir)
             assert remove_stale_dirs(parent) == [dead_dir]
-            assert not os.path.exists(dead_dir) and os.path.isdir(other)
+            assert not os.path.exists(dead_dir) and os.path.isdir(other) and os.path.isdir(elsewhere)
             assert live.alive() and os.path.isdir(live.dir)
             assert live.dir not in remove_stale_dirs()
         finally:
