@@ -119,13 +119,9 @@ _PREFIX = "datacache-redis-"
 _OWNER = "owner"   # "<pid> <start time> <host> <boot id> <pid namespace>" of the process that made it
 
 
-def _owner_line(pid):
-    """Who owns a directory: a pid means something only on this host, boot and pid namespace (a
-    temp dir on NFS, or shared by containers, holds directories of owners this process cannot see)."""
-    return f"{pid} {_start_time(pid)} {_machine()}"
-
-
 def _machine():
+    """Where a pid means something: host, boot and pid namespace (a temp dir on NFS, or shared by
+    containers, holds directories of owners this process cannot see)."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
@@ -159,7 +155,7 @@ def remove_stale_dirs(parent=None):
     one made on another host, boot or pid namespace (whose process this one cannot see).
     Returns the removed paths."""
     parent = parent or tempfile.gettempdir()
-    removed = []
+    removed, here = [], _machine()
     try:
         names = [n for n in os.listdir(parent) if n.startswith(_PREFIX)]
     except OSError:
@@ -176,7 +172,7 @@ def remove_stale_dirs(parent=None):
             pid, start = int(pid), int(start)
         except (OSError, ValueError):
             continue
-        if machine != _machine() or _start_time(pid) == start or _answers(os.path.join(path, "redis.sock")):
+        if machine != here or _start_time(pid) == start or _answers(os.path.join(path, "redis.sock")):
             continue   # another host's, boot's or pid namespace's, or alive
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
@@ -196,7 +192,7 @@ class RedisServer:
         self.dir = tempfile.mkdtemp(prefix=_PREFIX)   # 0700, unguessable name
         fd = os.open(os.path.join(self.dir, _OWNER), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(_owner_line(os.getpid()) + "\n")
+            f.write(f"{os.getpid()} {_start_time(os.getpid())} {_machine()}\n")
         self.password = secrets.token_hex(32)
         self.socket = os.path.join(self.dir, "redis.sock") if unix_socket else None
         self.port = 0 if unix_socket else _free_port()

@@ -195,7 +195,7 @@ bool RedisConnection::Fill(std::string* error) {
       return false;
     }
     end_ += static_cast<size_t>(n);
-    return !Overdue(error);
+    return true;
   }
 }
 
@@ -236,7 +236,6 @@ bool RedisConnection::Read(char* dst, size_t n, std::string* error) {
         return false;
       }
       done += static_cast<size_t>(got);
-      if (done < n && Overdue(error)) return false;
       continue;
     }
     if (!Fill(error)) return false;

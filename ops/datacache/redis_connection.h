@@ -51,8 +51,8 @@ class RedisConnection {
   bool Fill(std::string* error);
   // True (with *error and timed_out_ set) when the reply to the last command is overdue.
   bool Overdue(std::string* error);
-  // Before a blocking recv: false (overdue) once the deadline has passed, else bounds the recv's
-  // wait by the time left.
+  // Before every blocking recv (the one place the deadline is enforced): false (overdue) once
+  // the deadline has passed, else bounds the recv's wait by the time left.
   bool Bound(std::string* error);
   void SetRecvTimeout(std::chrono::milliseconds t);
   // Records a failed send/recv (errno): sets *error and timed_out_; returns false.
