@@ -18,12 +18,12 @@ from datacache.server import RedisServer
 from datacache.sources import ImageFolderSource, TfdsSource
 
 __all__ = ["DataCache", "ImageFolderSource", "TfdsSource", "cached_dataset", "shard_range",
-           "RedisServer", "Codec", "preprocess_fingerprint", "DecodeResize"]
+           "shard_indices", "shard_of", "RedisServer", "Codec", "preprocess_fingerprint", "DecodeResize"]
 
 
 def __getattr__(name):
     # Lazy: `import datacache` (the warm command's --help, setup.py) does not import TensorFlow.
-    if name in ("cached_dataset", "shard_range"):
+    if name in ("cached_dataset", "shard_range", "shard_indices", "shard_of"):
         from datacache import dataset
         return getattr(dataset, name)
     if name == "DecodeResize":

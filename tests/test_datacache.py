@@ -108,10 +108,10 @@ def test_epochs_exact_bit_equal_and_level1(source, ref16, tmp_path):
         assert first["source_bytes"] == int(source.sizes.sum()) - int(source.sizes[0])  # the probe copied #0
         assert second["source_bytes"] == third["source_bytes"] == 0
         assert s["redis_keys"] == n and s["redis_bytes"] > 0 and s["fallbacks"] == 0
-        # Shards cover the data set exactly once, each a contiguous block.
+        # Shards cover the data set exactly once, each the shard_indices sample of the data set.
         shards = [ref16.epoch(cached_dataset(source, DecodeResize(16), cache, shard=(i, 3))) for i in range(3)]
         assert sorted(sum(shards, [])) == list(range(n))
-        assert [sorted(s) for s in shards] == [list(range(i * n // 3, (i + 1) * n // 3)) for i in range(3)]
+        assert [sorted(s) for s in shards] == [datacache.shard_indices(n, i, 3, 0, source.labels).tolist() for i in range(3)]
     # A second run (new cache, no Redis): level 1 serves every file, 0 bytes from the source.
     with DataCache(redis_url=False, local_dir=local, progress=False) as cache:
         assert sorted(ref16.epoch(cached_dataset(source, DecodeResize(16), cache))) == list(range(n))
@@ -456,5 +456,54 @@ def test_two_nodes_two_ranks_each(source, ref16, tmp_path):
     assert sorted(sum(per_rank, [])) == list(range(n))
     for node in range(2):
         part = sorted(per_rank[2 * node] + per_rank[2 * node + 1])
-        assert part == list(range(node * n // 2, (node + 1) * n // 2))
+        assert part == sorted(sum((datacache.shard_indices(n, r, 4, 0, source.labels).tolist()
+                                   for r in (2 * node, 2 * node + 1)), []))
         assert reports[2 * node]["keys"] == reports[2 * node + 1]["keys"] == part
+
+
+def test_shards_are_random_samples_of_a_class_sorted_source():
+    """A source listed class by class (ImageFolderSource's order) cut into shards: every shard holds
+    every class in proportion, not the two or three classes of a contiguous range."""
+    sizes = np.array([130, 90, 101, 99, 100, 100, 100, 97, 103, 80])
+    labels = np.repeat(np.arange(10), sizes)   # 1000 samples, class-sorted, unequal classes
+    for count in (2, 3, 4, 8):
+        for seed in (0, 1):
+            shards = [datacache.shard_indices(len(labels), i, count, seed, labels) for i in range(count)]
+            assert sorted(np.concatenate(shards).tolist()) == list(range(len(labels)))
+            assert max(map(len, shards)) - min(map(len, shards)) <= 1
+            per_class = np.array([np.bincount(labels[s], minlength=10) for s in shards])
+            assert np.all(np.abs(per_class - sizes / count) <= 1), (count, per_class)
+            # without labels: a random sample (every class present), not a contiguous range
+            plain = datacache.shard_indices(len(labels), 0, count, seed)
+            assert set(labels[plain].tolist()) == set(range(10))
+    assert datacache.shard_indices(1000, 1, 4, 7).tolist() != datacache.shard_indices(1000, 1, 4, 0).tolist()
+    contiguous = datacache.shard_indices(len(labels), 0, 4, seed=None)
+    assert contiguous.tolist() == list(range(250))   # seed=None: the source's own order
+
+
+def test_pipeline_shards_fixed_or_drawn_every_epoch(source, ref16):
+    """Through cached_dataset (cached without Redis, and uncached): a shard holds every class, is the
+    same every epoch (global_shuffle=False) or drawn anew (True); the shards of one epoch cover the
+    data set exactly once either way; both paths yield the same order."""
+    n, count = len(source), 3
+    with DataCache(redis_url=False, progress=False, read_batch=8) as cache:
+        fixed = [cached_dataset(source, DecodeResize(16), cache, shard=(i, count), seed=i) for i in range(count)]
+        drawn = [cached_dataset(source, DecodeResize(16), cache, shard=(i, count), seed=i, global_shuffle=True)
+                 for i in range(count)]
+        epochs_fixed = [[ref16.epoch(ds) for ds in fixed] for _ in range(2)]
+        epochs_drawn = [[ref16.epoch(ds) for ds in drawn] for _ in range(2)]
+        uncached = cached_dataset(source, DecodeResize(16), False, shard=(1, count), seed=1)
+        assert ref16.epoch(uncached) == epochs_fixed[0][1]   # same order, cached or not
+    for shards in epochs_fixed + epochs_drawn:
+        assert sorted(sum(shards, [])) == list(range(n))
+        for s in shards:
+            assert set(source.labels[s].tolist()) == set(range(N_CLASSES))
+    assert [sorted(s) for s in epochs_fixed[0]] == [sorted(s) for s in epochs_fixed[1]]
+    assert epochs_fixed[0] != epochs_fixed[1]   # reshuffled inside the shard
+    assert [sorted(s) for s in epochs_drawn[0]] != [sorted(s) for s in epochs_drawn[1]]
+    with pytest.raises(ValueError, match="shard_seed"):
+        cached_dataset(source, DecodeResize(8), False, shard_seed=-1)
+    with pytest.raises(ValueError, match="shard_seed"):
+        cached_dataset(source, DecodeResize(8), False, shard_seed=None, global_shuffle=True)
+    with pytest.raises(ValueError, match="global_shuffle"):
+        cached_dataset(source, DecodeResize(8), False, global_shuffle="yes")

@@ -82,6 +82,9 @@ def parser():
     a("--synthetic", action="store_true")
     a("--num-classes", type=int, default=1000, help="synthetic data only")
     a("--no-datacache", action="store_true", help="decode every epoch (no DataCache)")
+    a("--global-shuffle", action="store_true",
+      help="draw every rank's shard anew each epoch (default: a fixed random shard per rank, "
+           "reshuffled inside each epoch; see datacache.cached_dataset)")
     a("--redis-url", default=None, help="an existing Redis (default: one embedded per node)")
     a("--cache-dir", default=None, help="DataCache level-1 directory")
     a("--target-top5", type=float, default=0.93)

@@ -30,6 +30,7 @@ class Data:
     def __init__(self, args, topo):
         self.args, self.topo = args, topo
         self.cache = None
+        self._preprocess, self._val = {}, {}   # by resolution: built once, not every epoch
         if args.synthetic:
             self.num_classes, self.train_size = args.num_classes, None
         elif args.data:
@@ -74,29 +75,42 @@ class Data:
             import datacache
 
             ds = datacache.cached_dataset(
-                self.train_src, datacache.DecodeResize(res), False if self.cache is None else self.cache,
-                shard=(self.topo.rank, self.topo.size), shuffle=True, seed=seed, augment=augment)
+                self.train_src, self.preprocess(res), False if self.cache is None else self.cache,
+                shard=(self.topo.rank, self.topo.size), shuffle=True, seed=seed, augment=augment,
+                shard_seed=self.shard_seed(seed))
         else:
             ds = self._tfds("train", res, seed).map(lambda x, y: (augment(x), y), AUTOTUNE)
         ds = ds.map(lambda x, y: self._onehot(tf.ensure_shape(x, [res, res, 3]), y), AUTOTUNE)
         ds = ds.batch(stage.batch, drop_remainder=True)
         return ds.take(self.steps(stage)).prefetch(AUTOTUNE)
 
+    def shard_seed(self, epoch_seed):
+        """The rank's shard is fixed (drawn from --seed) or, with --global-shuffle, drawn anew from
+        the epoch's seed (the data set is rebuilt every epoch)."""
+        return epoch_seed if self.args.global_shuffle and epoch_seed is not None else self.args.seed
+
+    def preprocess(self, res):
+        import datacache
+
+        return self._preprocess.setdefault(res, datacache.DecodeResize(res))
+
     def val(self, stage, batch=256):
-        """This rank's share of the validation set (None for synthetic data)."""
+        """This rank's share of the validation set (None for synthetic data), built once per resolution."""
         res = stage.resolution
         if self.args.synthetic:
             return None
-        if self.args.data:
-            import datacache
+        if res not in self._val:
+            if self.args.data:
+                import datacache
 
-            ds = datacache.cached_dataset(
-                self.val_src, datacache.DecodeResize(res), False if self.cache is None else self.cache,
-                shard=(self.topo.rank, self.topo.size), shuffle=False)
-        else:
-            ds = self._tfds("validation", res, None)
-        ds = ds.map(lambda x, y: (tf.ensure_shape(normalize(x), [res, res, 3]), tf.reshape(y, [])), AUTOTUNE)
-        return ds.batch(batch).prefetch(AUTOTUNE)
+                ds = datacache.cached_dataset(
+                    self.val_src, self.preprocess(res), False if self.cache is None else self.cache,
+                    shard=(self.topo.rank, self.topo.size), shuffle=False, shard_seed=self.args.seed)
+            else:
+                ds = self._tfds("validation", res, None)
+            ds = ds.map(lambda x, y: (tf.ensure_shape(normalize(x), [res, res, 3]), tf.reshape(y, [])), AUTOTUNE)
+            self._val[res] = ds.batch(batch).prefetch(AUTOTUNE)
+        return self._val[res]
 
     def _synthetic(self, res, n, seed):
         rng = np.random.default_rng([self.args.seed, self.topo.rank])
@@ -106,15 +120,19 @@ class Data:
             lambda x, y: (normalize(x), y), AUTOTUNE)
 
     def _tfds(self, split, res, seed):
+        """This rank's shard of a tfds split: the same random sample of the split as DataCache's
+        shards (datacache.shard_of: every rank reads every record, decodes only its own)."""
+        import datacache
         import tensorflow_datasets as tfds
 
-        part = tfds.even_splits(split, n=self.topo.size)[self.topo.rank]
-        ds = self.builder.as_dataset(split=part, as_supervised=True,
-                                     shuffle_files=seed is not None, read_config=tfds.ReadConfig(shuffle_seed=seed))
+        ds = self.builder.as_dataset(split=split, as_supervised=True, shuffle_files=False,
+                                     decoders={"image": tfds.decode.SkipDecoding()})
+        ds = datacache.shard_of(ds, self.builder.info.splits[split].num_examples,
+                                (self.topo.rank, self.topo.size), self.shard_seed(seed))
         if seed is not None:
             ds = ds.shuffle(10_000, seed=seed)
-        return ds.map(lambda x, y: (tf.cast(tf.round(tf.clip_by_value(
-            tf.image.resize(x, (res, res)), 0, 255)), tf.uint8), y), AUTOTUNE)
+        return ds.map(lambda x, y: (tf.cast(tf.round(tf.clip_by_value(tf.image.resize(
+            tf.io.decode_image(x, 3, expand_animations=False), (res, res)), 0, 255)), tf.uint8), y), AUTOTUNE)
 
     def stats_line(self):
         """DataCache's hits / misses / fallbacks summed over the ranks (None without DataCache)."""
