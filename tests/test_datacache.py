@@ -507,3 +507,15 @@ def test_pipeline_shards_fixed_or_drawn_every_epoch(source, ref16):
         cached_dataset(source, DecodeResize(8), False, shard_seed=None, global_shuffle=True)
     with pytest.raises(ValueError, match="global_shuffle"):
         cached_dataset(source, DecodeResize(8), False, global_shuffle="yes")
+
+
+def test_shard_of_any_dataset():
+    n, count = 50, 4
+    for seed in (0, 3):
+        parts = [[int(v) for v in datacache.shard_of(tf.data.Dataset.range(n), n, (i, count), seed)]
+                 for i in range(count)]
+        assert parts == [datacache.shard_indices(n, i, count, seed).tolist() for i in range(count)]
+        assert sorted(sum(parts, [])) == list(range(n))
+    pairs = tf.data.Dataset.from_tensor_slices((np.arange(10), np.arange(10) * 2))
+    assert [(int(a), int(b)) for a, b in datacache.shard_of(pairs, 10, (1, 2))] == \
+        [(int(i), 2 * int(i)) for i in datacache.shard_indices(10, 1, 2)]

@@ -27,19 +27,11 @@ MIN_TOP1 = 0.5
 
 
 def _launch(args, log_dir):
-    cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "4", "-H", "localhost:4",
-           "--gloo", sys.executable, str(SCRIPT), *args, "--log-dir", str(log_dir)]
-    env = dict(os.environ, PYTHONPATH=str(hvdrun.ROOT), TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
-               TF_COMMLIB_TOPOLOGY="2x2")
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    return hvdrun.launch([SCRIPT, *args, "--log-dir", log_dir], 4, topology="2x2")
 
 
 def _run(args, log_dir, timeout=600):
-    proc = _launch(args, log_dir)
-    out = hvdrun.output(proc, timeout, "dawnbench_resnet50.py")
-    assert proc.returncode == 0, out[-6000:]
-    return out
+    return hvdrun.run_command([SCRIPT, *args, "--log-dir", log_dir], 4, timeout, topology="2x2")
 
 
 def _digest(out):
@@ -140,3 +132,33 @@ def test_bad_arguments_exit_2_with_the_flag_named(args, message):
                           env=dict(os.environ, PYTHONPATH=str(hvdrun.ROOT)))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message in proc.stderr, proc.stderr
+
+
+def test_tfds_path_shards_are_random_samples(tmp_path):
+    """The tfds input path cuts the same label-free random shards as datacache.shard_of (it cut
+    contiguous even_splits, a few classes per rank for a class-sorted split)."""
+    import types
+
+    import numpy as np
+    import tensorflow_datasets as tfds
+
+    import datacache
+    from tf_commlib.apps.dawnbench.data import Data
+    from tf_commlib.apps.digits import write_image_folder
+
+    root = write_image_folder(str(tmp_path / "digits"), size=16, val_fraction=0.9)   # ~180 train images
+    builder = tfds.folder_dataset.ImageFolder(root)
+    n = builder.info.splits["train"].num_examples
+    labels = [int(y) for _, y in builder.as_dataset(split="train", as_supervised=True, shuffle_files=False)]
+    count, shards = 3, []
+    for rank in range(count):
+        data = Data.__new__(Data)
+        data.args = types.SimpleNamespace(seed=0, global_shuffle=False)
+        data.topo = types.SimpleNamespace(rank=rank, size=count)
+        data.builder = builder
+        got = [int(y) for x, y in data._tfds("train", 16, None)]
+        want = datacache.shard_indices(n, rank, count, 0)
+        assert got == [labels[i] for i in want]
+        assert len(set(got)) == 10   # every class on every rank
+        shards.append(want)
+    assert sorted(np.concatenate(shards).tolist()) == list(range(n))
