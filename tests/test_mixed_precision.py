@@ -83,11 +83,13 @@ def test_loss_scale_forms_and_bfloat16_train(tmp_path):
     for r in (r0, r1):
         w = r["wrapped"]
         assert w["type"] == "tf_commlib.keras.optimizer.LossScaleOptimizer" and w["compiled_is_it"] and w["inner_type"] == "SGD"
-        assert w["iterations"] == 24 and w["scale"] == 256.0 * 2 ** 8   # grown every 3 finite steps
-        assert np.isfinite(w["loss"]).all() and w["loss"][-1] < 0.8 * w["loss"][0]
-        assert "per rank" in r["plain_loss_scale"] and r["plain_loss_scale"].startswith("optimizer")
+        assert w["iterations"] == 12 and w["scale"] == 256.0 * 2 ** 4   # grown every 3 finite steps
+        assert np.isfinite(w["loss"]).all() and w["loss"][-1] < 0.9 * w["loss"][0]
+        refused = r["plain_loss_scale"]   # (Keras wraps the message: raised inside its cond)
+        assert refused.startswith("ValueError") and "optimizer: this DistributedOptimizer is wrapped" in refused
+        assert "per rank" in refused
         b = r["bf16"]
-        assert b["optimizer_is_it"] and b["compute_dtype"] == "bfloat16" and b["iterations"] == 24
-        assert np.isfinite(b["loss"]).all() and b["loss"][-1] < 0.8 * b["loss"][0]
+        assert b["optimizer_is_it"] and b["compute_dtype"] == "bfloat16" and b["iterations"] == 12
+        assert np.isfinite(b["loss"]).all() and b["loss"][-1] < 0.9 * b["loss"][0]
     assert r0["wrapped"]["weights"] == r1["wrapped"]["weights"]
     assert r0["bf16"]["weights"] == r1["bf16"]["weights"]
