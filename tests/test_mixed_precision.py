@@ -6,6 +6,8 @@ import pytest
 import tf_commlib.keras as tk
 from tests import hvdrun
 
+# one thread per op: the ranks share 2 cores here (tracing the 10 collectives took 1.5x as long without)
+THREADS = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2"}
 ALGORITHMS = ["dense", "2dtar", "hitopk", "ssar_rd", "ssar_split_ag", "dsar_split_ag",
               "star", "var", "star_hier", "var_hier"]
 
@@ -62,9 +64,8 @@ def test_one_rank_overflowing_skips_the_step_on_every_rank(tmp_path):
     """4 ranks as 2 nodes x 2, mixed_float16 with Keras' own wrap; one epoch per collective, and at
     step 1 of each rank 0 alone overflows: no hang, every rank skips that step (iterations, weights,
     DGC momentum and residuals unchanged; loss scale halved everywhere), replicas stay identical."""
-    # one thread per op: 4 ranks share 2 cores here (tracing the 10 collectives took 1.5x as long without)
     reports = hvdrun.run("mixed_precision_worker.py", 4, tmp_path, args=["collectives"], topology="2x2",
-                         timeout=300, env={"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2"})
+                         timeout=300, env=THREADS)
     for r in reports:
         assert r["optimizer_type"] == "tf_commlib.keras.optimizer.LossScaleOptimizer"
         assert [e["algorithm"] for e in r["epochs"]] == ALGORITHMS
@@ -80,12 +81,14 @@ def test_one_rank_overflowing_skips_the_step_on_every_rank(tmp_path):
 
 
 def test_loss_scale_forms_and_bfloat16_train(tmp_path):
-    r0, r1 = hvdrun.run("mixed_precision_worker.py", 2, tmp_path, args=["forms"], timeout=180)
+    r0, r1 = hvdrun.run("mixed_precision_worker.py", 2, tmp_path, args=["forms"], timeout=240, env=THREADS)
     for r in (r0, r1):
         w = r["wrapped"]
-        assert w["type"] == "tf_commlib.keras.optimizer.LossScaleOptimizer" and w["compiled_is_it"] and w["inner_type"] == "SGD"
+        assert w["type"] == "tf_commlib.keras.optimizer.LossScaleOptimizer"
+        assert w["compiled_is_it"] and w["inner_type"] == "SGD"
         assert w["iterations"] == 12 and w["scale"] == 256.0 * 2 ** 4   # grown every 3 finite steps
         assert np.isfinite(w["loss"]).all() and w["loss"][-1] < 0.9 * w["loss"][0]
+        assert w["profiled"] == [0.1, 0.02] and len(w["adaptive"]) == 3   # (its snapshot restores the scale)
         refused = r["plain_loss_scale"]   # (Keras wraps the message: raised inside its cond)
         assert refused.startswith("ValueError") and "optimizer: this DistributedOptimizer is wrapped" in refused
         assert "per rank" in refused

@@ -3,7 +3,8 @@
 ``collectives``: mixed_float16, Keras' compile wraps the DistributedOptimizer in its
 LossScaleOptimizer; one epoch per collective (schedule), and at step OVERFLOW of every epoch rank 0
 alone feeds a batch that overflows float16. Reports, per epoch, what that step changed.
-``forms``: DistributedOptimizer(keras LossScaleOptimizer(SGD)) trains (and grows its scale), a
+``forms``: DistributedOptimizer(keras LossScaleOptimizer(SGD)) trains (and grows its scale) with
+AdaptiveDensity profiling through the wrapper, a
 custom loop with a per-rank keras LossScaleOptimizer is refused, mixed_bfloat16 trains."""
 import hashlib
 import sys
@@ -16,7 +17,9 @@ import tensorflow as tf
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import tf_commlib  # noqa: E402
 from _report import report  # noqa: E402
-from tf_commlib.keras import DistributedOptimizer, LossScaleOptimizer, default_callbacks, distributed_optimizer  # noqa: E402
+from tf_commlib.keras import (AdaptiveDensity, DistributedOptimizer, default_callbacks,  # noqa: E402
+                              distributed_optimizer)
+from tf_commlib.keras.adaptive import profile_batches  # noqa: E402
 
 START = time.perf_counter()
 topo = tf_commlib.init()
@@ -43,6 +46,10 @@ def model_with(opt, policy):
 
 def digest(values):
     return hashlib.sha256(b"".join(np.asarray(v).tobytes() for v in values)).hexdigest()
+
+
+def class_name(obj):
+    return f"{type(obj).__module__}.{type(obj).__name__}"
 
 
 def rank_state(opt):
@@ -90,7 +97,7 @@ def collectives():
     hist = model.fit(x, y, batch_size=BATCH, epochs=len(algorithms), shuffle=False, verbose=0,
                      callbacks=default_callbacks() + [probe])
     dist = distributed_optimizer(model)
-    return {"optimizer_type": f"{type(model.optimizer).__module__}.{type(model.optimizer).__name__}", "epochs": probe.epochs,
+    return {"optimizer_type": class_name(model.optimizer), "epochs": probe.epochs,
             "iterations": int(model.optimizer.iterations.numpy()),
             "scale": float(model.optimizer.dynamic_scale.numpy()),
             "weights": digest([w.numpy() for w in model.weights]),
@@ -103,11 +110,15 @@ def forms():
     # DistributedOptimizer around a LossScaleOptimizer: moved outside, with its scale settings
     opt = DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
                                                                    initial_scale=256.0, dynamic_growth_steps=3),
-                               algorithm="hitopk", density=0.05)
+                               algorithm="hitopk", density="adaptive", candidates=(0.1, 0.02))
     model = model_with(opt, "mixed_float16")
     x, y = data(topo.rank)
-    hist = model.fit(x, y, batch_size=BATCH, epochs=3, shuffle=False, verbose=0, callbacks=default_callbacks())
-    out["wrapped"] = {"type": f"{type(opt).__module__}.{type(opt).__name__}", "compiled_is_it": model.optimizer is opt,
+    adaptive = AdaptiveDensity(profile_batches(x, y, BATCH), profile_steps=1, verbose=False)
+    hist = model.fit(x, y, batch_size=BATCH, epochs=3, shuffle=False, verbose=0,
+                     callbacks=default_callbacks() + [adaptive])
+    out["wrapped"] = {"adaptive": [row["density"] for row in adaptive.history],
+                      "profiled": [row["density"] for row in adaptive.history[0]["profile"]],
+                      "type": class_name(opt), "compiled_is_it": model.optimizer is opt,
                       "inner_type": type(distributed_optimizer(model).inner_optimizer).__name__,
                       "iterations": int(opt.iterations.numpy()), "scale": float(opt.dynamic_scale.numpy()),
                       "weights": digest([w.numpy() for w in model.weights]), "loss": hist.history["loss"]}
