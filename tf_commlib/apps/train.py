@@ -21,7 +21,7 @@ import tf_commlib
 from tf_commlib.apps import digits
 from tf_commlib import primitives as P
 from tf_commlib.collectives import ALGORITHMS
-from tf_commlib.keras import AdaptiveDensity, DistributedOptimizer, default_callbacks
+from tf_commlib.keras import AdaptiveDensity, DistributedOptimizer, default_callbacks, distributed_optimizer
 from tf_commlib.keras.adaptive import profile_batches
 
 
@@ -119,7 +119,7 @@ class EpochReport(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         elapsed = time.perf_counter() - self.start
         _, acc = self.model.evaluate(*self.test, verbose=0, batch_size=512)
-        opt = self.model.optimizer
+        opt = distributed_optimizer(self.model)
         algo = opt.algorithm_at(epoch)
         density = opt.density_at(epoch) if algo == "auto" or ALGORITHMS[algo].sparse else 1.0
         sent = opt.sent_bytes_at(epoch)

@@ -2,7 +2,9 @@
 from tf_commlib.keras.callbacks import (BackupAndRestore, BroadcastGlobalVariables, CompressionScheduler, MetricAverage,
                                         average_variables, broadcast_variables, default_callbacks)
 from tf_commlib.keras.adaptive import AdaptiveDensity
-from tf_commlib.keras.optimizer import DistributedOptimizer
+from tf_commlib.keras.optimizer import (DistributedOptimizer, LossScaleOptimizer, distributed_optimizer,
+                                        global_loss_scale)
 
-__all__ = ["DistributedOptimizer", "AdaptiveDensity", "BackupAndRestore", "BroadcastGlobalVariables", "CompressionScheduler",
+__all__ = ["DistributedOptimizer", "LossScaleOptimizer", "distributed_optimizer", "global_loss_scale",
+           "AdaptiveDensity", "BackupAndRestore", "BroadcastGlobalVariables", "CompressionScheduler",
            "MetricAverage", "average_variables", "broadcast_variables", "default_callbacks"]

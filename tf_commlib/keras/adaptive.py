@@ -135,6 +135,7 @@ class DensityProfiler:
         def step(x, y):
             with tf.GradientTape() as tape:
                 loss = self.model.compute_loss(x=x, y=y, y_pred=self.model(x, training=True))
+                loss = self.model.optimizer.scale_loss(loss)   # a LossScaleOptimizer's scale (else as is)
             grads = tape.gradient(loss, self.model.trainable_variables)
             self.model.optimizer.apply(grads, self.model.trainable_variables)
 
@@ -152,7 +153,7 @@ class DensityProfiler:
     def profile(self, densities, params):
         """Rows {density, gain, t_compute, t_sync, t_step} (t_step: measured median seconds); the
         state, the density included, is as before afterwards."""
-        opt = self.model.optimizer
+        opt = _distributed(self.model)
         variables = self.state()
         snapshot = [v.numpy() for v in variables]
         rows = []
@@ -193,15 +194,15 @@ class AdaptiveDensity(keras.callbacks.Callback):
         self.profiler, self.profiled_link, self.baseline, self.history = None, None, None, []
 
     def on_epoch_begin(self, epoch, logs=None):
-        opt = self.model.optimizer
+        opt, outer = _distributed(self.model), self.model.optimizer
         if not getattr(opt, "adaptive", False):
             raise ValueError("AdaptiveDensity needs DistributedOptimizer(density='adaptive')")
         if epoch < opt.warmup:
             return
-        if not opt.built:   # model.fit builds it at the first step; the profiling needs it now
-            with keras.name_scope(opt.name, caller=opt):
-                opt.build(self.model.trainable_variables)
-            opt.built = True
+        if not outer.built:   # model.fit builds it at the first step; the profiling needs it now
+            with keras.name_scope(outer.name, caller=outer):
+                outer.build(self.model.trainable_variables)
+            outer.built = True
         gain = self.epoch_gain()
         reason = reprofile_reason(self.profiled_link, self.link_params, self.baseline, gain, self.tolerance)
         if reason is None and self.baseline is None:
@@ -220,10 +221,10 @@ class AdaptiveDensity(keras.callbacks.Callback):
         """The gain over the last epoch (None before the first profiled epoch)."""
         if getattr(self, "last_sums", None) is None:
             return None
-        return gain_between(self.last_sums, gain_sums(self.model.optimizer))
+        return gain_between(self.last_sums, gain_sums(_distributed(self.model)))
 
     def choose(self):
-        opt = self.model.optimizer
+        opt = _distributed(self.model)
         if self.profiler is None:
             self.profiler = DensityProfiler(self.model, self.batches, self.profile_steps)
         rows = self.profiler.profile(opt.candidates, self.link_params)
@@ -234,6 +235,11 @@ class AdaptiveDensity(keras.callbacks.Callback):
         opt.set_target_density(min(1.0, max(density, min(opt.candidates))))
         self.profiled_link, self.baseline, self.last_sums = self.link_params, None, None
         return rows
+
+
+def _distributed(model):
+    from tf_commlib.keras.optimizer import distributed_optimizer   # (that module imports this one)
+    return distributed_optimizer(model)
 
 
 def profile_batches(x, y, batch_size, count=2):

@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_commlib import primitives as P
+from tf_commlib.keras.optimizer import distributed_optimizer, global_loss_scale
 from tf_commlib.topology import topology as current_topology
 
 
@@ -38,7 +39,8 @@ def average_variables(variables):
 class BroadcastGlobalVariables(keras.callbacks.Callback):
     """Broadcasts the model's variables from root_rank at the start of training, and the wrapped
     optimizer's (created at the first step) after the first batch. DistributedOptimizer's own
-    state (residuals, DGC momentum) is per rank by design and is not broadcast."""
+    state (residuals, DGC momentum) is per rank by design and is not broadcast (nor is a
+    LossScaleOptimizer's loss scale, equal on every rank by its global finite check)."""
 
     def __init__(self, root_rank=0):
         super().__init__()
@@ -51,7 +53,11 @@ class BroadcastGlobalVariables(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if not self._optimizer_done:
             opt = self.model.optimizer
-            broadcast_variables(getattr(opt, "inner_optimizer", opt).variables, self.root_rank)
+            try:
+                opt = distributed_optimizer(opt).inner_optimizer
+            except ValueError:   # no DistributedOptimizer: all of the optimizer's state
+                pass
+            broadcast_variables(opt.variables, self.root_rank)
             self._optimizer_done = True
 
 
@@ -69,10 +75,15 @@ class MetricAverage(keras.callbacks.Callback):
 
 
 class CompressionScheduler(keras.callbacks.Callback):
-    """Drives DistributedOptimizer's density warm-up and collective schedule from model.fit."""
+    """Drives DistributedOptimizer's density warm-up and collective schedule from model.fit, and
+    makes the finite check of the LossScaleOptimizer that compile adds under mixed_float16 global
+    (global_loss_scale)."""
+
+    def on_train_begin(self, logs=None):
+        global_loss_scale(self.model)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.model.optimizer.set_epoch(epoch)
+        distributed_optimizer(self.model).set_epoch(epoch)
 
 
 class BackupAndRestore(keras.callbacks.BackupAndRestore):

@@ -9,6 +9,16 @@ keras.optimizers.SGD, or an optimizer whose class sets ``movable_momentum = True
 therefore has its momentum moved here (its own momentum is set to 0, so momentum is never applied
 twice); any other wrapped optimizer needs ``momentum=`` and keeps its own adaptive rule on top of
 the aggregated update.
+
+Mixed precision (mixed_float16): loss scaling stays in a LossScaleOptimizer *around* the
+DistributedOptimizer, so the gradients are unscaled before they reach DGC momentum and the residuals.
+This module's LossScaleOptimizer makes its finite check global (one 1-element allreduce per step):
+every rank applies or skips a step together, so a step with an overflow on one rank is skipped
+everywhere (loss scale halved on every rank) and never touches residuals or momentum.
+``DistributedOptimizer(keras.optimizers.LossScaleOptimizer(opt))`` builds
+``LossScaleOptimizer(DistributedOptimizer(opt))``; the keras.optimizers.LossScaleOptimizer that
+Keras' compile puts around a DistributedOptimizer is made global by ``global_loss_scale(model)``
+(CompressionScheduler, in default_callbacks(), calls it when fit starts).
 """
 import math
 import numbers
@@ -17,6 +27,7 @@ import keras
 import tensorflow as tf
 
 from tf_commlib import link_bytes, ops
+from tf_commlib import primitives as P
 from tf_commlib.aggregator import GradientAggregator, check_config
 from tf_commlib.keras import adaptive
 from tf_commlib.keras.policy import WARMUP_DENSITIES, default_dense_layers, parse_schedule
@@ -96,7 +107,21 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         (algorithm_options = {algorithm: {option: value}}, see tf_commlib.collectives).
     The epoch-driven parts (warm-up, schedule) are driven by ``set_epoch``, which the callback
     tf_commlib.keras.CompressionScheduler calls from model.fit.
+
+    A keras.optimizers.LossScaleOptimizer as ``optimizer`` is moved outside: the result is
+    LossScaleOptimizer(DistributedOptimizer(its inner optimizer)) with its initial_scale and
+    dynamic_growth_steps (this module's LossScaleOptimizer, whose finite check is global).
     """
+
+    def __new__(cls, optimizer=None, *args, **kwargs):
+        if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            return super().__new__(cls)
+        if optimizer.built:
+            raise ValueError("optimizer is a LossScaleOptimizer that has already been built (it has taken "
+                             "steps); wrap a new one")
+        return LossScaleOptimizer(cls(optimizer.inner_optimizer, *args, **kwargs), name=optimizer.name,
+                                  initial_scale=optimizer.initial_scale,
+                                  dynamic_growth_steps=optimizer.dynamic_growth_steps)
 
     def __init__(self, optimizer, algorithm="hitopk", density=0.01, selector="mstopk",
                  momentum_correction=True, momentum=None, nesterov=False, local_clip_norm=None,
@@ -197,6 +222,19 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def iterations(self):
         return self.inner_optimizer.iterations
 
+    # keras.optimizers.LossScaleOptimizer sets its inner optimizer's loss_scale_factor to None: the
+    # one sign that a LossScaleOptimizer wraps this one (apply() refuses one whose check is per rank)
+    _wrapped_by_loss_scale = _finite_checked_globally = False
+
+    def __setattr__(self, name, value):
+        if name == "loss_scale_factor":
+            if value is not None:
+                raise ValueError(f"loss_scale_factor is not supported by DistributedOptimizer (got {value!r}); "
+                                 "wrap it in tf_commlib.keras.LossScaleOptimizer")
+            if hasattr(self, "inner_optimizer"):   # a wrapper's (Optimizer.__init__ sets it before)
+                super().__setattr__("_wrapped_by_loss_scale", True)
+        super().__setattr__(name, value)
+
     # -- epoch-driven policy ---------------------------------------------------------------
     def density_at(self, epoch):
         if epoch < self.warmup:   # adaptive: the choice comes after the warm-up, which alone decides
@@ -247,6 +285,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     # -- the step --------------------------------------------------------------------------
     def apply(self, grads, trainable_variables=None):
+        if self._wrapped_by_loss_scale and not self._finite_checked_globally:
+            raise ValueError("optimizer: this DistributedOptimizer is wrapped by a keras.optimizers."
+                             "LossScaleOptimizer whose finite check is per rank (a rank that overflows would "
+                             "skip the aggregation the others wait in); use tf_commlib.keras.LossScaleOptimizer, "
+                             "or call tf_commlib.keras.global_loss_scale(model) after compile "
+                             "(default_callbacks() does it in model.fit)")
         if not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
@@ -300,6 +344,45 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                                                            custom_objects=custom_objects)
         config["schedule"] = {int(e): a for e, a in config["schedule"].items()}
         return cls(**config)
+
+
+@keras.saving.register_keras_serializable(package="tf_commlib")
+class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """keras.optimizers.LossScaleOptimizer whose finite check is global: the gradients count as finite
+    only if they are finite on every rank (one 1-element allreduce per step), so every rank applies or
+    skips a step together: the loss scale and iterations stay equal on every rank, and a skipped step
+    never reaches the DistributedOptimizer inside (its residuals and DGC momentum stay untouched)."""
+
+    def check_finite(self, grads):
+        distributed_optimizer(self)._finite_checked_globally = True
+        local = super().check_finite(grads)
+        overflowed = P.allreduce(tf.reshape(tf.cast(tf.logical_not(local), tf.float32), [1]),
+                                 current_topology().world)
+        return tf.equal(overflowed[0], 0.0)
+
+
+def distributed_optimizer(model_or_optimizer):
+    """The DistributedOptimizer of a Keras model (its ``optimizer``) or of an optimizer, found through
+    wrappers' ``inner_optimizer`` (e.g. the LossScaleOptimizer that compile adds under mixed_float16)."""
+    opt = model_or_optimizer.optimizer if isinstance(model_or_optimizer, keras.Model) else model_or_optimizer
+    while not isinstance(opt, DistributedOptimizer):
+        if not isinstance(opt, keras.optimizers.Optimizer) or not hasattr(opt, "inner_optimizer"):
+            raise ValueError(f"model_or_optimizer has no DistributedOptimizer: {model_or_optimizer!r}")
+        opt = opt.inner_optimizer
+    return opt
+
+
+def global_loss_scale(model):
+    """Makes the finite check of the keras.optimizers.LossScaleOptimizer that model.compile puts around a
+    DistributedOptimizer under mixed_float16 global: the instance (its state kept) becomes a
+    tf_commlib.keras.LossScaleOptimizer, which only overrides check_finite. Call it before the first
+    step; CompressionScheduler (default_callbacks()) calls it when model.fit starts."""
+    opt = model.optimizer
+    distributed_optimizer(model)   # ValueError if there is none
+    while not isinstance(opt, DistributedOptimizer):
+        if type(opt) is keras.optimizers.LossScaleOptimizer:
+            opt.__class__ = LossScaleOptimizer
+        opt = opt.inner_optimizer
 
 
 def qrgc_options(algorithm_options):

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from tf_commlib import primitives as P
 from tf_commlib.keras.callbacks import average_variables
+from tf_commlib.keras.optimizer import distributed_optimizer
 
 
 class Log:
@@ -127,7 +128,7 @@ class EpochReport(keras.callbacks.Callback):
         self.step_s = elapsed / self.steps
         average_variables(self.model.non_trainable_variables)
         top1, top5 = evaluate(self.model, self.val, self.topo.world)
-        opt = self.model.optimizer
+        opt = distributed_optimizer(self.model)
         row = {"epoch": epoch + 1, "resolution": self.stage.resolution, "batch": self.stage.batch,
                "algorithm": opt.algorithm_at(epoch), "loss": float((logs or {}).get("loss", np.nan)),
                "top1": top1, "top5": top5, "epoch_s": elapsed,

@@ -16,7 +16,7 @@ from tf_commlib.apps.dawnbench import breakdown, config, models
 from tf_commlib.apps.dawnbench.data import Data
 from tf_commlib.apps.dawnbench.report import EpochReport, Log
 from tf_commlib.apps.dawnbench.schedule import PEAK_PER_256, StagedLinear
-from tf_commlib.keras import DistributedOptimizer, default_callbacks
+from tf_commlib.keras import DistributedOptimizer, default_callbacks, distributed_optimizer
 
 
 # Biases and batch normalisation: no weight decay, no layer adaptation (variable paths).
@@ -101,6 +101,7 @@ def train(args, topo, data):
     loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing)
     opt = make_optimizer(args, data, topo)
     model.compile(opt, loss, jit_compile=False)
+    opt = distributed_optimizer(model)   # through the LossScaleOptimizer compile adds under mixed_float16
     start = resume_epoch(args.ckpt_dir, topo)
     log = Log(args.log_dir, topo, start, args.target_top5)
     if topo.rank == 0:

@@ -1,0 +1,146 @@
+"""Mixed precision with DistributedOptimizer under model.fit and default_callbacks().
+
+``collectives``: mixed_float16, Keras' compile wraps the DistributedOptimizer in its
+LossScaleOptimizer; one epoch per collective (schedule), and at step OVERFLOW of every epoch rank 0
+alone feeds a batch that overflows float16. Reports, per epoch, what that step changed.
+``forms``: DistributedOptimizer(keras LossScaleOptimizer(SGD)) trains (and grows its scale) with
+AdaptiveDensity profiling through the wrapper, a
+custom loop with a per-rank keras LossScaleOptimizer is refused, mixed_bfloat16 trains."""
+import hashlib
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import tf_commlib  # noqa: E402
+from _report import report  # noqa: E402
+from tf_commlib.keras import (AdaptiveDensity, DistributedOptimizer, default_callbacks,  # noqa: E402
+                              distributed_optimizer)
+from tf_commlib.keras.adaptive import profile_batches  # noqa: E402
+
+START = time.perf_counter()
+topo = tf_commlib.init()
+BATCH, STEPS, OVERFLOW = 8, 4, 1
+
+
+def data(rank, overflow_at=None):
+    rng = np.random.default_rng(rank)
+    x = rng.normal(size=(BATCH * STEPS, 32)).astype("float32")
+    y = (x[:, 0] + x[:, 1] > 0).astype("int32")
+    if overflow_at is not None and rank == 0:
+        x[overflow_at * BATCH:(overflow_at + 1) * BATCH] = 6e4   # float16 overflows (max 65504)
+    return x, y
+
+
+def model_with(opt, policy):
+    keras.mixed_precision.set_global_policy(policy)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"),
+                              keras.layers.Dense(2)])
+    model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    return model
+
+
+def digest(values):
+    return hashlib.sha256(b"".join(np.asarray(v).tobytes() for v in values)).hexdigest()
+
+
+def class_name(obj):
+    return f"{type(obj).__module__}.{type(obj).__name__}"
+
+
+def rank_state(opt):
+    """DGC momentum and every aggregator's residuals (numpy)."""
+    residuals = [v for agg, _, _ in opt._groups for v in agg.residuals.values()]
+    return [v.numpy() for v in list(opt.velocities) + residuals]
+
+
+class OverflowProbe(keras.callbacks.Callback):
+    """What step OVERFLOW of each epoch changed: iterations, loss scale, weights, rank state."""
+
+    def __init__(self):
+        super().__init__()
+        self.epochs = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch == OVERFLOW:
+            opt = self.model.optimizer
+            self.before = (int(opt.iterations.numpy()), float(opt.dynamic_scale.numpy()),
+                           [w.numpy() for w in self.model.weights], rank_state(distributed_optimizer(self.model)))
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch != OVERFLOW:
+            return
+        opt, dist = self.model.optimizer, distributed_optimizer(self.model)
+        iterations, scale, weights, state = self.before
+        after = rank_state(dist)
+        self.epochs.append({
+            "algorithm": dist.algorithm_at(len(self.epochs)),
+            "iterations": [iterations, int(opt.iterations.numpy())],
+            "scale": [scale, float(opt.dynamic_scale.numpy())],
+            "weights_unchanged": all(np.array_equal(a, w.numpy()) for a, w in zip(weights, self.model.weights)),
+            "state_unchanged": len(state) > 0 and all(np.array_equal(a, b) for a, b in zip(state, after)),
+            "state_finite": all(np.isfinite(a).all() for a in after)})
+
+
+def collectives():
+    algorithms = ["dense", "2dtar", "hitopk", "ssar_rd", "ssar_split_ag", "dsar_split_ag",
+                  "star", "var", "star_hier", "var_hier"]
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm=algorithms[0], density=0.05,
+                               seed=3, schedule=dict(enumerate(algorithms)))
+    model = model_with(opt, "mixed_float16")
+    probe = OverflowProbe()
+    x, y = data(topo.rank, OVERFLOW)
+    hist = model.fit(x, y, batch_size=BATCH, epochs=len(algorithms), shuffle=False, verbose=0,
+                     callbacks=default_callbacks() + [probe])
+    dist = distributed_optimizer(model)
+    return {"optimizer_type": class_name(model.optimizer), "epochs": probe.epochs,
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "scale": float(model.optimizer.dynamic_scale.numpy()),
+            "weights": digest([w.numpy() for w in model.weights]),
+            "state_finite": all(np.isfinite(a).all() for a in rank_state(dist)),
+            "loss": hist.history["loss"]}
+
+
+def forms():
+    out = {}
+    # DistributedOptimizer around a LossScaleOptimizer: moved outside, with its scale settings
+    opt = DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
+                                                                   initial_scale=256.0, dynamic_growth_steps=3),
+                               algorithm="hitopk", density="adaptive", candidates=(0.1, 0.02))
+    model = model_with(opt, "mixed_float16")
+    x, y = data(topo.rank)
+    adaptive = AdaptiveDensity(profile_batches(x, y, BATCH), profile_steps=1, verbose=False)
+    hist = model.fit(x, y, batch_size=BATCH, epochs=3, shuffle=False, verbose=0,
+                     callbacks=default_callbacks() + [adaptive])
+    out["wrapped"] = {"adaptive": [row["density"] for row in adaptive.history],
+                      "profiled": [row["density"] for row in adaptive.history[0]["profile"]],
+                      "type": class_name(opt), "compiled_is_it": model.optimizer is opt,
+                      "inner_type": type(distributed_optimizer(model).inner_optimizer).__name__,
+                      "iterations": int(opt.iterations.numpy()), "scale": float(opt.dynamic_scale.numpy()),
+                      "weights": digest([w.numpy() for w in model.weights]), "loss": hist.history["loss"]}
+    # a custom loop with Keras' own (per-rank) LossScaleOptimizer: refused, not a hang
+    keras.mixed_precision.set_global_policy("float32")
+    var = keras.Variable(np.ones(4, np.float32))
+    plain = keras.optimizers.LossScaleOptimizer(DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="dense"))
+    try:
+        plain.apply([tf.ones(4)], [var])
+        out["plain_loss_scale"] = "applied"
+    except ValueError as e:
+        out["plain_loss_scale"] = f"{type(e).__name__}: {e}"
+    # mixed_bfloat16: no loss scaling, trains
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm="hitopk", density=0.05)
+    model = model_with(opt, "mixed_bfloat16")
+    hist = model.fit(x, y, batch_size=BATCH, epochs=3, shuffle=False, verbose=0, callbacks=default_callbacks())
+    out["bf16"] = {"optimizer_is_it": model.optimizer is opt, "compute_dtype": model.layers[0].compute_dtype,
+                   "iterations": int(opt.iterations.numpy()), "loss": hist.history["loss"],
+                   "weights": digest([w.numpy() for w in model.weights])}
+    return out
+
+
+result = {"collectives": collectives, "forms": forms}[sys.argv[1]]()
+print(f"rank {topo.rank}: {sys.argv[1]} took {time.perf_counter() - START:.1f} s after imports", flush=True)
+report(topo.rank, result)
