@@ -61,7 +61,7 @@ def shard_of(dataset, n, shard=None, seed=0):
 
 class _Shard:
     """Which samples this process reads in epoch e (1, 2, ...) and in which order: its shard_indices
-    (fixed, or with ``every_epoch`` drawn anew from (shard_seed, e)), shuffled with (seed, e)."""
+    (fixed, or with ``every_epoch`` drawn anew from (shard_seed, e)), shuffled with (seed, e, index)."""
 
     def __init__(self, n, index, count, shard_seed, every_epoch, shuffle, seed, labels=None):
         if shard_seed is not None and (isinstance(shard_seed, bool) or not isinstance(shard_seed, (int, np.integer))
@@ -82,7 +82,9 @@ class _Shard:
     def order(self, epoch):
         order = self.indices(epoch)
         if self.shuffle:
-            order = np.random.default_rng(None if self.seed is None else [self.seed, epoch]).permutation(order)
+            # the shard's index in the seed: shards of equal size (indices in class order) shuffled
+            # with one seed would put the same class at the same position on every rank
+            order = np.random.default_rng(None if self.seed is None else [self.seed, epoch, self.index]).permutation(order)
         return order
 
 

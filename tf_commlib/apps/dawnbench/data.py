@@ -67,7 +67,7 @@ class Data:
 
     def train(self, stage, epoch):
         seed = self.args.seed * 100003 + epoch
-        tf.random.set_seed(seed)
+        tf.random.set_seed(seed * 1009 + self.topo.rank)   # augmentation: another random stream per rank
         res = stage.resolution
         if self.args.synthetic:
             ds = self._synthetic(res, stage.batch * self.args.steps_per_epoch, seed)
