@@ -40,15 +40,20 @@ class BroadcastGlobalVariables(keras.callbacks.Callback):
     """Broadcasts the model's variables from root_rank at the start of training, and the wrapped
     optimizer's (created at the first step) after the first batch. DistributedOptimizer's own
     state (residuals, DGC momentum) is per rank by design and is not broadcast (nor is a
-    LossScaleOptimizer's loss scale, equal on every rank by its global finite check)."""
+    LossScaleOptimizer's loss scale, equal on every rank by its global finite check). Once per
+    instance: a loop that calls model.fit once per epoch with the same callbacks broadcasts once,
+    not every epoch (ranks that trained together hold the same weights; ResNet-50's 100 MB each
+    epoch cost 8 s at 100 Mbit/s)."""
 
     def __init__(self, root_rank=0):
         super().__init__()
         self.root_rank = root_rank
-        self._optimizer_done = False
+        self._model_done = self._optimizer_done = False
 
     def on_train_begin(self, logs=None):
-        broadcast_variables(self.model.variables, self.root_rank)
+        if not self._model_done:
+            broadcast_variables(self.model.variables, self.root_rank)
+            self._model_done = True
 
     def on_train_batch_end(self, batch, logs=None):
         if not self._optimizer_done:

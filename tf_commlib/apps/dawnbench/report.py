@@ -30,6 +30,7 @@ class Log:
             self._rewrite()
             self.writer = tf.summary.create_file_writer(os.path.join(log_dir, "tensorboard"))
         self.offset = self.rows[-1]["wall_s"] if self.rows else 0.0
+        self.last = self.offset   # wall_s of the last row added (every rank)
         self.t0 = time.perf_counter()
         self.tta = next((r["wall_s"] for r in self.rows if r.get("top5", 0) >= target), None)
 
@@ -42,6 +43,7 @@ class Log:
                 f.write(json.dumps(r) + "\n")
 
     def add(self, row):
+        self.last = row["wall_s"]
         if self.topo.rank != 0:
             return
         self.rows.append(row)
@@ -124,14 +126,19 @@ class EpochReport(keras.callbacks.Callback):
         self.start = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
-        elapsed = time.perf_counter() - self.start
+        end = time.perf_counter()
+        elapsed = end - self.start
         self.step_s = elapsed / self.steps
         average_variables(self.model.non_trainable_variables)
         top1, top5 = evaluate(self.model, self.val, self.topo.world)
+        eval_s = time.perf_counter() - end
         opt = distributed_optimizer(self.model)
+        wall = self.log.wall()
         row = {"epoch": epoch + 1, "resolution": self.stage.resolution, "batch": self.stage.batch,
                "algorithm": opt.algorithm_at(epoch), "loss": float((logs or {}).get("loss", np.nan)),
-               "top1": top1, "top5": top5, "epoch_s": elapsed,
+               "top1": top1, "top5": top5, "epoch_s": elapsed, "eval_s": eval_s,
+               # since the last row (or the start): set-up, data sets, callbacks, checkpoints
+               "other_s": wall - self.log.last - elapsed - eval_s,
                "images_per_s": self.steps * self.stage.batch * self.topo.size / elapsed,
-               "wall_s": self.log.wall()}
+               "wall_s": wall}
         self.log.add(row)

@@ -108,6 +108,7 @@ def train(args, topo, data):
         print(f"dawnbench: {args.model}, {topo.m}x{topo.n} ranks, stages "
               f"{[(s.resolution, s.epochs, s.batch) for s in args.stage_list]}, optimizer {args.optimizer}"
               + (f", resuming at epoch {start}" if start else ""), flush=True)
+    common = default_callbacks()   # one set for the run: the model is broadcast once, not every epoch
     for stage in args.stage_list:
         report = None
         # a step function traced for this stage's shapes, in an uninterrupted run as in a resumed one:
@@ -118,7 +119,7 @@ def train(args, topo, data):
             if epoch < start:
                 continue
             report = EpochReport(log, data.val(stage), stage, data.steps(stage), topo)
-            callbacks = default_callbacks() + [report]
+            callbacks = common + [report]
             if args.ckpt_dir:
                 callbacks.append(keras.callbacks.BackupAndRestore(
                     os.path.join(args.ckpt_dir, f"rank{topo.rank}"), delete_checkpoint=False))
