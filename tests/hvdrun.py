@@ -52,8 +52,32 @@ def output(proc, timeout, what):
     try:
         return proc.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired:
-        log = kill_ranks(proc, str(WORKERS))
+        log = kill_ranks(proc, str(ROOT))
         raise AssertionError(f"{what} timed out after {timeout}s:\n{log[-4000:]}")
+
+
+def launch(argv, np_, topology=None, env=None):
+    """Starts ``python argv...`` on np_ local ranks under horovodrun (Gloo), in its own process
+    group, output (stdout and stderr) in a pipe; np_=None runs it as one plain process."""
+    horovodrun = Path(sys.executable).parent / "horovodrun"
+    prefix = [] if np_ is None else [str(horovodrun), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo"]
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    full_env.pop("TF_COMMLIB_TOPOLOGY", None)
+    if topology:
+        full_env["TF_COMMLIB_TOPOLOGY"] = topology
+    full_env.update(env or {})
+    return subprocess.Popen(prefix + [sys.executable, *map(str, argv)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env=full_env, start_new_session=True, text=True)
+
+
+def run_command(argv, np_, timeout, topology=None, env=None):
+    """Runs ``launch(argv, np_, ...)`` to its end; returns its output; fails the test if it times out
+    (its ranks killed) or exits non-zero."""
+    proc = launch(argv, np_, topology, env)
+    what = " ".join(map(str, argv[:3]))
+    log = output(proc, timeout, what)
+    assert proc.returncode == 0, f"{what} failed (exit {proc.returncode}):\n{log[-6000:]}"
+    return log
 
 
 def run(worker, np_, tmp_path, args=(), topology=None, timeout=240, env=None, expect_fail=False):
