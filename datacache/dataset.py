@@ -63,7 +63,7 @@ class _Shard:
     """Which samples this process reads in epoch e (1, 2, ...) and in which order: its shard_indices
     (fixed, or with ``every_epoch`` drawn anew from (shard_seed, e)), shuffled with (seed, e, index)."""
 
-    def __init__(self, n, index, count, shard_seed, every_epoch, shuffle, seed, labels=None):
+    def __init__(self, n, index, count, shard_seed, every_epoch, shuffle, seed, labels=None, limit=None):
         if shard_seed is not None and (isinstance(shard_seed, bool) or not isinstance(shard_seed, (int, np.integer))
                                        or shard_seed < 0):
             raise ValueError(f"shard_seed must be None or an int >= 0, got {shard_seed!r}")
@@ -73,6 +73,11 @@ class _Shard:
         self.shard_seed, self.every_epoch, self.shuffle, self.seed = shard_seed, every_epoch, shuffle, seed
         self.fixed = None if every_epoch else shard_indices(n, index, count, shard_seed, labels)
         self.size = len(self.indices(1))
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or not 1 <= limit <= self.size:
+                raise ValueError(f"samples_per_epoch must be None or an int in [1, {self.size}] (the shard's "
+                                 f"size), got {limit!r}")
+            self.size = int(limit)
 
     def indices(self, epoch):
         if self.fixed is not None:
@@ -85,7 +90,7 @@ class _Shard:
             # the shard's index in the seed: shards of equal size (indices in class order) shuffled
             # with one seed would put the same class at the same position on every rank
             order = np.random.default_rng(None if self.seed is None else [self.seed, epoch, self.index]).permutation(order)
-        return order
+        return order[:self.size]
 
 
 def resolve_shard(shard, n):
@@ -245,7 +250,7 @@ class _Plan:
 
 def cached_dataset(source, preprocess, cache=None, shard=None, shuffle=True, seed=None, *,
                    augment=None, preprocess_key=None, num_parallel_calls=AUTOTUNE, shard_seed=0,
-                   global_shuffle=False):
+                   global_shuffle=False, samples_per_epoch=None):
     """A tf.data.Dataset of ``(preprocess(encoded file), label)`` over this process' shard.
 
     source: ImageFolderSource, TfdsSource, a tfds ImageFolder builder or a folder path.
@@ -260,6 +265,11 @@ def cached_dataset(source, preprocess, cache=None, shard=None, shuffle=True, see
     shuffle, seed: a new permutation of the shard every epoch, reproducible with ``seed``.
     shard_seed: the seed of the shards (every process must pass the same); None cuts the source's
         own order into contiguous shards (a source already in random order).
+    samples_per_epoch: yield only the first samples_per_epoch of each epoch's order (e.g. the same
+        number of full batches on every rank, whose shards differ by one sample). Prefer it to a
+        ``take`` downstream: the pipeline then ends by itself, while a truncated one still had
+        reads and decodes in flight, which the iterator's destruction waited for (up to 8 s at
+        the end of an epoch on 2 busy cores).
     global_shuffle: draw the shards anew every epoch from (shard_seed, epoch), so a process sees
         other samples each epoch, as one process shuffling the whole set would. Costs cache
         locality: with one Redis per node every node ends up caching (and, until then, reading and
@@ -276,7 +286,8 @@ def cached_dataset(source, preprocess, cache=None, shard=None, shuffle=True, see
     index, count = resolve_shard(shard, len(source))
     if not isinstance(global_shuffle, bool):
         raise ValueError(f"global_shuffle must be True or False, got {global_shuffle!r}")
-    shard = _Shard(len(source), index, count, shard_seed, global_shuffle, shuffle, seed, source.labels)
+    shard = _Shard(len(source), index, count, shard_seed, global_shuffle, shuffle, seed, source.labels,
+                   samples_per_epoch)
     if cache is None:
         cache = DataCache()
     elif cache is not False and not isinstance(cache, DataCache):

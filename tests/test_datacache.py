@@ -507,6 +507,16 @@ def test_pipeline_shards_fixed_or_drawn_every_epoch(source, ref16):
         cached_dataset(source, DecodeResize(8), False, shard_seed=None, global_shuffle=True)
     with pytest.raises(ValueError, match="global_shuffle"):
         cached_dataset(source, DecodeResize(8), False, global_shuffle="yes")
+    # samples_per_epoch: the first of each epoch's order, from the shard, other ones every epoch
+    part = set(sorted(epochs_fixed[0][0]))
+    with DataCache(redis_url=False, progress=False, read_batch=4) as cache:
+        ds = cached_dataset(source, DecodeResize(16), cache, shard=(0, count), seed=0, samples_per_epoch=5)
+        assert ds.cardinality() == 5
+        firsts = [ref16.epoch(ds) for _ in range(3)]
+    assert all(len(e) == len(set(e)) == 5 and set(e) <= part for e in firsts) and firsts[0] != firsts[1]
+    for bad in (0, len(part) + 1, 2.5):
+        with pytest.raises(ValueError, match="samples_per_epoch"):
+            cached_dataset(source, DecodeResize(8), False, shard=(0, count), samples_per_epoch=bad)
 
 
 def test_shard_of_any_dataset():

@@ -77,7 +77,7 @@ class Data:
             ds = datacache.cached_dataset(
                 self.train_src, self.preprocess(res), False if self.cache is None else self.cache,
                 shard=(self.topo.rank, self.topo.size), shuffle=True, seed=seed, augment=augment,
-                shard_seed=self.shard_seed(seed))
+                shard_seed=self.shard_seed(seed), samples_per_epoch=self.steps(stage) * stage.batch)
         else:
             ds = self._tfds("train", res, seed).map(lambda x, y: (augment(x), y), AUTOTUNE)
         ds = ds.map(lambda x, y: self._onehot(tf.ensure_shape(x, [res, res, 3]), y), AUTOTUNE)
