@@ -50,8 +50,8 @@ def shard_indices(n, index, count, seed=0, labels=None):
 def shard_of(dataset, n, shard=None, seed=0):
     """``dataset`` (n elements in a fixed order, e.g. a tfds split read without file shuffling)
     restricted to this process' shard_indices (no labels: a plain permutation), in the same
-    order. Every process reads all n elements and keeps its share: n / count reads for each one
-    it keeps (decode after this, so only the kept ones are decoded)."""
+    order. Every process reads all n elements and keeps its share (count reads per element kept;
+    decode after this, so that only the kept ones are decoded)."""
     index, count = resolve_shard(shard, n)
     mine = np.zeros(n, bool)
     mine[shard_indices(n, index, count, seed)] = True
