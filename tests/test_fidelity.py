@@ -56,3 +56,22 @@ def test_train_app_four_ranks_learn_what_one_process_learns(tmp_path):
     assert len(one) == len(four) == 8
     assert one[-1]["test_accuracy"] >= 0.9, one
     assert abs(one[-1]["test_accuracy"] - four[-1]["test_accuracy"]) <= TOLERANCE, (one[-1], four[-1])
+
+
+def test_photo_patch_folder(tmp_path):
+    """The second real image set (patches of the photographs that sklearn and matplotlib ship):
+    ImageNet layout, 10 class folders in sorted order, distinct images of the requested size."""
+    import datacache
+    from tf_commlib.apps.patches import write_patch_folder
+
+    root = write_patch_folder(str(tmp_path / "patches"), size=24, train_per_class=3, val_per_class=2)
+    train = datacache.ImageFolderSource(f"{root}/train")
+    val = datacache.ImageFolderSource(f"{root}/val", class_names=train.class_names)
+    assert train.class_names == [f"class_{c:02d}" for c in range(10)]
+    assert len(train) == 30 and len(val) == 20
+    assert train.labels.tolist() == sorted(train.labels.tolist())   # listed class by class
+    decode = datacache.DecodeResize(24)
+    import tensorflow as tf
+    images = [decode(tf.io.read_file(train.path(i))).numpy() for i in range(len(train))]
+    assert all(x.shape == (24, 24, 3) for x in images)
+    assert len({x.tobytes() for x in images}) == 30
