@@ -174,8 +174,10 @@ class DataCache:
                     record[k] += v
 
     def stats(self):
-        """hits, misses (absent or invalid), fallbacks (Redis down), corrupt (invalid values),
-        source_bytes / local_bytes (read from the source / from level 1), the writer's counters,
+        """hits, misses (absent or invalid), fallbacks (Redis down, or the cluster node holding the
+        key), corrupt (invalid values),
+        source_bytes / local_bytes (read from the source / from level 1), the store's counters
+        (writes, outages, a cluster's node_outages and redirects, ...),
         redis_bytes / redis_keys (the server's used_memory and key count), redis_up, and one
         record per epoch of every dataset (``epochs``)."""
         with self._lock:

@@ -176,12 +176,14 @@ class _Plan:
         out = _aligned_empty((len(idx),) + self.codec.shape, self.codec.dtype)
         hit = np.zeros(len(idx), bool)
         store = self.cache.store
-        values = store.mget([self.key(i) for i in idx]) if store is not None else None
-        corrupt = 0
-        if values is not None:
+        values, failed = store.mget([self.key(i) for i in idx]) if store is not None else (None, None)
+        corrupt, fallbacks = 0, 0
+        if values is not None:   # failed: keys of a cluster node that is down (values None)
             hit = self.codec.decode_batch(values, idx, out)
             corrupt = sum(v is not None for v in values) - int(hit.sum())
-        fallbacks = len(idx) if values is None and store is not None else 0
+            fallbacks = int(np.count_nonzero(failed))
+        elif store is not None:
+            fallbacks = len(idx)
         return (out, hit) + self._finish(idx, epoch, hit, corrupt, fallbacks)
 
     def redis_state(self):

@@ -23,3 +23,37 @@ def slurm(tmp_path_factory):
             yield cluster
         finally:
             cluster.stop()
+
+
+# -- DataCache: the test images (module-scoped: each module gets its own folder) --------------------
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    from tests.datacache_data import write_folder
+
+    return write_folder(str(tmp_path_factory.mktemp("images")))
+
+
+@pytest.fixture(scope="module")
+def source(folder):
+    from datacache import ImageFolderSource
+
+    return ImageFolderSource(folder)
+
+
+@pytest.fixture(scope="module")
+def ref16(source):
+    from datacache import DecodeResize
+    from tests.datacache_data import Reference
+
+    return Reference(source, DecodeResize(16))
+
+
+@pytest.fixture
+def redis_cluster():
+    """A real Redis Cluster of three masters on 127.0.0.1 (tests/redis_cluster.py), with a random
+    password, that keeps serving the slots of the live masters when one dies
+    (cluster-require-full-coverage no); every server is stopped at the end, also on failure."""
+    from tests.redis_cluster import RedisCluster
+
+    with RedisCluster(full_coverage=False) as cluster:
+        yield cluster

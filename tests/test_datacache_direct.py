@@ -196,7 +196,7 @@ def test_a_reply_cut_partway_reads_no_row(server, tmp_path):
     """The op reports no row of a batch whose reply broke off; the dataset counts the whole
     batch as a fallback (never a negative miss count) and serves every sample from the source."""
     import datacache
-    from tests.test_datacache import Reference, write_folder
+    from tests.datacache_data import Reference, write_folder
 
     codec = Codec(np.float32, SHAPE)
     writer = redis.Redis(**server.client_kwargs())
@@ -261,7 +261,7 @@ def test_restarted_server_with_several_pooled_connections(tmp_path):
     model.fit with steps_per_epoch keeps one) are not reused after the server restarts: the next
     epoch reads on fresh connections, with no failed batch."""
     import datacache
-    from tests.test_datacache import Reference, digest, write_folder
+    from tests.datacache_data import Reference, digest, write_folder
 
     source = datacache.ImageFolderSource(write_folder(str(tmp_path / "img"), 2, 16))
     n = len(source)
@@ -300,7 +300,7 @@ def test_restarted_server_with_several_pooled_connections(tmp_path):
 def test_a_bytes_password_reads_through_the_direct_path(server, tmp_path):
     """redis-py takes the password as bytes too; the direct path then reads with it."""
     import datacache
-    from tests.test_datacache import Reference, write_folder
+    from tests.datacache_data import Reference, write_folder
 
     source = datacache.ImageFolderSource(write_folder(str(tmp_path / "img"), 2, 4))
     ref = Reference(source, datacache.DecodeResize(16))
@@ -342,7 +342,7 @@ def test_a_refused_read_backs_off_until_it_is_allowed(tmp_path, direct_read):
     reconnects (PING works) do not reset the backoff, so the refusal costs a few failed batches,
     not one per retry_interval; once the ACL allows the keys, the cache fills and is read."""
     import datacache
-    from tests.test_datacache import Reference, write_folder
+    from tests.datacache_data import Reference, write_folder
 
     source = datacache.ImageFolderSource(write_folder(str(tmp_path / "img"), 2, 8))
     n = len(source)
