@@ -7,6 +7,17 @@ import numpy as np
 import tensorflow as tf
 
 AUTOTUNE = tf.data.AUTOTUNE
+VAL_IN_MEMORY = 256 << 20   # a rank's share of the validation set (uint8) up to this is kept in memory
+
+
+def without_autotune_thread(ds):
+    """tf.data's autotuning runs a model thread per iterator whose timed wait (a period that grows
+    to a minute) the iterator's destruction waits out: fit's teardown took 4-41 s at the end of some
+    epochs here (epoch by epoch, a new iterator each). Parallelism and buffers then stay at their
+    defaults (one call per core)."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.with_options(options)
 
 
 def normalize(x):
@@ -82,7 +93,7 @@ class Data:
             ds = self._tfds("train", res, seed).map(lambda x, y: (augment(x), y), AUTOTUNE)
         ds = ds.map(lambda x, y: self._onehot(tf.ensure_shape(x, [res, res, 3]), y), AUTOTUNE)
         ds = ds.batch(stage.batch, drop_remainder=True)
-        return ds.take(self.steps(stage)).prefetch(AUTOTUNE)
+        return without_autotune_thread(ds.take(self.steps(stage)).prefetch(AUTOTUNE))
 
     def shard_seed(self, epoch_seed):
         """The rank's shard is fixed (drawn from --seed) or, with --global-shuffle, drawn anew from
@@ -106,10 +117,14 @@ class Data:
                 ds = datacache.cached_dataset(
                     self.val_src, self.preprocess(res), False if self.cache is None else self.cache,
                     shard=(self.topo.rank, self.topo.size), shuffle=False, shard_seed=self.args.seed)
+                n = len(self.val_src)
             else:
                 ds = self._tfds("validation", res, None)
+                n = self.builder.info.splits["validation"].num_examples
+            if -(-n // self.topo.size) * res * res * 3 <= VAL_IN_MEMORY:
+                ds = ds.cache()   # later evaluations from memory: no pipeline start-up each epoch
             ds = ds.map(lambda x, y: (tf.ensure_shape(normalize(x), [res, res, 3]), tf.reshape(y, [])), AUTOTUNE)
-            self._val[res] = ds.batch(batch).prefetch(AUTOTUNE)
+            self._val[res] = without_autotune_thread(ds.batch(batch).prefetch(AUTOTUNE))
         return self._val[res]
 
     def _synthetic(self, res, n, seed):
