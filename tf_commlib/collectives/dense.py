@@ -16,7 +16,7 @@ def time(d, m, n, density, params, options):
     """Ring over all P ranks, 2(P-1)·α + 2(P-1)/P·4d·β, on the inter link when m > 1 (2 bytes per
     value and the casts with compression; bf16: reduce-scatter + all-gather)."""
     a, b = C.world_link(m, params)
-    compression = options["compression"]
+    compression = options.get("compression", "none")   # formulas reused by other collectives
     steps = {"allreduce": W.allreduce_time(d, compression, m * n, a, b)}
     if compression != "none":
         steps["cast"] = W.cast_cost(d, compression, params)
@@ -24,7 +24,7 @@ def time(d, m, n, density, params, options):
 
 
 def sent_bytes(d, m, n, density, options):
-    return W.allreduce_bytes(d, options["compression"], "world", m, n)
+    return W.allreduce_bytes(d, options.get("compression", "none"), "world", m, n)
 
 
 def check_options(options):

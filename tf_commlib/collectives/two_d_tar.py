@@ -26,7 +26,7 @@ def time(d, m, n, density, params, options):
     """eq. (7) intra reduce-scatter + ring All-Reduce of the d/n shard over m (the n concurrent
     inter-node rings share each node's link) + intra All-Gather of the shards (eq. (10), dense);
     with compression 2 bytes per value and the casts (bf16's inter All-Reduce: wire.py)."""
-    s, compression = math.ceil(d / n), options["compression"]
+    s, compression = math.ceil(d / n), options.get("compression", "none")
     v = W.value_bytes(compression)
     steps = {
         "reducescatter": C.reducescatter(v * n * s, n, params.alpha_intra, params.beta_intra),
@@ -39,7 +39,7 @@ def time(d, m, n, density, params, options):
 
 
 def sent_bytes(d, m, n, density, options):
-    s, compression = math.ceil(d / n), options["compression"]
+    s, compression = math.ceil(d / n), options.get("compression", "none")
     v = W.value_bytes(compression)
     return L.add(L.per_rank("reducescatter", v * n * s, "intra", m, n),
                  W.allreduce_bytes(s, compression, "inter", m, n),
