@@ -92,7 +92,12 @@ def test_registry_rejects_bad_collectives():
 @pytest.mark.parametrize("options,message", [
     ({"bogus": {}}, r"unknown algorithm\(s\) \['bogus'\]"),
     ({"hitopk": {"step4": "x"}}, "step4"),
-    ({"dense": {"delta": 1}}, r"dense takes none"),
+    ({"dense": {"delta": 1}}, r"dense takes \['compression'\]"),
+    ({"dense": {"compression": "int8"}}, r"\['dense'\]\['compression'\] must be one of"),
+    ({"2dtar": {"compression": None}}, r"\['2dtar'\]\['compression'\] must be one of"),
+    ({"powersgd": {"rank": 0}}, r"\['powersgd'\]\['rank'\] must be an int >= 1"),
+    ({"powersgd": {"rank": 2.0}}, r"\['powersgd'\]\['rank'\]"),
+    ({"powersgd": {"min_compression_size": True}}, r"\['powersgd'\]\['min_compression_size'\]"),
     ([("hitopk", {})], "algorithm_options must be a dict"),
     ({"dsar_split_ag": {"qsgd_bits": 3}}, "qsgd_bits"),
     ({"dsar_split_ag": {"qsgd_bits": 4.0}}, "qsgd_bits"),

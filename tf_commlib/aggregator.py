@@ -2,7 +2,7 @@
 import tensorflow as tf
 
 from tf_commlib import consistency, fusion, link_bytes, ops
-from tf_commlib.collectives import ALGORITHMS, resolve_algorithm_options
+from tf_commlib.collectives import ALGORITHMS, resolve_algorithm_options, with_compression
 from tf_commlib.topology import topology as current_topology
 
 OPS = ("average", "sum")
@@ -52,7 +52,9 @@ class GradientAggregator:
     Context, with the step and a seed (tf_commlib.collectives.Context). ``track_gain``: ``gain``
     (float64 [2]) accumulates this rank's ||g_c||^2 and ||g_e||^2 over the sparse buckets: g_e is the
     input plus the residual, g_c what left it (g_e minus the new residual, both in input space),
-    tyagi's compression gain is their ratio (tf_commlib.keras.adaptive).
+    tyagi's compression gain is their ratio (tf_commlib.keras.adaptive). ``compression`` ("none",
+    "fp16", "bf16") sets that option of every collective that takes it (dense, 2dtar: 16-bit values on
+    the wire, tf_commlib/collectives/wire.py) unless algorithm_options sets it.
     ``check_consistency`` (default True) checks at every call that all ranks are at the same step
     with the same shapes, dtypes, algorithm, density, selector and op (one all-gather of a few
     int64 per rank, tf_commlib.consistency); False checks only the first call.
@@ -60,11 +62,12 @@ class GradientAggregator:
 
     def __init__(self, algorithm="hitopk", density=0.01, selector="mstopk", op="average",
                  fusion_threshold_bytes=64 << 20, topology=None, seed=None, cost_params=None,
-                 check_consistency=True, variable_factory=None, algorithm_options=None, track_gain=False):
+                 check_consistency=True, variable_factory=None, algorithm_options=None, track_gain=False,
+                 compression="none"):
         if not isinstance(check_consistency, bool):
             raise ValueError(f"check_consistency must be True or False, got {check_consistency!r}")
         check_config(algorithm, density, selector, op, algorithm_options)
-        self.algorithm_options = resolve_algorithm_options(algorithm_options)
+        self.algorithm_options = resolve_algorithm_options(with_compression(algorithm_options, compression))
         self.candidates = [algorithm] if isinstance(algorithm, str) else list(algorithm)
         self.initial_density, self.selector, self.op = float(density), selector, op
         self.fusion_threshold_bytes = int(fusion_threshold_bytes)
@@ -99,7 +102,8 @@ class GradientAggregator:
                 for name in sorted({self._resolve(c, d) for c in self.candidates}):
                     coll = ALGORITHMS[name]
                     if coll.sparse:
-                        self.residuals[(i, name)] = make([coll.residual_size(d, self.topo)],
+                        size = coll.residual_size(d, self.topo, coll.resolve_options(self.algorithm_options.get(name)))
+                        self.residuals[(i, name)] = make([size],
                                                          bucket.dtype, f"residual_{i}_{name}")
 
     def variables(self):

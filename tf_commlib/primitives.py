@@ -20,6 +20,13 @@ def _alone(process_set):
     return process_set.size() == 1
 
 
+def _as_bits(x):
+    """(x, back): Horovod's allgather and alltoall take no bfloat16, so its bits travel as uint16."""
+    if x.dtype != tf.bfloat16:
+        return x, lambda y: y
+    return tf.bitcast(x, tf.uint16), lambda y: tf.bitcast(y, tf.bfloat16)
+
+
 def allreduce(x, process_set, average=False, name=None):
     """Element-wise sum (or average) of x over the set."""
     if _alone(process_set):
@@ -41,8 +48,9 @@ def allgather(x, process_set, name=None):
     link_bytes.record("allgather", x, process_set)
     if _shared_memory(process_set):
         return shm.allgather(x, process_set)
+    x, back = _as_bits(x)
     x, name = _unfoldable(x, "Allgather", name)
-    return hvd.allgather(x, process_set=process_set, name=name)
+    return back(hvd.allgather(x, process_set=process_set, name=name))
 
 
 def _reducescatter_mode(x=None, process_set=None):
@@ -69,9 +77,11 @@ def _reducescatter_by_alltoall(x, process_set, shard, name):
     others = blocks[:me] + blocks[me + 1:]
     splits = tf.tensor_scatter_nd_update(tf.fill([size], shard), [[me]], [0])
     # Horovod names an unnamed op after its input: give every rank's input the same name
-    send = tf.identity(others[0] if size == 2 else tf.concat(others, 0), name="reducescatter_send")
+    send, back = _as_bits(others[0] if size == 2 else tf.concat(others, 0))
+    send = tf.identity(send, name="reducescatter_send")
     send, name = _unfoldable(send, "Alltoall", name)
     received, _ = hvd.alltoall(send, splits=splits, process_set=process_set, name=name)
+    received = back(received)
     if size == 2:   # a + b rounds the same in either order
         return blocks[me] + received
     parts = tf.split(received, size - 1)   # a fixed order, the same in eager and graph mode
@@ -110,9 +120,10 @@ def alltoall(x, splits, process_set, name=None):
     if _alone(process_set):
         return tf.identity(x)
     link_bytes.record("alltoall", x, process_set, splits=splits)
+    x, back = _as_bits(x)
     x, name = _unfoldable(x, "Alltoall", name)
     received, _ = hvd.alltoall(x, splits=splits, process_set=process_set, name=name)
-    return received
+    return back(received)
 
 
 SMALL = 1 << 16   # elements: tensors up to this size are shielded from constant folding

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from tf_commlib.collectives.interface import Collective, Context
 
-__all__ = ["ALGORITHMS", "Collective", "Context", "register", "resolve_algorithm_options"]
+__all__ = ["ALGORITHMS", "Collective", "Context", "register", "resolve_algorithm_options", "with_compression"]
 
 ALGORITHMS = {}   # name -> Collective
 
@@ -44,6 +44,21 @@ def resolve_algorithm_options(algorithm_options):
         raise ValueError(f"algorithm_options names unknown algorithm(s) {unknown}; "
                          f"known: {sorted(ALGORITHMS)}")
     return {name: ALGORITHMS[name].resolve_options(opts) for name, opts in algorithm_options.items()}
+
+
+def with_compression(algorithm_options, compression):
+    """algorithm_options with compression ("none", "fp16", "bf16": 16-bit values on the wire) set for
+    every registered algorithm that takes it (dense, 2dtar) where algorithm_options does not set it;
+    ValueError naming compression for another value."""
+    from tf_commlib.collectives.wire import COMPRESSIONS
+    if not isinstance(compression, str) or compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    out = {name: dict(opts) for name, opts in (algorithm_options or {}).items()}
+    if compression != "none":
+        for name, coll in ALGORITHMS.items():
+            if "compression" in coll.options:
+                out.setdefault(name, {}).setdefault("compression", compression)
+    return out
 
 
 def _discover():

@@ -38,7 +38,7 @@ def real_size(d, n, local):
     return max(0, min(s, d - local * s))
 
 
-def residual_size(d, topo):
+def residual_size(d, topo, options=None):
     return shard_size(d, topo.n)
 
 

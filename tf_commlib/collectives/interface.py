@@ -34,8 +34,9 @@ class Collective:
             for d float32 entries on m nodes x n ranks with costmodel.LinkParams (and its helpers).
     bytes:  bytes(d, m, n, density, options) -> {"intra": B, "inter": B} sent per call, averaged
             over the ranks, by the convention of tf_commlib.link_bytes (use link_bytes.per_rank).
-    sparse, residual_size(d, topo), residual_to_input(residual, d, topo): for error feedback
-            (the latter maps the residual to what this rank adds to its input to flush it).
+    sparse, residual_size(d, topo, options=None), residual_to_input(residual, d, topo): for error
+            feedback (the length of the per-rank state, which may hold more than the residual, e.g.
+            PowerSGD's Q; the latter maps it to what this rank adds to its input to flush it).
     options: {name: default} that the aggregator's ``algorithm_options[name]`` may override;
     check_options(options) raises ValueError for a bad value (options has every name filled in).
     actual_bytes: for a collective whose bytes depend on which entries the ranks selected (the

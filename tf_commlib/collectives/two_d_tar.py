@@ -1,4 +1,5 @@
-"""2DTAR: intra-node reduce-scatter -> inter-node allreduce of the shard -> intra-node allgather."""
+"""2DTAR: intra-node reduce-scatter -> inter-node allreduce of the shard -> intra-node allgather.
+The option compression ("none", "fp16", "bf16") runs all three in 16 bits (wire.py)."""
 import math
 
 import tensorflow as tf
@@ -6,34 +7,48 @@ import tensorflow as tf
 from tf_commlib import costmodel as C
 from tf_commlib import link_bytes as L
 from tf_commlib import primitives as P
+from tf_commlib.collectives import wire as W
 from tf_commlib.collectives.interface import Collective
 
 
 def two_d_tar(x, topo, ctx=None):
     """Sum over all ranks of the flat tensor x, communicated hierarchically (shi2021 §3.2)."""
-    d = tf.shape(x)[0]
-    padded = tf.pad(x, [[0, (-d) % topo.n]])
+    compression = (ctx or COLLECTIVE.context()).options["compression"]
+    wire = W.to_wire(x, topo.size, compression)
+    d = tf.shape(wire)[0]
+    padded = tf.pad(wire, [[0, (-d) % topo.n]])
     shard = P.reducescatter(padded, topo.intra)
-    shard = P.allreduce(shard, topo.inter)
-    return P.allgather(shard, topo.intra)[:d]
+    shard = W.allreduce(shard, topo.inter)
+    return W.from_wire(P.allgather(shard, topo.intra)[:d], x.dtype, topo.size, compression)
 
 
 def time(d, m, n, density, params, options):
     """eq. (7) intra reduce-scatter + ring All-Reduce of the d/n shard over m (the n concurrent
-    inter-node rings share each node's link) + intra All-Gather of the shards (eq. (10), dense)."""
-    s = math.ceil(d / n)
-    return {
-        "reducescatter": C.reducescatter(C.BYTES * n * s, n, params.alpha_intra, params.beta_intra),
-        "inter_allreduce": C.ring_allreduce(C.BYTES * s * n, m, params.alpha_inter, params.beta_inter),
-        "allgather": C.allgather(C.BYTES * s, n, params.alpha_intra, params.beta_intra),
+    inter-node rings share each node's link) + intra All-Gather of the shards (eq. (10), dense);
+    with compression 2 bytes per value and the casts (bf16's inter All-Reduce: wire.py)."""
+    s, compression = math.ceil(d / n), options.get("compression", "none")
+    v = W.value_bytes(compression)
+    steps = {
+        "reducescatter": C.reducescatter(v * n * s, n, params.alpha_intra, params.beta_intra),
+        "inter_allreduce": W.allreduce_time(n * s, compression, m, params.alpha_inter, params.beta_inter),
+        "allgather": C.allgather(v * s, n, params.alpha_intra, params.beta_intra),
     }
+    if compression != "none":
+        steps["cast"] = W.cast_cost(d, compression, params)
+    return steps
 
 
 def sent_bytes(d, m, n, density, options):
-    s = math.ceil(d / n)
-    return L.add(L.per_rank("reducescatter", C.BYTES * n * s, "intra", m, n),
-                 L.per_rank("allreduce", C.BYTES * s, "inter", m, n),
-                 L.per_rank("allgather", C.BYTES * s, "intra", m, n))
+    s, compression = math.ceil(d / n), options.get("compression", "none")
+    v = W.value_bytes(compression)
+    return L.add(L.per_rank("reducescatter", v * n * s, "intra", m, n),
+                 W.allreduce_bytes(s, compression, "inter", m, n),
+                 L.per_rank("allgather", v * s, "intra", m, n))
 
 
-COLLECTIVE = Collective("2dtar", two_d_tar, time, sent_bytes)
+def check_options(options):
+    W.check(options["compression"], "2dtar")
+
+
+COLLECTIVE = Collective("2dtar", two_d_tar, time, sent_bytes, options={"compression": "none"},
+                        check_options=check_options)

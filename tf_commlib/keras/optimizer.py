@@ -29,6 +29,7 @@ import tensorflow as tf
 from tf_commlib import link_bytes, ops
 from tf_commlib import primitives as P
 from tf_commlib.aggregator import GradientAggregator, check_config
+from tf_commlib.collectives import with_compression
 from tf_commlib.keras import adaptive
 from tf_commlib.keras.policy import WARMUP_DENSITIES, default_dense_layers, parse_schedule
 from tf_commlib.topology import topology as current_topology
@@ -103,8 +104,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
       density="adaptive": tyagi's adaptive compression ratio over ``candidates`` (default
         (0.1, 0.033, 0.011, 0.004, 0.001)), driven by the callback tf_commlib.keras.AdaptiveDensity
         (which profiles them and sets the density); until then the first candidate.
-      fusion_threshold_bytes, seed, algorithm_options: passed to the GradientAggregator
-        (algorithm_options = {algorithm: {option: value}}, see tf_commlib.collectives).
+      fusion_threshold_bytes, seed, algorithm_options, compression: passed to the GradientAggregators
+        (algorithm_options = {algorithm: {option: value}}, see tf_commlib.collectives; compression
+        "fp16" or "bf16" sends 16-bit values in dense and 2dtar, the dense-layer group included).
     The epoch-driven parts (warm-up, schedule) are driven by ``set_epoch``, which the callback
     tf_commlib.keras.CompressionScheduler calls from model.fit.
 
@@ -127,10 +129,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                  momentum_correction=True, momentum=None, nesterov=False, local_clip_norm=None,
                  momentum_masking=True, warmup=None, dense_layers=None, schedule=None,
                  dense_warmup_epochs=0, qrgc=False, fusion_threshold_bytes=64 << 20, seed=None,
-                 name=None, algorithm_options=None, candidates=None):
+                 name=None, algorithm_options=None, candidates=None, compression="none"):
         candidates, is_adaptive = adaptive.check_candidates(density, candidates), density == "adaptive"
         density = candidates[0] if is_adaptive else density
         check_config(algorithm, density, selector, algorithm_options=algorithm_options)
+        with_compression(algorithm_options, compression)   # ValueError naming a bad compression
         check_arguments(optimizer, momentum_correction, momentum, nesterov, local_clip_norm,
                         momentum_masking, warmup, dense_layers, dense_warmup_epochs, qrgc,
                         fusion_threshold_bytes, seed, name)
@@ -156,7 +159,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.warmup = warmup or 0
         self.dense_layers = dense_layers or default_dense_layers
         self.fusion_threshold_bytes, self.seed, self.qrgc = fusion_threshold_bytes, seed, qrgc
-        self.algorithm_options = algorithm_options
+        self.algorithm_options, self.compression = algorithm_options, compression
         self.candidates, self.adaptive = candidates, is_adaptive
 
     # -- state -----------------------------------------------------------------------------
@@ -176,7 +179,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             return GradientAggregator(algorithm, self.target_density, selector, topology=topo,
                                       fusion_threshold_bytes=fusion, seed=self.seed,
                                       variable_factory=self._factory,
-                                      algorithm_options=options, track_gain=self.adaptive)
+                                      algorithm_options=options, track_gain=self.adaptive,
+                                      compression=self.compression)
 
         # (aggregator, variable indices, sparse?) groups
         self._groups = []
@@ -335,7 +339,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 "local_clip_norm": self.local_clip_norm, "momentum_masking": self.momentum_masking,
                 "warmup": self.warmup, "schedule": {str(e): a for e, a in self.schedule.items()},
                 "qrgc": self.qrgc, "fusion_threshold_bytes": self.fusion_threshold_bytes,
-                "seed": self.seed, "algorithm_options": self.algorithm_options}
+                "seed": self.seed, "algorithm_options": self.algorithm_options, "compression": self.compression}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
