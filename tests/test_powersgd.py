@@ -1,7 +1,6 @@
 """PowerSGD (collectives/powersgd.py) and 16-bit values on the wire (collectives/wire.py): numpy
 references on 4 ranks (2x2 and 1x4), bit-identical replicas, bytes moved against the formulas, and
 the options and arguments by hand."""
-import math
 
 import keras
 import numpy as np
