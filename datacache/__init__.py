@@ -23,9 +23,12 @@ __all__ = ["DataCache", "ImageFolderSource", "TfdsSource", "cached_dataset", "sh
 
 def __getattr__(name):
     # Lazy: `import datacache` (the warm command's --help, setup.py) does not import TensorFlow.
-    if name in ("cached_dataset", "shard_range", "shard_indices", "shard_of"):
+    if name == "cached_dataset":
         from datacache import dataset
-        return getattr(dataset, name)
+        return dataset.cached_dataset
+    if name in ("shard_range", "shard_indices", "shard_of"):
+        from datacache import shards
+        return getattr(shards, name)
     if name == "DecodeResize":
         from datacache.preprocess import DecodeResize
         return DecodeResize

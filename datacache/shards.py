@@ -1,0 +1,91 @@
+"""Which samples each process reads: shards that are random, class-balanced samples of the data
+set (fixed across epochs or drawn anew), each process' order within an epoch, and the same
+shards for any tf.data set."""
+import numpy as np
+import tensorflow as tf
+
+from datacache.cache import _topology
+
+
+def shard_range(n, index, count):
+    """[lo, hi) of shard ``index`` of ``count`` over n positions: contiguous, sizes differ by <= 1.
+    With node-major ranks, the shards of a node's ranks form one contiguous part per node."""
+    return index * n // count, (index + 1) * n // count
+
+
+def shard_indices(n, index, count, seed=0, labels=None):
+    """The sample indices of shard ``index`` of ``count`` over n samples, sorted: a random sample of
+    the data set, the same on every process for the same ``seed``. The samples are permuted with
+    ``seed`` (with ``labels``: grouped by class after that, each class in random order) and dealt
+    out in turn, so shard sizes differ by <= 1 and, with labels, so does each class's count: every
+    shard holds every class in proportion (a source listed class by class, cut into contiguous
+    ranges, gave each rank a few classes). seed=None: the contiguous shard_range of the source's
+    own order (a source already in random order)."""
+    if seed is None:
+        return np.arange(*shard_range(n, index, count), dtype=np.int64)
+    order = np.random.default_rng(seed).permutation(n)
+    if labels is not None:
+        order = order[np.argsort(np.asarray(labels)[order], kind="stable")]
+    return np.sort(order[index::count]).astype(np.int64)
+
+
+def shard_of(dataset, n, shard=None, seed=0):
+    """``dataset`` (n elements in a fixed order, e.g. a tfds split read without file shuffling)
+    restricted to this process' shard_indices (no labels: a plain permutation), in the same
+    order. Every process reads all n elements and keeps its share (count reads per element kept;
+    decode after this, so that only the kept ones are decoded)."""
+    index, count = resolve_shard(shard, n)
+    mine = np.zeros(n, bool)
+    mine[shard_indices(n, index, count, seed)] = True
+    mine = tf.constant(mine)
+    return dataset.enumerate().filter(lambda i, *x: mine[i]).map(lambda i, *x: x[0] if len(x) == 1 else x)
+
+
+class _Shard:
+    """Which samples this process reads in epoch e (1, 2, ...) and in which order: its shard_indices
+    (fixed, or with ``every_epoch`` drawn anew from (shard_seed, e)), shuffled with (seed, e, index)."""
+
+    def __init__(self, n, index, count, shard_seed, every_epoch, shuffle, seed, labels=None, limit=None):
+        if shard_seed is not None and (isinstance(shard_seed, bool) or not isinstance(shard_seed, (int, np.integer))
+                                       or shard_seed < 0):
+            raise ValueError(f"shard_seed must be None or an int >= 0, got {shard_seed!r}")
+        if every_epoch and shard_seed is None:
+            raise ValueError("global_shuffle=True needs a shard_seed (not None)")
+        self.n, self.index, self.count, self.labels = n, index, count, labels
+        self.shard_seed, self.every_epoch, self.shuffle, self.seed = shard_seed, every_epoch, shuffle, seed
+        self.fixed = None if every_epoch else shard_indices(n, index, count, shard_seed, labels)
+        self.size = len(self.indices(1))
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or not 1 <= limit <= self.size:
+                raise ValueError(f"samples_per_epoch must be None or an int in [1, {self.size}] (the shard's "
+                                 f"size), got {limit!r}")
+            self.size = int(limit)
+
+    def indices(self, epoch):
+        if self.fixed is not None:
+            return self.fixed
+        return shard_indices(self.n, self.index, self.count, [self.shard_seed, epoch], self.labels)
+
+    def order(self, epoch):
+        order = self.indices(epoch)
+        if self.shuffle:
+            # the shard's index in the seed: shards of equal size (indices in class order) shuffled
+            # with one seed would put the same class at the same position on every rank
+            order = np.random.default_rng(None if self.seed is None else [self.seed, epoch, self.index]).permutation(order)
+        return order[:self.size]
+
+
+def resolve_shard(shard, n):
+    """(index, count): ``shard`` if given, else (rank, size) of tf_commlib's topology, else (0, 1)."""
+    if shard is None:
+        topo = _topology()
+        return (topo.rank, topo.size) if topo is not None else (0, 1)
+    try:
+        index, count = (int(v) for v in shard)
+    except (TypeError, ValueError):
+        raise ValueError(f"shard must be (index, count), got {shard!r}") from None
+    if not 0 <= index < count:
+        raise ValueError(f"shard={shard!r}: need 0 <= index < count")
+    if count > n:
+        raise ValueError(f"shard={shard!r}: {count} shards of a data set of {n} samples leave some empty")
+    return index, count
