@@ -37,14 +37,14 @@ test: install
 	$(VENV)/bin/python -m pytest -q tests
 
 demo: install
-	$(PY) -m tf_commlib.apps.demo
+	$(PY) -m tfc_apps.demo
 
 # Compiles the CUDA kernels with nvcc (no TensorFlow needed), to check them on a CPU-only machine.
 cuda-check:
 	bash scripts/cuda_check.sh
 
 bench-topk: install
-	$(PY) -m tf_commlib.bench topk
+	$(PY) -m tfc_apps.bench topk
 
 clean:
 	rm -rf build tf_commlib/_tf_commlib_ops*.so tf_commlib/_build_info.json

@@ -100,7 +100,7 @@ setup(
     version="0.1.0",
     description="Communication-efficient data-parallel training for TensorFlow + Horovod "
                 "(MSTopK, HiTopKComm, DGC, RedSync, SparCML)",
-    packages=find_packages(include=["tf_commlib", "tf_commlib.*", "datacache", "datacache.*",
+    packages=find_packages(include=["tf_commlib", "tf_commlib.*", "datacache", "datacache.*", "tfc_apps", "tfc_apps.*",
                                     "pto", "pto.*"]),
     entry_points={"console_scripts": ["datacache = datacache.cli:main"]},
     python_requires=">=3.11",

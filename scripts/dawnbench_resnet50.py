@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""DAWNBench ResNet-50 with tf_commlib (shi2021 §5.6); see tf_commlib/apps/dawnbench/run.py.
+"""DAWNBench ResNet-50 with tf_commlib (shi2021 §5.6); see tfc_apps/dawnbench/run.py.
 
   horovodrun -np 4 -H localhost:4 --gloo python scripts/dawnbench_resnet50.py --data DIR
 """
-from tf_commlib.apps.dawnbench import config
+from tfc_apps.dawnbench import config
 
 if __name__ == "__main__":
     args = config.parse()   # bad arguments fail here, before TensorFlow is imported
-    from tf_commlib.apps.dawnbench.run import run
+    from tfc_apps.dawnbench.run import run
 
     run(args)

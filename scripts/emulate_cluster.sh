@@ -10,7 +10,7 @@
 # through the namespace-side veth (tfc-nI, tbf at X Mbit/s) and enters the other namespace through
 # the bridge-side veth (tfc-bI, tbf at X Mbit/s), so each direction is limited to X Mbit/s.
 # Addresses come from 198.18.0.0/15 (benchmarking range): bridge .254, node I = 198.18.0.(I+1).
-# tf_commlib.apps.cluster_launch reads the state file to start Horovod ranks inside the namespaces.
+# tfc_apps.cluster_launch reads the state file to start Horovod ranks inside the namespaces.
 # Horovod 0.28.1 creates the Gloo devices of its process sets without HOROVOD_GLOO_IFACE and binds
 # them to whatever this machine's hostname resolves to (127.0.0.1 here), so each namespace gets an
 # /etc/netns/tfc-nodeI/hosts (which `ip netns exec` mounts over /etc/hosts) mapping the hostname

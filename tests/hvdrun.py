@@ -109,13 +109,13 @@ def run(worker, np_, tmp_path, args=(), topology=None, timeout=240, env=None, ex
 
 
 def run_cluster(worker, tmp_path, args=(), local=None, np_per_node=None, timeout=240, env=None):
-    """Runs tests/workers/<worker> through tf_commlib.apps.cluster_launch: on the namespaces made by
+    """Runs tests/workers/<worker> through tfc_apps.cluster_launch: on the namespaces made by
     scripts/emulate_cluster.sh, or with ``local=M`` on 127.0.0.1. Returns (reports, log)."""
     out = Path(tmp_path) / f"cluster_{worker.replace('.py', '')}"
     out.mkdir(parents=True, exist_ok=True)
     opts = (["--local", str(local)] if local else []) + \
         (["--np-per-node", str(np_per_node)] if np_per_node else [])
-    cmd = [sys.executable, "-m", "tf_commlib.apps.cluster_launch", *opts, "--timeout", str(timeout), "--",
+    cmd = [sys.executable, "-m", "tfc_apps.cluster_launch", *opts, "--timeout", str(timeout), "--",
            sys.executable, str(WORKERS / worker), *map(str, args)]
     full_env = dict(os.environ, HVD_TEST_OUT=str(out), PYTHONPATH=str(ROOT),
                     TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")

@@ -47,7 +47,7 @@ def _rows(log_dir):
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
-    from tf_commlib.apps.digits import write_image_folder
+    from tfc_apps.digits import write_image_folder
 
     return write_image_folder(str(tmp_path_factory.mktemp("digits_jpeg")), size=32)
 
@@ -143,8 +143,8 @@ def test_tfds_path_shards_are_random_samples(tmp_path):
     import tensorflow_datasets as tfds
 
     import datacache
-    from tf_commlib.apps.dawnbench.data import Data
-    from tf_commlib.apps.digits import write_image_folder
+    from tfc_apps.dawnbench.data import Data
+    from tfc_apps.digits import write_image_folder
 
     root = write_image_folder(str(tmp_path / "digits"), size=16, val_fraction=0.9)   # ~180 train images
     builder = tfds.folder_dataset.ImageFolder(root)

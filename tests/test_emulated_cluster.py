@@ -1,6 +1,6 @@
 """The emulated public-cloud cluster: 2 network namespaces x 2 ranks behind a tbf-shaped link.
 
-scripts/emulate_cluster.sh builds it (root only) and tf_commlib.apps.cluster_launch starts Horovod ranks
+scripts/emulate_cluster.sh builds it (root only) and tfc_apps.cluster_launch starts Horovod ranks
 in it; tf_commlib.init() must see the 2x2 layout from Horovod's local/cross ranks alone, and data
 between nodes must cross the slow link while data inside a node does not.
 """
@@ -70,7 +70,7 @@ def test_layout_comes_from_horovod_ranks(cluster, tmp_path):
 
 
 def test_inter_node_link_is_shaped(cluster):
-    cmd = [sys.executable, "-m", "tf_commlib.apps.cluster_launch", "--check-link", "--timeout", "120"]
+    cmd = [sys.executable, "-m", "tfc_apps.cluster_launch", "--check-link", "--timeout", "120"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=hvdrun.ROOT,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
     log = proc.stdout + proc.stderr

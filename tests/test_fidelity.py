@@ -1,7 +1,7 @@
 """N ranks learn what one process learns: at the same global batch, with dense aggregation, four
 ranks reach one process's validation accuracy within 2 points, on images stored class by class
 (ImageNet folder layout, classes in sorted folders). Both the DAWNBench script (DataCache shards,
-augmentation, BN averaging, sharded evaluation) and tf_commlib.apps.train."""
+augmentation, BN averaging, sharded evaluation) and tfc_apps.train."""
 import json
 
 import pytest
@@ -18,7 +18,7 @@ DAWN = ["--model", "small", "--optimizer", "sgd", "--schedule", "0:dense", "--br
 
 @pytest.fixture(scope="module")
 def digits_folder(tmp_path_factory):
-    from tf_commlib.apps.digits import write_image_folder
+    from tfc_apps.digits import write_image_folder
 
     return write_image_folder(str(tmp_path_factory.mktemp("fidelity_digits")), size=32)
 
@@ -49,7 +49,7 @@ def test_dawnbench_four_ranks_learn_what_one_process_learns(digits_folder, tmp_p
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
 def test_train_app_four_ranks_learn_what_one_process_learns(tmp_path):
-    args = ["-m", "tf_commlib.apps.train", "--algorithm", "dense", "--epochs", "8"]
+    args = ["-m", "tfc_apps.train", "--algorithm", "dense", "--epochs", "8"]
     hvdrun.run_command([*args, "--batch-size", "64", "--json", tmp_path / "one.json"], None, 300)
     hvdrun.run_command([*args, "--batch-size", "16", "--json", tmp_path / "four.json"], 4, 400)
     one, four = (json.loads((tmp_path / f).read_text())["epochs"] for f in ("one.json", "four.json"))
@@ -62,7 +62,7 @@ def test_photo_patch_folder(tmp_path):
     """The second real image set (patches of the photographs that sklearn and matplotlib ship):
     ImageNet layout, 10 class folders in sorted order, distinct images of the requested size."""
     import datacache
-    from tf_commlib.apps.patches import write_patch_folder
+    from tfc_apps.patches import write_patch_folder
 
     root = write_patch_folder(str(tmp_path / "patches"), size=24, train_per_class=3, val_per_class=2)
     train = datacache.ImageFolderSource(f"{root}/train")

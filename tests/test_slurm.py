@@ -77,7 +77,7 @@ def test_train_job_matches_horovodrun(uninterrupted, tmp_path):
     # The same arguments under horovodrun --gloo on 4 local ranks.
     summary = tmp_path / "horovodrun.json"
     cmd = [str(Path(sys.executable).parent / "horovodrun"), "-np", "4", "-H", "localhost:4", "--gloo",
-           sys.executable, "-m", "tf_commlib.apps.train", *ARGS, *TOPOLOGY, "--ckpt-dir", str(tmp_path / "ckpt"),
+           sys.executable, "-m", "tfc_apps.train", *ARGS, *TOPOLOGY, "--ckpt-dir", str(tmp_path / "ckpt"),
            "--json", str(summary)]
     env = dict(os.environ, **ENV)
     env.pop("TF_COMMLIB_TOPOLOGY", None)

@@ -8,7 +8,7 @@ import sys
 
 from tests import hvdrun
 from tests.test_slurm import ENV, _assert_clean, _log
-from tf_commlib.apps import digits
+from tfc_apps import digits
 
 DAWNBENCH = hvdrun.ROOT / "scripts" / "slurm" / "dawnbench.sbatch"
 

@@ -1,4 +1,4 @@
-"""timing.Timer.interleaved (bench comm, pto.bench): every function runs once per round, in rotated
+"""timing.Timer.interleaved (bench comm, tfc_apps.bench.pto): every function runs once per round, in rotated
 order, and the result is the median over rounds of the slowest rank's time (here one rank)."""
 import numpy as np
 

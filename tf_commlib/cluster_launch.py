@@ -1,5 +1,4 @@
-"""`python -m tf_commlib.cluster_launch`: the entry point lives in tf_commlib/apps/cluster_launch.py."""
-from tf_commlib.apps.cluster_launch import main
+"""Moved to tfc_apps.cluster_launch."""
+from tf_commlib._moved import moved
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+moved("tf_commlib.cluster_launch")

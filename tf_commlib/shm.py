@@ -13,7 +13,7 @@ rank (bad shape, full /dev/shm) makes every rank of the set raise. A rank that d
 arrive within TF_COMMLIB_SHM_TIMEOUT seconds (default 600) makes the others raise DeadlineExceeded;
 ranks that pass different lengths or dtypes raise InvalidArgument. TF_COMMLIB_SHM=0 turns it off.
 Files are named /dev/shm/tfcl_<TF_COMMLIB_SHM_TAG>_<random>...: a launcher sets the tag per job so
-that it can remove what killed ranks left behind (tf_commlib.apps.slurm does).
+that it can remove what killed ranks left behind (tfc_apps.slurm does).
 """
 import hashlib
 import hmac

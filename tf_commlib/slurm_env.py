@@ -4,7 +4,7 @@ srun numbers tasks node-major with ``--distribution=block``: the tasks of node 0
 task sees SLURM_PROCID (its rank), SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS (the step's tasks, as
 SLURM_STEP_NUM_TASKS) and SLURM_STEP_TASKS_PER_NODE (``4``, ``2(x3)`` or ``2(x3),1``).
 
-A rank that tf_commlib.apps.slurm started also tells the launcher when it begins to exit
+A rank that tfc_apps.slurm started also tells the launcher when it begins to exit
 (exit_notice_at_exit): a failing rank makes Horovod stop on the other ranks, which then fail too and
 may finish exiting first, so the launcher orders failures by when each rank began to exit.
 """

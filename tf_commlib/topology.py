@@ -102,7 +102,7 @@ def init(topology=None):
     hvd.init(process_sets=sets)
     slurm_env.exit_notice_at_exit()
     if hvd.size() != size:
-        hint = ("; under srun, start Gloo ranks with `python -m tf_commlib.apps.slurm -- CMD` (MPI builds: "
+        hint = ("; under srun, start Gloo ranks with `python -m tfc_apps.slurm -- CMD` (MPI builds: "
                 "srun --mpi=pmix)") if step else ""
         raise RuntimeError(f"Horovod reports {hvd.size()} ranks, expected {size}{hint}")
     rank = hvd.rank()

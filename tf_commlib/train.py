@@ -1,5 +1,4 @@
-"""`python -m tf_commlib.train`: the entry point lives in tf_commlib/apps/train.py."""
-from tf_commlib.apps.train import main
+"""Moved to tfc_apps.train."""
+from tf_commlib._moved import moved
 
-if __name__ == "__main__":
-    main()
+moved("tf_commlib.train")

@@ -2,7 +2,7 @@
 import keras
 import numpy as np
 
-from tf_commlib.apps import digits
+from tfc_apps import digits
 from tf_commlib.keras import DistributedOptimizer, default_callbacks
 
 

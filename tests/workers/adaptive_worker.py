@@ -11,7 +11,7 @@ import numpy as np
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import tf_commlib  # noqa: E402
 from _report import report  # noqa: E402
-from tf_commlib.apps import digits  # noqa: E402
+from tfc_apps import digits  # noqa: E402
 from tf_commlib.costmodel import LinkParams  # noqa: E402
 from tf_commlib.keras import DistributedOptimizer  # noqa: E402
 from tf_commlib.keras.adaptive import DensityProfiler, profile_batches  # noqa: E402

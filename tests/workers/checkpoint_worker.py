@@ -11,7 +11,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import tf_commlib  # noqa: E402
 import _fit  # noqa: E402
 from _report import report  # noqa: E402
-from tf_commlib.apps import digits  # noqa: E402
+from tfc_apps import digits  # noqa: E402
 
 topo = tf_commlib.init()
 work = os.path.join(os.environ["HVD_TEST_OUT"], f"rank{topo.rank}")

@@ -99,7 +99,7 @@ out["errors"] = errors
 out["after_errors"] = same_bits(pto.parallel_map(norms, inputs[:4]), [norms(e) for e in inputs[:4]])
 
 if sys.argv[1:] == ["all"]:
-    from tf_commlib.apps import digits
+    from tfc_apps import digits
     from tf_commlib.keras import DistributedOptimizer, default_callbacks
 
     # PTO on and off: the same bits (identical inputs on every rank, as after aggregation)

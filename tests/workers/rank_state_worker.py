@@ -13,7 +13,7 @@ import tf_commlib  # noqa: E402
 import _fit  # noqa: E402
 from _mixed import rank_values  # noqa: E402
 from _report import report  # noqa: E402
-from tf_commlib.apps import digits  # noqa: E402
+from tfc_apps import digits  # noqa: E402
 from tf_commlib import primitives as P  # noqa: E402
 from tf_commlib.keras import BackupAndRestore, average_variables, broadcast_variables  # noqa: E402
 

@@ -1,3 +1,4 @@
-"""Applications over the library: training (`train`, `dawnbench`), the main job (`demo`), launchers
-(`cluster_launch`, `slurm`, `local_run`, `emulated`), the topology check and the digits data.
-`python -m tf_commlib.train` and `python -m tf_commlib.cluster_launch` still work."""
+"""Moved to tfc_apps."""
+from tf_commlib._moved import moved
+
+moved("tf_commlib.apps")

@@ -1,2 +1,4 @@
-"""Benchmarks: ``python -m tf_commlib.bench topk|comm ...`` print a table, write a PNG plot, and
-with ``--json`` print one JSON object per measurement."""
+"""Moved to tfc_apps.bench."""
+from tf_commlib._moved import moved
+
+moved("tf_commlib.bench")

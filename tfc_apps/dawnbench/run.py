@@ -12,10 +12,10 @@ import tensorflow as tf
 
 import tf_commlib
 from tf_commlib import primitives as P
-from tf_commlib.apps.dawnbench import breakdown, config, models
-from tf_commlib.apps.dawnbench.data import Data
-from tf_commlib.apps.dawnbench.report import EpochReport, Log
-from tf_commlib.apps.dawnbench.schedule import PEAK_PER_256, StagedLinear
+from tfc_apps.dawnbench import breakdown, config, models
+from tfc_apps.dawnbench.data import Data
+from tfc_apps.dawnbench.report import EpochReport, Log
+from tfc_apps.dawnbench.schedule import PEAK_PER_256, StagedLinear
 from tf_commlib.keras import DistributedOptimizer, default_callbacks, distributed_optimizer
 
 

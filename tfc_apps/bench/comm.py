@@ -3,7 +3,7 @@ tf_commlib.collectives.ALGORITHMS against the calibrated cost model, the model's
 fastest measured, and the per-step breakdown of HiTopKComm. Run it on every rank of a Horovod job:
 
     scripts/emulate_cluster.sh up 2 2 --inter-mbit 500
-    python -m tf_commlib.apps.cluster_launch -- .venv/bin/python -m tf_commlib.bench comm [--quick]
+    python -m tfc_apps.cluster_launch -- .venv/bin/python -m tfc_apps.bench comm [--quick]
     scripts/emulate_cluster.sh down
 
 (or ``horovodrun -np 4 -H localhost:4 --gloo`` with TF_COMMLIB_TOPOLOGY=2x2). Every timed run
@@ -23,7 +23,7 @@ import tensorflow as tf
 import tf_commlib
 from tf_commlib import costmodel, ops
 from tf_commlib import primitives as P
-from tf_commlib.bench.common import print_json, print_table
+from tfc_apps.bench.common import print_json, print_table
 from tf_commlib.collectives import ALGORITHMS
 from tf_commlib.collectives import hitopk as H
 from tf_commlib.collectives.error_feedback import unsent
@@ -138,7 +138,7 @@ def plot(rows, stage_rows, m, n, density, out):
 
 
 def main(argv):
-    p = argparse.ArgumentParser(prog="python -m tf_commlib.bench comm", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tfc_apps.bench comm", description=__doc__.split("\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=None, help="float32 elements per tensor")
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=list(ALGORITHMS),

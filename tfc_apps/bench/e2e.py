@@ -2,7 +2,7 @@
 model.fit with DistributedOptimizer, images/s of Dense-SGD, 2DTAR-SGD and MSTopK-SGD (hitopk +
 mstopk) at several resolutions, with the per-step breakdown, on the emulated 2x2 cluster::
 
-    python -m tf_commlib.bench e2e [--resolutions 64 96 128] [--inter-mbit 500] [--json]
+    python -m tfc_apps.bench e2e [--resolutions 64 96 128] [--inter-mbit 500] [--json]
 
 Brings the emulated cluster up and down itself (as root; otherwise the same layout on 127.0.0.1,
 unshaped, and says so). One launch: every configuration runs in the same ranks, one after the
@@ -23,7 +23,7 @@ PHASES = ("input", "forward_backward", "selection", "communication", "optimizer"
 
 
 def parser():
-    p = argparse.ArgumentParser(prog="python -m tf_commlib.bench e2e", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tfc_apps.bench e2e", description=__doc__.split("\n")[0])
     p.add_argument("--resolutions", type=int, nargs="+", default=[64, 96, 128])
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--batch", type=int, default=8, help="images per rank per step")
@@ -46,7 +46,7 @@ def worker(args):
     import tensorflow as tf
 
     import tf_commlib
-    from tf_commlib.apps.dawnbench import breakdown, models
+    from tfc_apps.dawnbench import breakdown, models
     from tf_commlib.keras import DistributedOptimizer, default_callbacks
 
     class StepClock(keras.callbacks.Callback):
@@ -144,7 +144,7 @@ def main(argv):
         p.error(f"--layout must be MxN (nodes x ranks per node), got {args.layout!r}")
     if args.worker:
         return worker(args)
-    from tf_commlib.apps import emulated
+    from tfc_apps import emulated
 
     # One job per resolution (its configurations' ratios come from one run): a rank's memory grows
     # with every configuration it runs, and four ranks of ResNet-50 fill this machine's 24 GB after
@@ -160,7 +160,7 @@ def main(argv):
     with emulated.launcher(m, n, args.inter_mbit) as (prefix, link):
         print(f"# {link}", file=sys.stderr, flush=True)
         for res in args.resolutions:
-            cmd = prefix + [sys.executable, "-m", "tf_commlib.bench", "e2e", "--worker", "--resolutions", str(res),
+            cmd = prefix + [sys.executable, "-m", "tfc_apps.bench", "e2e", "--worker", "--resolutions", str(res),
                             *common]
             rc = subprocess.run(cmd).returncode
             if rc:

@@ -1,5 +1,5 @@
 """Where the main job and the end-to-end benchmark run: the emulated M x N cluster with a shaped
-inter-node link (scripts/emulate_cluster.sh + tf_commlib.apps.cluster_launch) when this machine allows
+inter-node link (scripts/emulate_cluster.sh + tfc_apps.cluster_launch) when this machine allows
 it (root, `ip`, `tc`, network namespaces), else the same layout on 127.0.0.1 without shaping, with
 the reason said. One user of the emulated cluster at a time: /tmp/tf_commlib_cluster.lock."""
 import contextlib
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "emulate_cluster.sh"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "emulate_cluster.sh"
 LOCK = "/tmp/tf_commlib_cluster.lock"
 
 
@@ -40,7 +40,7 @@ def _locked():
 def launcher(m, n, inter_mbit):
     """Yields (command prefix that starts M*N ranks of a command, description of the link). The
     emulated cluster is brought up before and always taken down after."""
-    local = [sys.executable, "-m", "tf_commlib.apps.cluster_launch", "--local", str(m), "--np-per-node", str(n), "--"]
+    local = [sys.executable, "-m", "tfc_apps.cluster_launch", "--local", str(m), "--np-per-node", str(n), "--"]
     why = unavailable()
     if why:
         yield local, f"{m}x{n} on 127.0.0.1, link NOT shaped: the emulated cluster needs {why}"
@@ -53,7 +53,7 @@ def launcher(m, n, inter_mbit):
                 reason = (up.stderr or up.stdout).strip().splitlines()[-1:] or ["?"]
                 yield local, f"{m}x{n} on 127.0.0.1, link NOT shaped: emulate_cluster.sh up failed: {reason[0]}"
             else:
-                yield ([sys.executable, "-m", "tf_commlib.apps.cluster_launch", "--"],
+                yield ([sys.executable, "-m", "tfc_apps.cluster_launch", "--"],
                        f"emulated {m}x{n} cluster, inter-node link shaped to {inter_mbit} Mbit/s")
         finally:
             subprocess.run(["bash", str(SCRIPT), "down"], capture_output=True, text=True)

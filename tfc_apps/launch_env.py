@@ -1,6 +1,6 @@
 """What a launcher gives the Horovod (Gloo) ranks it starts without horovodrun: Horovod's rendezvous
 server listening on one address, and the HOROVOD_* variables of one rank. Shared by
-tf_commlib.apps.cluster_launch (emulated cluster) and tf_commlib.apps.slurm (Slurm jobs)."""
+tfc_apps.cluster_launch (emulated cluster) and tfc_apps.slurm (Slurm jobs)."""
 import socket
 
 from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars

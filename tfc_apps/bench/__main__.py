@@ -1,8 +1,8 @@
 import importlib
 import sys
 
-BENCHMARKS = ("topk", "comm", "convergence", "e2e")
-USAGE = f"usage: python -m tf_commlib.bench {{{','.join(BENCHMARKS)}}} [options]  (-h after the name for its options)"
+BENCHMARKS = ("topk", "comm", "convergence", "e2e", "datacache", "pto")
+USAGE = f"usage: python -m tfc_apps.bench {{{','.join(BENCHMARKS)}}} [options]  (-h after the name for its options)"
 
 
 def main(argv):
@@ -13,7 +13,7 @@ def main(argv):
     if name not in BENCHMARKS:
         print(f"unknown benchmark {name!r}\n{USAGE}", file=sys.stderr)
         return 2
-    return importlib.import_module(f"tf_commlib.bench.{name}").main(rest)
+    return importlib.import_module(f"tfc_apps.bench.{name}").main(rest)
 
 
 sys.exit(main(sys.argv[1:]))

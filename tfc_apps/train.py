@@ -1,10 +1,10 @@
 """Distributed training of a small CNN on sklearn's digits with tf_commlib (run under horovodrun
-or tf_commlib.apps.cluster_launch or scripts/slurm/train.sbatch). Prints per-epoch test accuracy,
+or tfc_apps.cluster_launch or scripts/slurm/train.sbatch). Prints per-epoch test accuracy,
 samples/s and the bytes a rank sends per step inside its node (intra) and between nodes (inter),
 from the collectives' formulas; rank 0 writes a JSON summary. With --ckpt-dir every rank backs up
 its state after each epoch and a restarted (requeued) run resumes from there.
 
-  horovodrun -np 4 -H localhost:4 --gloo python -m tf_commlib.apps.train --algorithm hitopk --density 0.01
+  horovodrun -np 4 -H localhost:4 --gloo python -m tfc_apps.train --algorithm hitopk --density 0.01
 """
 import argparse
 import json
@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_commlib
-from tf_commlib.apps import digits
+from tfc_apps import digits
 from tf_commlib import primitives as P
 from tf_commlib.collectives import ALGORITHMS
 from tf_commlib.keras import AdaptiveDensity, DistributedOptimizer, default_callbacks, distributed_optimizer
@@ -41,7 +41,7 @@ def density_arg(text):
 
 
 def parser():
-    p = argparse.ArgumentParser(prog="python -m tf_commlib.apps.train", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tfc_apps.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--algorithm", default="hitopk", choices=sorted(ALGORITHMS))
     p.add_argument("--density", type=density_arg, default=0.01, help="a fraction, or 'adaptive'")

@@ -1,5 +1,5 @@
 """Runs a tf_commlib module on N local ranks with horovodrun (Gloo) and plots training summaries;
-shared by the main job (tf_commlib.apps.demo) and the convergence benchmark."""
+shared by the main job (tfc_apps.demo) and the convergence benchmark."""
 import json
 import os
 import subprocess
@@ -9,7 +9,7 @@ from pathlib import Path
 
 def horovodrun(np_, module, *args, topology="2x2", launcher=None):
     """Runs `python -m module args` on np_ local ranks (or through `launcher`, a command prefix
-    such as tf_commlib.apps.emulated's); prints rank 0's output; raises on failure."""
+    such as tfc_apps.emulated's); prints rank 0's output; raises on failure."""
     run = Path(sys.executable).parent / "horovodrun"
     env = dict(os.environ, TF_COMMLIB_TOPOLOGY=topology, TF_CPP_MIN_LOG_LEVEL="2")
     prefix = launcher or [str(run), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo"]
@@ -25,9 +25,9 @@ def horovodrun(np_, module, *args, topology="2x2", launcher=None):
 
 
 def train(np_, out_dir, name, *args, topology="2x2", launcher=None):
-    """Runs tf_commlib.apps.train and returns its summary (written by rank 0)."""
+    """Runs tfc_apps.train and returns its summary (written by rank 0)."""
     summary = Path(out_dir) / f"{name}.json"
-    horovodrun(np_, "tf_commlib.apps.train", *args, "--json", str(summary), topology=topology, launcher=launcher)
+    horovodrun(np_, "tfc_apps.train", *args, "--json", str(summary), topology=topology, launcher=launcher)
     run = json.loads(summary.read_text())
     run["label"] = name
     return run

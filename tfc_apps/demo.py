@@ -7,8 +7,8 @@ then a comparison table with hitopk's speedup over dense and a PNG of test accur
 import argparse
 from pathlib import Path
 
-from tf_commlib.apps import emulated
-from tf_commlib.apps.local_run import horovodrun, median_rate, plot_accuracy, summary_table, train
+from tfc_apps import emulated
+from tfc_apps.local_run import horovodrun, median_rate, plot_accuracy, summary_table, train
 
 
 def main():
@@ -24,7 +24,7 @@ def main():
     epochs = ["--epochs", str(args.epochs)]
     with emulated.launcher(2, 2, args.inter_mbit) as (launcher, link):
         print(f"# {link}", flush=True)
-        horovodrun(4, "tf_commlib.apps.check", launcher=launcher)
+        horovodrun(4, "tfc_apps.check", launcher=launcher)
         runs = [train(4, out, "dense", "--algorithm", "dense", *epochs, launcher=launcher),
                 train(4, out, "hitopk+mstopk@0.01", "--algorithm", "hitopk", "--density", "0.01", *epochs,
                       launcher=launcher)]

@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 
-from tf_commlib.apps.local_run import plot_accuracy, summary_table, train
+from tfc_apps.local_run import plot_accuracy, summary_table, train
 
 CONFIGS = {
     "dense": ["--algorithm", "dense"],
@@ -23,7 +23,7 @@ CONFIGS = {
 
 
 def main(argv):
-    p = argparse.ArgumentParser(prog="python -m tf_commlib.bench convergence", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m tfc_apps.bench convergence", description=__doc__)
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--out", default="bench_out")

@@ -1,8 +1,8 @@
 """Starts Horovod (Gloo) ranks on the cluster emulated by scripts/emulate_cluster.sh.
 
-    python -m tf_commlib.apps.cluster_launch [--np-per-node N] [--timeout S] -- CMD ARGS...
-    python -m tf_commlib.apps.cluster_launch --local M [--np-per-node N] -- CMD ARGS...
-    python -m tf_commlib.apps.cluster_launch [--local M] --check-link     # intra vs inter bandwidth
+    python -m tfc_apps.cluster_launch [--np-per-node N] [--timeout S] -- CMD ARGS...
+    python -m tfc_apps.cluster_launch --local M [--np-per-node N] -- CMD ARGS...
+    python -m tfc_apps.cluster_launch [--local M] --check-link     # intra vs inter bandwidth
 
 Like ``horovodrun --gloo`` without ssh: Horovod's own RendezvousServer (bound to the bridge
 address, which every namespace reaches) and get_host_assignments, then N ranks per node started
@@ -23,7 +23,7 @@ from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
 from horovod.runner.common.util.safe_shell_exec import prefix_connection
 from horovod.runner.util.threads import in_thread
 
-from tf_commlib.apps.launch_env import BoundRendezvousServer, rank_env
+from tfc_apps.launch_env import BoundRendezvousServer, rank_env
 
 STATE = os.environ.get("TF_COMMLIB_CLUSTER_STATE", "/run/tf_commlib_cluster.env")
 GRACE_S = 3.0
@@ -156,7 +156,7 @@ def link_worker(mbytes, iters):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
-    ap = argparse.ArgumentParser(prog="python -m tf_commlib.apps.cluster_launch",
+    ap = argparse.ArgumentParser(prog="python -m tfc_apps.cluster_launch",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--np-per-node", type=int, default=None,
                     help="ranks per node (default: N of the cluster; 1 with --local)")
@@ -175,7 +175,7 @@ def main(argv=None):
     if args.link_worker:
         return link_worker(args.mbytes, args.iters) or 0
     if args.check_link:
-        command = [sys.executable, "-m", "tf_commlib.apps.cluster_launch", "--link-worker",
+        command = [sys.executable, "-m", "tfc_apps.cluster_launch", "--link-worker",
                    "--mbytes", str(args.mbytes), "--iters", str(args.iters)]
     if not command:
         ap.error("no command given (put it after --) and no --check-link")

@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_commlib import ops
-from tf_commlib.bench.common import loglog_plot, median_time, print_json, print_table
+from tfc_apps.bench.common import loglog_plot, median_time, print_json, print_table
 
 DEFAULT_SIZES = [2**18, 2**20, 2**22, 2**24, 25_000_000, 2**26, 2**27]
 
@@ -60,7 +60,7 @@ def run(sizes, density, repeats, dist, seed=0):
 
 
 def main(argv):
-    p = argparse.ArgumentParser(prog="python -m tf_commlib.bench topk", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m tfc_apps.bench topk", description=__doc__)
     p.add_argument("--sizes", type=int, nargs="+", default=DEFAULT_SIZES)
     p.add_argument("--density", type=float, default=0.001)
     p.add_argument("--repeats", type=int, default=5, help="timed runs per point (median)")

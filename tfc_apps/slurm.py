@@ -1,6 +1,6 @@
 """Runs a command as the Horovod (Gloo) ranks of a Slurm job, without ssh (scripts/slurm/*.sbatch).
 
-    python -m tf_commlib.apps.slurm [--output PATTERN] -- CMD ARGS...     # in a batch script
+    python -m tfc_apps.slurm [--output PATTERN] -- CMD ARGS...     # in a batch script
 
 In the batch step it starts Horovod's rendezvous server on the job's first node, bound to that
 node's address, then ``srun --kill-on-bad-exit=1 --distribution=block`` one task per rank: node-major
@@ -28,7 +28,7 @@ import urllib.request
 from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
 
 from tf_commlib import slurm_env
-from tf_commlib.apps.launch_env import BoundRendezvousServer, iface_towards, rank_env, source_address
+from tfc_apps.launch_env import BoundRendezvousServer, iface_towards, rank_env, source_address
 
 EXIT_SCOPE = "tf_commlib_exit"     # rendezvous scope where each task PUTs its rank's exit status
 EXITING_SCOPE = "tf_commlib_exiting"   # ... and where each rank PUTs as it begins to exit
@@ -38,7 +38,7 @@ SHM_TAG_VAR = "TF_COMMLIB_SHM_TAG"  # tf_commlib.shm.TAG_VAR (not imported: it l
 
 
 def _log(msg):
-    print(f"tf_commlib.apps.slurm: {msg}", file=sys.stderr, flush=True)
+    print(f"tfc_apps.slurm: {msg}", file=sys.stderr, flush=True)
 
 
 def _status(returncode):
@@ -74,7 +74,7 @@ def server_address(hosts):
 def launch(args, command):
     env = os.environ
     if not env.get("SLURM_JOB_ID"):
-        sys.exit("tf_commlib.apps.slurm: not in a Slurm job (no SLURM_JOB_ID); submit it with sbatch")
+        sys.exit("tfc_apps.slurm: not in a Slurm job (no SLURM_JOB_ID); submit it with sbatch")
     hosts = job_hosts(env)
     ntasks = sum(c for _, c in hosts)
     slots = get_host_assignments([HostInfo(h, c) for h, c in hosts], ntasks)
@@ -85,7 +85,7 @@ def launch(args, command):
     plan = f"{addr}:{port};" + ",".join(f"{h}:{c}" for h, c in hosts)
     srun = ["srun", "--kill-on-bad-exit=1", "--distribution=block", f"--ntasks={ntasks}", "--export=ALL",
             "--open-mode=append", f"--output={args.output}", *args.srun_arg,
-            sys.executable, "-m", "tf_commlib.apps.slurm", "--task", "--", *command]
+            sys.executable, "-m", "tfc_apps.slurm", "--task", "--", *command]
     _log(f"job {env['SLURM_JOB_ID']} (restart {env.get('SLURM_RESTART_COUNT', 0)}): {ntasks} ranks on "
          f"{plan.split(';')[1]}, rendezvous {addr}:{port}, rank output {args.output}")
     stop = []
@@ -131,7 +131,7 @@ def task(command):
     hosts = [(h, int(c)) for h, c in (x.rsplit(":", 1) for x in hosts.split(","))]
     size, counts = slurm_env.step_layout(env)
     if counts != [c for _, c in hosts]:
-        sys.exit(f"tf_commlib.apps.slurm: srun placed {counts} tasks on the nodes, the job has {hosts}")
+        sys.exit(f"tfc_apps.slurm: srun placed {counts} tasks on the nodes, the job has {hosts}")
     rank = int(env["SLURM_PROCID"])
     slot = get_host_assignments([HostInfo(h, c) for h, c in hosts], size)[rank]
     tag = f"j{env['SLURM_JOB_ID']}s{env.get('SLURM_STEP_ID', '0')}"
@@ -168,7 +168,7 @@ def task(command):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
-    ap = argparse.ArgumentParser(prog="python -m tf_commlib.apps.slurm", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tfc_apps.slurm", description=__doc__.split("\n")[0])
     ap.add_argument("--output", default=os.environ.get("TF_COMMLIB_SLURM_OUTPUT", "slurm-%j.rank%t.out"),
                     help="srun --output pattern of each rank's file (%%j job id, %%t rank)")
     ap.add_argument("--addr", default=None, help="rendezvous address (default: the first node's)")
