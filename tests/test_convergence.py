@@ -2,23 +2,15 @@
 and at tyagi's adaptive density, reach the test accuracy of dense aggregation within 1 percentage
 point, same epochs and seeds (one dense run for both)."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests import hvdrun
 
 
 def train(tmp_path, *args, epochs=20):
     out = tmp_path / f"{args[1]}.json"
-    cmd = [str(Path(sys.executable).parent / "horovodrun"), "-np", "4", "-H", "localhost:4", "--gloo",
-           sys.executable, "-m", "tfc_apps.train", *args, "--epochs", str(epochs), "--json", str(out)]
-    env = dict(os.environ, TF_COMMLIB_TOPOLOGY="2x2", PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    hvdrun.run_command(["-m", "tfc_apps.train", *args, "--epochs", epochs, "--json", out], 4, 900, topology="2x2")
     return json.loads(out.read_text())["epochs"]
 
 

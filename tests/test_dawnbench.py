@@ -100,7 +100,7 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(digits, uninterrupted, 
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-4000:]
             time.sleep(0.2)
     finally:
-        hvdrun.kill_ranks(proc, "dawnbench_resnet50.py")
+        hvdrun.kill_ranks(proc)
     resumed = _run(["--data", digits, *DIGITS, *NO_BREAKDOWN, "--ckpt-dir", str(ckpt)], tmp_path)
     assert "resuming at epoch 3" in resumed
     assert _digest(resumed) == _digest(full_out)

@@ -24,6 +24,7 @@ from horovod.runner.common.util.safe_shell_exec import prefix_connection
 from horovod.runner.util.threads import in_thread
 
 from tfc_apps.launch_env import BoundRendezvousServer, rank_env
+from tfc_apps.local_run import stop_groups
 
 STATE = os.environ.get("TF_COMMLIB_CLUSTER_STATE", "/run/tf_commlib_cluster.env")
 GRACE_S = 3.0
@@ -48,23 +49,6 @@ def plan(args):
     nodes = [(st[f"NODE{i}_NS"], st[f"NODE{i}_NS"], st[f"NODE{i}_IFACE"]) for i in range(int(st["M"]))]
     args.np_per_node = args.np_per_node or int(st["N"])
     return nodes, st["BRIDGE_ADDR"], st["INTER_MBIT"]
-
-
-def kill_all(procs, sig=signal.SIGTERM):
-    """Signals each running rank's process group; after GRACE_S, SIGKILLs what is left."""
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + GRACE_S
-    while sig != signal.SIGKILL and any(p.poll() is None for p in procs):
-        if time.monotonic() > deadline:
-            return kill_all(procs, signal.SIGKILL)
-        time.sleep(0.05)
-    for p in procs:
-        p.wait()
 
 
 def launch(args, command):
@@ -114,7 +98,7 @@ def launch(args, command):
             first = next((128 - p.returncode if p.returncode < 0 else p.returncode
                           for p in procs if p.returncode), 0)
     finally:
-        kill_all(procs)
+        stop_groups(procs, grace=GRACE_S)   # SIGTERM each rank's process group, SIGKILL after GRACE_S
         for t in readers:
             t.join(timeout=2)
         rendezvous.stop()

@@ -7,8 +7,9 @@ import fcntl
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
+
+from tfc_apps.local_run import cluster_launch_prefix
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "emulate_cluster.sh"
 LOCK = "/tmp/tf_commlib_cluster.lock"
@@ -40,7 +41,7 @@ def _locked():
 def launcher(m, n, inter_mbit):
     """Yields (command prefix that starts M*N ranks of a command, description of the link). The
     emulated cluster is brought up before and always taken down after."""
-    local = [sys.executable, "-m", "tfc_apps.cluster_launch", "--local", str(m), "--np-per-node", str(n), "--"]
+    local = cluster_launch_prefix(local=m, np_per_node=n)
     why = unavailable()
     if why:
         yield local, f"{m}x{n} on 127.0.0.1, link NOT shaped: the emulated cluster needs {why}"
@@ -53,7 +54,7 @@ def launcher(m, n, inter_mbit):
                 reason = (up.stderr or up.stdout).strip().splitlines()[-1:] or ["?"]
                 yield local, f"{m}x{n} on 127.0.0.1, link NOT shaped: emulate_cluster.sh up failed: {reason[0]}"
             else:
-                yield ([sys.executable, "-m", "tfc_apps.cluster_launch", "--"],
+                yield (cluster_launch_prefix(),
                        f"emulated {m}x{n} cluster, inter-node link shaped to {inter_mbit} Mbit/s")
         finally:
             subprocess.run(["bash", str(SCRIPT), "down"], capture_output=True, text=True)

@@ -8,13 +8,12 @@ import sys
 import keras
 import numpy as np
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-from _report import report  # noqa: E402
-from tfc_apps import digits  # noqa: E402
-from tf_commlib.costmodel import LinkParams  # noqa: E402
-from tf_commlib.keras import DistributedOptimizer  # noqa: E402
-from tf_commlib.keras.adaptive import DensityProfiler, profile_batches  # noqa: E402
+import tf_commlib
+from tests.workers._report import report
+from tfc_apps import digits
+from tf_commlib.costmodel import LinkParams
+from tf_commlib.keras import DistributedOptimizer
+from tf_commlib.keras.adaptive import DensityProfiler, profile_batches
 
 ALGORITHM = sys.argv[1]
 topo = tf_commlib.init()

@@ -1,13 +1,10 @@
 """GradientAggregator on mixed shapes/dtypes/None, eagerly and in tf.function, and a rank mismatch."""
-import sys
-
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-from _report import report  # noqa: E402
-from tf_commlib.aggregator import GradientAggregator  # noqa: E402
+import tf_commlib
+from tests.workers._report import report
+from tf_commlib.aggregator import GradientAggregator
 
 topo = tf_commlib.init()
 rng = np.random.default_rng(7 + topo.rank)

@@ -2,18 +2,15 @@
 buckets for a few steps (the step, hence STAR's root, reaches the collective in its Context), on integer-valued
 inputs so that every sum is exact: reports inputs, results, final residuals and the bytes this
 rank's primitives sent in each step; and hier variants on a tensor so short that a shard is empty."""
-import sys
-
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-import _sparcml  # noqa: E402
-from _report import report  # noqa: E402
-from tf_commlib import link_bytes, ops  # noqa: E402
-from tf_commlib.aggregator import GradientAggregator  # noqa: E402
-from tf_commlib.collectives import ALGORITHMS  # noqa: E402
+import tf_commlib
+from tests.workers import _sparcml
+from tests.workers._report import report
+from tf_commlib import link_bytes, ops
+from tf_commlib.aggregator import GradientAggregator
+from tf_commlib.collectives import ALGORITHMS
 
 SHAPES, STEPS, SEED = [(601,), (20, 20)], 3, 11   # two buckets (601 and 400 floats)
 NAMES, DENSITIES = ("star", "var", "star_hier", "var_hier"), (0.05, 1.0)

@@ -1,10 +1,7 @@
 """Runs costmodel.calibrate() on every rank and reports the numbers and the choices they give."""
-import sys
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-from _report import report  # noqa: E402
-from tf_commlib import costmodel  # noqa: E402
+import tf_commlib
+from tests.workers._report import report
+from tf_commlib import costmodel
 
 topo = tf_commlib.init()
 params = costmodel.calibrate(topo, sizes=(2**14, 2**17), repeats=3, compute_sizes=(2**16, 2**18))

@@ -1,17 +1,15 @@
 """Training stopped after epoch 2 and resumed (BackupAndRestore, and tf.train.Checkpoint) must end
 with the same weights as an uninterrupted run: residuals and DGC momentum are in the state."""
 import os
-import sys
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-import _fit  # noqa: E402
-from _report import report  # noqa: E402
-from tfc_apps import digits  # noqa: E402
+import tf_commlib
+from tests.workers import _fit
+from tests.workers._report import report
+from tfc_apps import digits
 
 topo = tf_commlib.init()
 work = os.path.join(os.environ["HVD_TEST_OUT"], f"rank{topo.rank}")

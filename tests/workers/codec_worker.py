@@ -2,20 +2,18 @@
 float inputs: reports inputs, what each step selected (before the codec), results, residuals and
 the bytes this rank's primitives sent; then qRGC's constant values, and the codec reaching hitopk
 through GradientAggregator and DistributedOptimizer inside tf.function (tests/test_value_codec.py)."""
-import sys
 import time
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-from _report import report  # noqa: E402
-from tf_commlib import link_bytes, ops  # noqa: E402
-from tf_commlib.aggregator import GradientAggregator  # noqa: E402
-from tf_commlib.collectives import ALGORITHMS  # noqa: E402
-from tf_commlib.keras import DistributedOptimizer  # noqa: E402
+import tf_commlib
+from tests.workers._report import report
+from tf_commlib import link_bytes, ops
+from tf_commlib.aggregator import GradientAggregator
+from tf_commlib.collectives import ALGORITHMS
+from tf_commlib.keras import DistributedOptimizer
 
 D, STEPS, DENSITY = 1000, 2, 0.05
 VARIANTS = {"naive_ag": ("naive_ag", {}), "hitopk": ("hitopk", {}),

@@ -1,18 +1,15 @@
 """Runs every collective for a few steps with error feedback on integer-valued inputs (so that
 every sum is exact) and reports inputs, results and residuals for the numpy reference, and the
 bytes this rank's primitives sent on each link (tf_commlib.link_bytes) in each call."""
-import sys
-
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import _sparcml  # noqa: E402
-import tf_commlib  # noqa: E402
-from _report import report  # noqa: E402
-from _sparcml import D, STEPS, counted  # noqa: E402
-from tf_commlib import link_bytes  # noqa: E402
-from tf_commlib import primitives as P  # noqa: E402
-from tf_commlib.collectives import ALGORITHMS  # noqa: E402
+import tf_commlib
+from tests.workers import _sparcml
+from tests.workers._report import report
+from tests.workers._sparcml import D, STEPS, counted
+from tf_commlib import link_bytes
+from tf_commlib import primitives as P
+from tf_commlib.collectives import ALGORITHMS
 
 topo = tf_commlib.init()
 inputs = _sparcml.inputs_of(topo.rank)

@@ -1,14 +1,11 @@
 """Ranks out of step or configured differently: each case must raise a clear ValueError on every
 rank (never hang, never pair collectives of different steps). Reports each case's message."""
-import sys
-
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-from _report import report  # noqa: E402
-from tf_commlib.aggregator import GradientAggregator  # noqa: E402
+import tf_commlib
+from tests.workers._report import report
+from tf_commlib.aggregator import GradientAggregator
 
 topo = tf_commlib.init()
 rng = np.random.default_rng(topo.rank)

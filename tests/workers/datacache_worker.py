@@ -8,11 +8,10 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-from _report import report  # noqa: E402
-from datacache import DataCache, DecodeResize, cached_dataset  # noqa: E402
-from tf_commlib import primitives as P  # noqa: E402
+import tf_commlib
+from tests.workers._report import report
+from datacache import DataCache, DecodeResize, cached_dataset
+from tf_commlib import primitives as P
 
 topo = tf_commlib.init()
 cache = DataCache(progress=False, read_batch=4)

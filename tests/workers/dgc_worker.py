@@ -1,14 +1,11 @@
 """DistributedOptimizer.apply on synthetic gradients, for comparison with numpy DGC (eqs. 4, 6)."""
-import sys
-
 import keras
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-from _report import report  # noqa: E402
-from tf_commlib.keras import DistributedOptimizer  # noqa: E402
+import tf_commlib
+from tests.workers._report import report
+from tf_commlib.keras import DistributedOptimizer
 
 topo = tf_commlib.init()
 SHAPES, STEPS, LR = [(10, 8), (300,)], 5, 0.1

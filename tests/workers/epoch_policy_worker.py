@@ -1,15 +1,12 @@
 """The epoch policy reaches the collectives from the first step of model.fit: the DGC warm-up
 density of epoch 0, and a resumed run's epoch (set before the optimizer exists) for both the
 density and the scheduled algorithm. Keras builds the optimizer while tracing the first step."""
-import sys
-
 import keras
 import numpy as np
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-from _report import report  # noqa: E402
-from tf_commlib.keras import DistributedOptimizer, default_callbacks  # noqa: E402
+import tf_commlib
+from tests.workers._report import report
+from tf_commlib.keras import DistributedOptimizer, default_callbacks
 
 topo = tf_commlib.init()
 x = np.random.default_rng(topo.rank).normal(size=(32, 20)).astype("float32")

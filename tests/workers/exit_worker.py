@@ -7,11 +7,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-from _report import report  # noqa: E402
-from tf_commlib import shm  # noqa: E402
-from tf_commlib.aggregator import GradientAggregator  # noqa: E402
+import tf_commlib
+from tests.workers._report import report
+from tf_commlib import shm
+from tf_commlib.aggregator import GradientAggregator
 
 ALGORITHM, MODE, DELAY = sys.argv[1], sys.argv[2], float(sys.argv[3])
 STEPS = 3

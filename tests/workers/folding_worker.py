@@ -1,14 +1,11 @@
 """Collectives whose input is a constant on some ranks only, called again with other values:
 Grappler must not run the Horovod op once at graph-optimisation time and reuse its result."""
-import sys
-
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-from _report import report  # noqa: E402
-from tf_commlib import primitives as P  # noqa: E402
+import tf_commlib
+from tests.workers._report import report
+from tf_commlib import primitives as P
 
 tf.config.experimental.enable_op_determinism()   # as the DAWNBench script's --deterministic
 topo = tf_commlib.init()

@@ -1,20 +1,17 @@
 """What reaches a collective through GradientAggregator and DistributedOptimizer: a collective
 registered here records its Context (step, seed, options, bucket) eagerly and in tf.function;
 and the aggregator's byte formula against the bytes its primitives moved."""
-import sys
-
 import keras
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-from _report import report  # noqa: E402
-from tf_commlib import link_bytes  # noqa: E402
-from tf_commlib import primitives as P  # noqa: E402
-from tf_commlib.aggregator import GradientAggregator  # noqa: E402
-from tf_commlib.collectives import Collective, dense, register  # noqa: E402
-from tf_commlib.keras import DistributedOptimizer  # noqa: E402
+import tf_commlib
+from tests.workers._report import report
+from tf_commlib import link_bytes
+from tf_commlib import primitives as P
+from tf_commlib.aggregator import GradientAggregator
+from tf_commlib.collectives import Collective, dense, register
+from tf_commlib.keras import DistributedOptimizer
 
 topo = tf_commlib.init()
 SHAPES, STEPS = [(40,), (6, 5)], 3   # two buckets with fusion_threshold_bytes=160

@@ -14,12 +14,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-from _report import report  # noqa: E402
-from tf_commlib.keras import (AdaptiveDensity, DistributedOptimizer, default_callbacks,  # noqa: E402
+import tf_commlib
+from tests.workers._report import report
+from tf_commlib.keras import (AdaptiveDensity, DistributedOptimizer, default_callbacks,
                               distributed_optimizer)
-from tf_commlib.keras.adaptive import profile_batches  # noqa: E402
+from tf_commlib.keras.adaptive import profile_batches
 
 START = time.perf_counter()
 topo = tf_commlib.init()

@@ -1,18 +1,15 @@
 """PowerSGD and 16-bit dense values on the wire (issue 29 §2-3): powersgd for 3 steps with its state
 (eagerly, and through GradientAggregator in tf.function), dense and 2dtar with compression, and the
 bytes each sent; checked against numpy by tests/test_powersgd.py."""
-import sys
-
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-from _report import report  # noqa: E402
-from _sparcml import counted  # noqa: E402
-from tf_commlib import link_bytes  # noqa: E402
-from tf_commlib.aggregator import GradientAggregator  # noqa: E402
-from tf_commlib.collectives import ALGORITHMS, powersgd  # noqa: E402
+import tf_commlib
+from tests.workers._report import report
+from tests.workers._sparcml import counted
+from tf_commlib import link_bytes
+from tf_commlib.aggregator import GradientAggregator
+from tf_commlib.collectives import ALGORITHMS, powersgd
 
 topo = tf_commlib.init()
 D, STEPS, RANK = 1500, 3, 3   # a 39 x 39 matrix (21 entries of padding)

@@ -11,11 +11,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-import pto  # noqa: E402
-from _report import report  # noqa: E402
-from tests import pto_reference as ref  # noqa: E402
+import tf_commlib
+import pto
+from tests.workers._report import report
+from tests import pto_reference as ref
 
 topo = tf_commlib.init()
 out = {"rank": topo.rank}

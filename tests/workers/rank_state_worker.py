@@ -2,20 +2,18 @@
 backup per rank in a shared directory) resumes to the same weights as an uninterrupted run, and a
 checkpoint written by rank 0 alone and loaded by every rank is refused on every rank."""
 import os
-import sys
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-import _fit  # noqa: E402
-from _mixed import rank_values  # noqa: E402
-from _report import report  # noqa: E402
-from tfc_apps import digits  # noqa: E402
-from tf_commlib import primitives as P  # noqa: E402
-from tf_commlib.keras import BackupAndRestore, average_variables, broadcast_variables  # noqa: E402
+import tf_commlib
+from tests.workers import _fit
+from tests.workers._mixed import rank_values
+from tests.workers._report import report
+from tfc_apps import digits
+from tf_commlib import primitives as P
+from tf_commlib.keras import BackupAndRestore, average_variables, broadcast_variables
 
 topo = tf_commlib.init()
 shared = os.environ["HVD_TEST_OUT"]

@@ -15,14 +15,13 @@ import os
 import sys
 import time
 
+import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import horovod.tensorflow as hvd  # noqa: E402
-import tf_commlib  # noqa: E402
-from _report import report  # noqa: E402
-from tf_commlib import shm  # noqa: E402
+import tf_commlib
+from tests.workers._report import report
+from tf_commlib import shm
 
 LEAKED = hashlib.sha256(b"tf_commlib test: a leaked secret").digest()
 mode = sys.argv[1]

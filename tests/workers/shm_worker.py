@@ -2,15 +2,13 @@
 several in flight in one tf.function, different lengths by rank, and the errors (mismatched
 lengths or dtypes, a rank that never arrives)."""
 import os
-import sys
 
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-from _report import report  # noqa: E402
-from tf_commlib import shm  # noqa: E402
+import tf_commlib
+from tests.workers._report import report
+from tf_commlib import shm
 
 topo = tf_commlib.init()
 rng = np.random.default_rng(7 + topo.rank)
@@ -69,7 +67,7 @@ if pset.rank() == 0:   # the others never come: this rank must raise, not hang
     except tf.errors.DeadlineExceededError as e:
         out["timeout"] = e.message
 tf_commlib.topology()  # keep the ranks alive until the timeout has fired
-import horovod.tensorflow as hvd  # noqa: E402
+import horovod.tensorflow as hvd
 hvd.allreduce(tf.zeros([1]), name="shm_worker_done")
 # every segment this rank maps was unlinked once mapped ("(deleted)"); its control segments are gone
 out["left_in_dev_shm"] = [line.split()[-1] for line in open("/proc/self/maps")

@@ -2,17 +2,15 @@
 each set, a hierarchical allreduce (intra reduce-scatter, inter allreduce, intra allgather), and the
 intra-node reduce-scatter in each of its modes (TF_COMMLIB_REDUCESCATTER, read at each call)."""
 import os
-import sys
 
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-from _report import report  # noqa: E402
-from tf_commlib import primitives as P  # noqa: E402
-from tf_commlib import shm  # noqa: E402
-from tf_commlib.collectives.two_d_tar import two_d_tar  # noqa: E402
+import tf_commlib
+from tests.workers._report import report
+from tf_commlib import primitives as P
+from tf_commlib import shm
+from tf_commlib.collectives.two_d_tar import two_d_tar
 
 topo = tf_commlib.init()
 me = tf.constant([topo.rank], tf.int32)

@@ -12,7 +12,6 @@ warm-up steps (tracing), from rank 0's step clock (steps are synchronous across 
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -144,7 +143,7 @@ def main(argv):
         p.error(f"--layout must be MxN (nodes x ranks per node), got {args.layout!r}")
     if args.worker:
         return worker(args)
-    from tfc_apps import emulated
+    from tfc_apps import emulated, local_run
 
     # One job per resolution (its configurations' ratios come from one run): a rank's memory grows
     # with every configuration it runs, and four ranks of ResNet-50 fill this machine's 24 GB after
@@ -160,9 +159,8 @@ def main(argv):
     with emulated.launcher(m, n, args.inter_mbit) as (prefix, link):
         print(f"# {link}", file=sys.stderr, flush=True)
         for res in args.resolutions:
-            cmd = prefix + [sys.executable, "-m", "tfc_apps.bench", "e2e", "--worker", "--resolutions", str(res),
-                            *common]
-            rc = subprocess.run(cmd).returncode
+            rc, _ = local_run.run(["-m", "tfc_apps.bench", "e2e", "--worker", "--resolutions", res, *common],
+                                  launcher=prefix, capture=False, check=False)
             if rc:
                 print(f"bench e2e: the ranks failed at {res}px (exit {rc})", file=sys.stderr)
                 failed.append(res)

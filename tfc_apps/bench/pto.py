@@ -14,7 +14,6 @@ columns time the trust ratios alone (the part PTO shards; the element-wise updat
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
+from tfc_apps import local_run
 MODELS = ("resnet50", "transformer")
 OPTIMIZERS = ("lars", "lamb")
 
@@ -107,15 +106,12 @@ def worker(spec_path, result_path, repeats):
 
 
 def launch(ranks, spec_path, result_path, repeats, timeout):
-    horovodrun = Path(sys.executable).parent / "horovodrun"
-    cmd = [str(horovodrun), "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", sys.executable,
-           "-m", "tfc_apps.bench.pto", "--worker", spec_path, "--result", result_path, "--repeats", str(repeats)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               TF_COMMLIB_TOPOLOGY=f"1x{ranks}", TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"tfc_apps.bench.pto on {ranks} ranks failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
+    """One job of `ranks` local ranks (1xP, no GPU); past `timeout` seconds its ranks are killed."""
+    rc, log = local_run.run(["-m", "tfc_apps.bench.pto", "--worker", spec_path, "--result", result_path,
+                             "--repeats", repeats], ranks, topology=f"1x{ranks}", env={"CUDA_VISIBLE_DEVICES": ""},
+                            timeout=timeout, check=False)
+    if rc != 0:
+        raise RuntimeError(f"tfc_apps.bench.pto on {ranks} ranks failed (exit {rc}):\n{log[-4000:]}")
     return json.loads(Path(result_path).read_text())
 
 

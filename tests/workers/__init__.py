@@ -1,0 +1,1 @@
+"""Worker modules that tests/hvdrun.py runs on every rank: ``python -m tests.workers.<name>``."""
