@@ -6,6 +6,24 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
+# Markers (pytest.ini) that follow from what a module starts, so that no test can forget them:
+# `pytest -m "not slow"` is the quick loop, `-m "not multiprocess"` runs no horovodrun job, and
+# `-m "not root"` leaves out what needs root (network namespaces, Slurm's daemons, a second uid).
+ROOT_MODULES = {"test_emulated_cluster", "test_slurm", "test_slurm_dawnbench", "test_shm_security"}
+SLOW_MODULES = {"test_convergence", "test_dawnbench", "test_emulated_cluster", "test_fidelity", "test_slurm",
+                "test_slurm_dawnbench", "test_demo"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2]
+        if module in ROOT_MODULES or "slurm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.root)
+        if module in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+        if any(hasattr(item.module, name) for name in ("hvdrun", "local_run")):
+            item.add_marker(pytest.mark.multiprocess)
+
 
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
