@@ -1,5 +1,6 @@
 """Stopping and resuming training loses nothing: residuals and DGC momentum are checkpointed."""
 import numpy as np
+import pytest
 
 from tests import hvdrun
 
@@ -40,3 +41,24 @@ def test_per_rank_state_across_a_restart_on_4_ranks(tmp_path):
         for j, got in enumerate(r["averaged"]):
             want = np.mean([floats[q][j] for q in range(4)], axis=0)
             np.testing.assert_allclose(np.asarray(got).reshape(want.shape), want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.timeout(1200)   # two adaptive runs profile and choose (pymoo) once each
+def test_backup_and_restore_guarantees(tmp_path):
+    """tf_commlib.keras.BackupAndRestore (tests/workers/backup_worker.py): resumes with exactly the
+    saved per-rank state; ranks one epoch apart resume at one epoch; two apart raise on every rank;
+    AdaptiveDensity's choice survives a restart."""
+    reports = hvdrun.run("backup_worker.py", 2, tmp_path, topology="1x2", timeout=1100)
+    for r in reports:
+        assert r["residual"] > 0 and r["momentum"] > 0
+        assert r["restored_exactly"], "the resumed run starts from the state saved at the interruption"
+        assert r["resumed_epochs"] == [2] and r["resumed_equals_full"] and r["deleted"]
+        assert r["skew_resume_epoch"] == 1 and r["skew_epochs"] == [1, 2], r
+        assert r["skew_equals_full"] and r["kept"]
+        assert len(r["apart_errors"]) == 2, r["apart_errors"]
+        for e in r["apart_errors"]:
+            assert "cannot resume at one epoch" in e and "epochs [0, 2]" in e, e
+        assert r["adaptive_full"][0]["profiled"] == "first"   # epoch 1 (after the 1-epoch warm-up)
+        assert r["adaptive_resumed"] == r["adaptive_full"][1:], "resumed without re-profiling"
+        assert r["adaptive_equals_full"]
+    assert reports[0]["adaptive_full"] == reports[1]["adaptive_full"]

@@ -9,19 +9,17 @@ its state after each epoch and a restarted (requeued) run resumes from there.
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 import tf_commlib
 from tfc_apps import digits
-from tf_commlib import primitives as P
 from tf_commlib.collectives import ALGORITHMS
-from tf_commlib.keras import AdaptiveDensity, DistributedOptimizer, default_callbacks, distributed_optimizer
+from tf_commlib.keras import (AdaptiveDensity, BackupAndRestore, DistributedOptimizer, default_callbacks,
+                              distributed_optimizer)
 from tf_commlib.keras.adaptive import profile_batches
 
 
@@ -62,29 +60,6 @@ def parser():
     p.add_argument("--ckpt-dir", default=None,
                    help="back up each rank's state here after every epoch and resume from it")
     return p
-
-
-class RankBackup(keras.callbacks.BackupAndRestore):
-    """Keras BackupAndRestore in <ckpt_dir>/rank<R>: residuals and DGC momentum are per rank. A job
-    killed while its ranks were saving one epoch leaves some of them an epoch ahead; on restore
-    those go back to their previous backup (double_checkpoint), so that all resume at one epoch."""
-
-    def __init__(self, ckpt_dir, topo):
-        super().__init__(os.path.join(ckpt_dir, f"rank{topo.rank}"), double_checkpoint=True)
-        self.topo = topo
-
-    def on_train_begin(self, logs=None):
-        super().on_train_begin(logs)
-        mine = int(self.model._initial_epoch or 0)
-        epochs = P.allgather(tf.constant([mine], tf.int64), self.topo.world).numpy().tolist()
-        if mine > min(epochs):
-            if mine - min(epochs) > 1 or not os.path.exists(self._prev_weights_path):
-                raise RuntimeError(f"rank {self.topo.rank}: the ranks' backups in {self.backup_dir}/.. "
-                                   f"are at epochs {epochs}; cannot resume them at one epoch")
-            for prev, cur in ((self._prev_weights_path, self._weights_path),
-                              (self._prev_training_metadata_path, self._training_metadata_path)):
-                shutil.copyfile(prev, cur)
-            self._load_model()
 
 
 class FailAt(keras.callbacks.Callback):
@@ -158,7 +133,7 @@ def main(argv=None):
         print(f"[{label}] {topo.size} ranks as {topo.m}x{topo.n} (nodes x ranks per node)", flush=True)
     report = EpochReport(topo, test, len(y), label)
     adapt = [AdaptiveDensity(profile_batches(x, y, args.batch_size))] if args.density == "adaptive" else []
-    extra = [RankBackup(args.ckpt_dir, topo)] if args.ckpt_dir else []
+    extra = [BackupAndRestore(args.ckpt_dir)] if args.ckpt_dir else []
     if os.environ.get("TF_COMMLIB_TEST_FAIL_AT"):
         extra.append(FailAt(topo.rank, os.environ["TF_COMMLIB_TEST_FAIL_AT"]))
     # the report first, then the backup; the profiling counts in the epoch time

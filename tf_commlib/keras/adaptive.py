@@ -197,6 +197,10 @@ class AdaptiveDensity(keras.callbacks.Callback):
         opt, outer = _distributed(self.model), self.model.optimizer
         if not getattr(opt, "adaptive", False):
             raise ValueError("AdaptiveDensity needs DistributedOptimizer(density='adaptive')")
+        restored = opt.__dict__.pop("_restored_adaptive_state", None)   # from tf_commlib.keras.BackupAndRestore
+        if restored:
+            self.set_state(restored)
+            _keep_state(opt, self.get_state())
         if epoch < opt.warmup:
             return
         if not outer.built:   # model.fit builds it at the first step; the profiling needs it now
@@ -216,6 +220,21 @@ class AdaptiveDensity(keras.callbacks.Callback):
             print(f"[adaptive] epoch {epoch + 1} density {opt.target_density:.4g} (gain {gain_text}"
                   f"{', re-profiled: ' + reason if reason else ''})", flush=True)
         self.last_sums = gain_sums(opt)
+        _keep_state(opt, self.get_state())
+
+    def get_state(self):
+        """The choice's state as JSON values: the link it was profiled for, the baseline gain and
+        the gain sums at the start of the epoch (the chosen density is the optimizer's)."""
+        return {"profiled_link": None if self.profiled_link is None else self.profiled_link.as_list(),
+                "baseline": self.baseline,
+                "last_sums": None if getattr(self, "last_sums", None) is None else np.asarray(self.last_sums).tolist()}
+
+    def set_state(self, state):
+        from tf_commlib.costmodel import LinkParams
+        link = state.get("profiled_link")
+        self.profiled_link = None if link is None else LinkParams.from_list(link)
+        self.baseline = state.get("baseline")
+        self.last_sums = None if state.get("last_sums") is None else np.asarray(state["last_sums"], np.float64)
 
     def epoch_gain(self):
         """The gain over the last epoch (None before the first profiled epoch)."""
@@ -235,6 +254,12 @@ class AdaptiveDensity(keras.callbacks.Callback):
         opt.set_target_density(min(1.0, max(density, min(opt.candidates))))
         self.profiled_link, self.baseline, self.last_sums = self.link_params, None, None
         return rows
+
+
+def _keep_state(opt, state):
+    """What tf_commlib.keras.BackupAndRestore saves with the rank's backup (a plain attribute:
+    Keras' attribute tracking would wrap a dict)."""
+    object.__setattr__(opt, "_adaptive_state", state)
 
 
 def _distributed(model):

@@ -1,5 +1,7 @@
 """Keras callbacks like Horovod's, for the Keras 3 DistributedOptimizer."""
+import json
 import os
+import shutil
 
 import keras
 import numpy as np
@@ -92,13 +94,131 @@ class CompressionScheduler(keras.callbacks.Callback):
 
 
 class BackupAndRestore(keras.callbacks.BackupAndRestore):
-    """keras.callbacks.BackupAndRestore with one backup per rank, in backup_dir/rank<R>: residuals
-    and DGC momentum differ by rank, so every rank saves and restores its own (backup_dir is on a
-    shared file system, or node-local with the same ranks on the same nodes after a restart)."""
+    """Per-rank backup after every epoch and resume, for model.fit with tf_commlib (the one such
+    mechanism: tfc_apps.train and the DAWNBench script use it).
 
-    def __init__(self, backup_dir, *args, **kwargs):
-        self.rank_dir = os.path.join(os.fspath(backup_dir), f"rank{current_topology().rank}")
-        super().__init__(self.rank_dir, *args, **kwargs)
+    * One backup per rank, in backup_dir/rank<R> (backup_dir on a shared file system, or node-local
+      with the same ranks on the same nodes after a restart): model.save_weights saves the model
+      with all of its optimizer's variables, which hold what differs by rank (the residuals, DGC
+      momentum, the state-owner tag the consistency check reads) and the rest of the training
+      state (a LossScaleOptimizer's loss scale and step counter, the wrapped optimizer's slots:
+      SGD momentum, pto.LARS/LAMB moments, the iteration count). The training metadata adds
+      DistributedOptimizer's target density and AdaptiveDensity's state (the last choice, its
+      baseline and gain sums), which are Python values; the collective schedule and the warm-up
+      follow from the epoch.
+    * Double checkpoint: each save keeps the previous one (latest.weights.h5.bkp,
+      training_metadata.json.bkp) and writes through temporary files, so an interrupted save leaves
+      an intact backup. A job killed while its ranks were saving one epoch leaves some ranks an
+      epoch ahead: on restore (a collective: every rank's fit starts together) those go back to
+      their previous backup, so that all ranks resume at one epoch; ranks further apart, or an
+      ahead rank without its previous backup, raise RuntimeError on every rank.
+    * delete_checkpoint=True removes the rank's backup when fit ends; False keeps it (for a loop
+      that calls fit once per epoch, which resume_epoch() tells where to start).
+
+    Backups are per epoch (no save_freq): a common resume epoch needs epoch-aligned saves.
+    """
+
+    def __init__(self, backup_dir, delete_checkpoint=True):
+        self.rank_dir = self.rank_dir_of(backup_dir)
+        super().__init__(self.rank_dir, double_checkpoint=True, delete_checkpoint=delete_checkpoint)
+
+    @staticmethod
+    def rank_dir_of(backup_dir, rank=None):
+        """backup_dir/rank<R> (this rank's by default)."""
+        return os.path.join(os.fspath(backup_dir), f"rank{current_topology().rank if rank is None else rank}")
+
+    @classmethod
+    def resume_epoch(cls, backup_dir):
+        """The epoch all ranks resume at from the backups in backup_dir (0 without any), as
+        BackupAndRestore's restore will set it; RuntimeError where they cannot resume at one epoch.
+        A collective: call it on every rank."""
+        rank_dir = cls.rank_dir_of(backup_dir)
+        return _common_epoch(rank_dir, _saved_epoch(rank_dir), _saved_epoch(rank_dir, previous=True))
+
+    # -- restore ---------------------------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)   # the latest backup, or the previous one where it is unreadable
+        mine = _saved_epoch(self.rank_dir)
+        common = _common_epoch(self.rank_dir, mine, _saved_epoch(self.rank_dir, previous=True))
+        if (mine or 0) > common:   # this rank saved one epoch more than some other: back to its previous backup
+            for prev, cur in ((self._prev_weights_path, self._weights_path),
+                              (self._prev_training_metadata_path, self._training_metadata_path)):
+                _replace_with_copy(prev, cur)
+            self._load_model()
+
+    def _load_model(self):
+        super()._load_model()
+        if os.path.exists(self._training_metadata_path):
+            with open(self._training_metadata_path) as f:
+                state = json.load(f).get("tf_commlib")
+            opt = _distributed_or_none(self.model)
+            if state and opt is not None:
+                if state.get("target_density") is not None:
+                    opt.set_target_density(state["target_density"])
+                # AdaptiveDensity takes it up (a plain attribute: Keras' tracking would wrap a dict)
+                object.__setattr__(opt, "_restored_adaptive_state", state.get("adaptive"))
+
+    # -- save ------------------------------------------------------------------------------
+    def _save_model(self):
+        os.makedirs(self.rank_dir, exist_ok=True)
+        for cur, prev in ((self._weights_path, self._prev_weights_path),
+                          (self._training_metadata_path, self._prev_training_metadata_path)):
+            if os.path.exists(cur):
+                _replace_with_copy(cur, prev)
+        metadata = {"epoch": self._current_epoch, "batch": self._last_batch_seen}
+        opt = _distributed_or_none(self.model)
+        if opt is not None:
+            metadata["tf_commlib"] = {"target_density": float(opt.target_density),
+                                      "adaptive": getattr(opt, "_adaptive_state", None)}
+        tmp = self._weights_path + ".tmp.weights.h5"
+        self.model.save_weights(filepath=tmp, overwrite=True)
+        os.replace(tmp, self._weights_path)
+        _write_atomically(self._training_metadata_path, json.dumps(metadata))
+
+
+def _distributed_or_none(model):
+    try:
+        return distributed_optimizer(model)
+    except ValueError:
+        return None
+
+
+def _write_atomically(path, text):
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def _replace_with_copy(src, dst):
+    shutil.copyfile(src, dst + ".tmp")
+    os.replace(dst + ".tmp", dst)
+
+
+def _saved_epoch(rank_dir, previous=False):
+    """The epoch a rank's backup (or its previous one) ends at; None without one."""
+    path = os.path.join(rank_dir, "training_metadata.json" + (".bkp" if previous else ""))
+    weights = os.path.join(rank_dir, "latest.weights.h5" + (".bkp" if previous else ""))
+    if not (os.path.exists(path) and os.path.exists(weights)):
+        return None
+    with open(path) as f:
+        return int(json.load(f)["epoch"])
+
+
+def _common_epoch(rank_dir, mine, previous):
+    """The epoch every rank resumes at: the smallest of the ranks' latest backups, which a rank one
+    epoch ahead reaches with its previous backup. RuntimeError on every rank otherwise."""
+    topo = current_topology()
+    ask = [-1 if mine is None else mine, -1 if previous is None else previous]
+    table = P.allgather(tf.constant([ask], tf.int64), topo.world).numpy().tolist()
+    latest = [max(e, 0) for e, _ in table]
+    common = min(latest)
+    stuck = [r for r, (e, p) in enumerate(table) if max(e, 0) > common and p != common]
+    if stuck:
+        raise RuntimeError(
+            f"BackupAndRestore: the ranks' backups in {os.path.dirname(rank_dir)} end at epochs {latest} "
+            f"(previous backups: {[p if p >= 0 else None for _, p in table]}); ranks {stuck} cannot go back to "
+            f"epoch {common}, so the ranks cannot resume at one epoch (remove the directory to start afresh)")
+    return common
 
 
 def default_callbacks(root_rank=0):

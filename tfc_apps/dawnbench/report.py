@@ -32,7 +32,7 @@ class Log:
         self.offset = self.rows[-1]["wall_s"] if self.rows else 0.0
         self.last = self.offset   # wall_s of the last row added (every rank)
         self.t0 = time.perf_counter()
-        self.tta = next((r["wall_s"] for r in self.rows if r.get("top5", 0) >= target), None)
+        self.tta = next((r["wall_s"] for r in self.rows if (r.get("top5") or 0) >= target), None)
 
     def wall(self):
         return self.offset + time.perf_counter() - self.t0

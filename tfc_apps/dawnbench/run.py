@@ -16,7 +16,7 @@ from tfc_apps.dawnbench import breakdown, config, models
 from tfc_apps.dawnbench.data import Data
 from tfc_apps.dawnbench.report import EpochReport, Log
 from tfc_apps.dawnbench.schedule import PEAK_PER_256, StagedLinear
-from tf_commlib.keras import DistributedOptimizer, default_callbacks, distributed_optimizer
+from tf_commlib.keras import BackupAndRestore, DistributedOptimizer, default_callbacks, distributed_optimizer
 
 
 # Biases and batch normalisation: no weight decay, no layer adaptation (variable paths).
@@ -47,21 +47,6 @@ def make_optimizer(args, data, topo):
                                 momentum=None if args.optimizer != "lamb" else args.momentum,
                                 momentum_correction=args.optimizer != "lamb",
                                 warmup=args.dgc_warmup, seed=args.seed)
-
-
-def resume_epoch(ckpt_dir, topo):
-    """The epoch every rank's BackupAndRestore checkpoint ends at (0 without one)."""
-    epoch = 0
-    if ckpt_dir:
-        path = os.path.join(ckpt_dir, f"rank{topo.rank}", "training_metadata.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                epoch = int(json.load(f)["epoch"])
-    epochs = P.allgather(tf.constant([epoch], tf.int64), topo.world).numpy().tolist()
-    if len(set(epochs)) != 1:
-        raise RuntimeError(f"--ckpt-dir {ckpt_dir}: the ranks' checkpoints end at different epochs "
-                           f"{epochs}; restore them from one consistent save")
-    return epochs[0]
 
 
 def weights_digest(model, topo):
@@ -102,7 +87,7 @@ def train(args, topo, data):
     opt = make_optimizer(args, data, topo)
     model.compile(opt, loss, jit_compile=False)
     opt = distributed_optimizer(model)   # through the LossScaleOptimizer compile adds under mixed_float16
-    start = resume_epoch(args.ckpt_dir, topo)
+    start = BackupAndRestore.resume_epoch(args.ckpt_dir) if args.ckpt_dir else 0
     log = Log(args.log_dir, topo, start, args.target_top5)
     if topo.rank == 0:
         print(f"dawnbench: {args.model}, {topo.m}x{topo.n} ranks, stages "
@@ -121,8 +106,7 @@ def train(args, topo, data):
             report = EpochReport(log, data.val(stage), stage, data.steps(stage), topo)
             callbacks = common + [report]
             if args.ckpt_dir:
-                callbacks.append(keras.callbacks.BackupAndRestore(
-                    os.path.join(args.ckpt_dir, f"rank{topo.rank}"), delete_checkpoint=False))
+                callbacks.append(BackupAndRestore(args.ckpt_dir, delete_checkpoint=False))
             model.fit(data.train(stage, epoch), initial_epoch=epoch, epochs=epoch + 1, verbose=0, shuffle=False,
                       callbacks=callbacks)
         if report is not None and args.breakdown_steps:
