@@ -1,6 +1,8 @@
-"""Every collective against a numpy reference of itself, on every rank, for 2x2, 1x4 and 3x1, and
-the bytes its primitives moved on each link against the bytes its module says it sends."""
+"""Every registered collective against a numpy reference (the one its module declares, see
+reference_of), on every rank, for 2x2, 1x4 and 3x1, and the bytes its primitives moved on each link
+against the bytes its module says it sends."""
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ from tf_commlib import link_bytes
 from tf_commlib.collectives import ALGORITHMS
 
 D, STEPS = 1001, 3
-SPARCML = ("ssar_rd", "ssar_split_ag", "dsar_split_ag")
+SPARCML = ("ssar_rd", "ssar_split_ag", "dsar_split_ag")   # their extras (float order, QSGD)
 
 
 def seed(step, rank):
@@ -63,34 +65,81 @@ def hitopk_ref(inputs, density, m, n):
     return results, res
 
 
+def sum_ref(inputs, density, m, n):
+    """Dense collectives: the exact sum, nothing left behind."""
+    return [np.sum(xs, axis=0) for xs in inputs], None
+
+
+def topk_ref(inputs, density, m, n):
+    """Sparse collectives: naive_ag's, every rank's top-k of x + residual summed (SparCML's too)."""
+    return naive_ag_ref(inputs, density)
+
+
+def shard_topk_ref(inputs, density, m, n):
+    """hitopk's: the top-k of each rank's shard after the intra-node reduce-scatter; the residual
+    per rank is its shard's."""
+    results, res = hitopk_ref(inputs, density, m, n)
+    return results, [res[divmod(rank, n)] for rank in range(m * n)]
+
+
+REFERENCES = {"sum": sum_ref, "topk": topk_ref, "shard_topk": shard_topk_ref}
+
+
+def reference_of(name):
+    """The reference a registered collective is checked against: its module's REFERENCE (a key of
+    REFERENCES, or None for one checked elsewhere), else "topk" for sparse collectives and "sum"
+    for dense ones. Its module is the one under tf_commlib.collectives that defines it."""
+    coll = ALGORITHMS[name]
+    modules = [m for key, m in sys.modules.items() if key.startswith("tf_commlib.collectives.")
+               and getattr(m, "COLLECTIVE", None) is coll]
+    declared = getattr(modules[0], "REFERENCE", "default") if modules else "default"
+    if declared == "default":
+        return "topk" if coll.sparse else "sum"
+    assert declared is None or declared in REFERENCES, f"{name}: unknown REFERENCE {declared!r}"
+    return declared
+
+
 @pytest.fixture(scope="module", params=["2x2", "1x4", "3x1"])
 def run(request, tmp_path_factory):
-    """(layout, per-rank reports) of one collectives_worker.py run per layout."""
+    """(layout, per-rank reports) of one collectives_worker.py run per layout (every registered
+    collective in the one job)."""
     m, n = map(int, request.param.split("x"))
     return request.param, hvdrun.run("collectives_worker.py", m * n, tmp_path_factory.mktemp(request.param),
                                      topology=request.param)
 
 
+def test_every_registered_collective_is_reference_checked_or_says_where():
+    checked = {name: reference_of(name) for name in ALGORITHMS}
+    assert {"dense": "sum", "2dtar": "sum", "naive_ag": "topk", "hitopk": "shard_topk",
+            **{name: "topk" for name in SPARCML}}.items() <= checked.items()
+    for name in ("star", "var", "star_hier", "var_hier", "powersgd"):   # tests/test_artopk.py, test_powersgd.py
+        assert checked.get(name, None) is None
+
+
 def test_collectives_match_numpy_on_every_rank(run):
+    """Every registered collective (ALGORITHMS) against its reference (reference_of), bit for bit
+    on every rank, results and residuals."""
     layout, reports = run
     m, n = map(int, layout.split("x"))
     inputs = [[np.array(r["inputs"][step], np.float32) for r in reports] for step in range(STEPS)]
     dense = [np.sum(xs, axis=0) for xs in inputs]
+    checked = []
     for density in (0.05, 1.0):
-        nag, nag_res = naive_ag_ref(inputs, density)
+        refs = {kind: fn(inputs, density, m, n) for kind, fn in REFERENCES.items()}
+        nag, nag_res = refs["topk"]
         hit, hit_res = hitopk_ref(inputs, density, m, n)
-        # SparCML's lossless collectives sum the same sparse inputs as naive_ag (exactly: integers)
-        expected = {"dense": dense, "2dtar": dense, "naive_ag": nag, "hitopk": hit,
-                    **{name: nag for name in SPARCML}}
-        for name, want in expected.items():
+        for name in ALGORITHMS:
+            kind = reference_of(name)
+            if kind is None:
+                continue
+            want, want_res = refs[kind]
+            checked.append(name)
             for r in reports:  # bit-identical on every rank
-                got = np.array(r[f"{name}@{density}"]["results"], np.float32)
-                np.testing.assert_array_equal(got, np.array(want), err_msg=f"{name}@{density} rank {r['rank']}")
-        for r in reports:
-            rank = r["rank"]
-            for name in ("naive_ag", *SPARCML):
-                np.testing.assert_array_equal(r[f"{name}@{density}"]["residual"], nag_res[rank], err_msg=name)
-            np.testing.assert_array_equal(r[f"hitopk@{density}"]["residual"], hit_res[divmod(rank, n)])
+                key = f"{name}@{density}"
+                got = np.array(r[key]["results"], np.float32)
+                np.testing.assert_array_equal(got, np.array(want), err_msg=f"{key} rank {r['rank']}")
+                if want_res is not None:
+                    np.testing.assert_array_equal(r[key]["residual"], want_res[r["rank"]], err_msg=key)
         if density == 1.0:  # everything is sent: sparse equals dense, nothing is left behind
             np.testing.assert_array_equal(np.array(nag), np.array(dense))
             np.testing.assert_array_equal(np.array(hit), np.array(dense))
@@ -104,6 +153,7 @@ def test_collectives_match_numpy_on_every_rank(run):
         np.testing.assert_array_equal(np.sum(hit, axis=0) + left[:D], total_in)
         for r in reports:
             assert len(r[f"hitopk@{density}"]["residual"]) == s
+    assert {"dense", "naive_ag", "hitopk"} <= set(checked)
     for r in reports:
         np.testing.assert_array_equal(r["hitopk_graph"], hitopk_ref(inputs[:1], 0.05, m, n)[0][0])
         for density in (0.05, 1.0):   # sparse and dense step 4, chosen inside the graph

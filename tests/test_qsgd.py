@@ -63,3 +63,16 @@ def test_pack_round_trips_in_wire_bytes(bits):
     s = 2 ** (bits - 1) - 1
     first = (packed[0] & ((1 << bits) - 1)) - s
     assert first == levels.numpy().ravel()[0]
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_qsgd_codec_bytes_and_round_trip(bits):
+    """The QSGD Codec (codec.py, "qsgd<bits>", dsar_split_ag's dense slices): to_bytes sends
+    exactly bytes(n) bytes, from_bytes decodes what qsgd.decode does."""
+    from tf_commlib.collectives import codec
+    c = codec.get(f"qsgd{bits}")
+    x = tf.constant(np.random.default_rng(bits).standard_normal(1500).astype(np.float32))
+    data = c.to_bytes(x, seed=9)
+    assert data.dtype == tf.uint8 and data.shape[0] == c.bytes(1500) == qsgd.wire_bytes(1500, bits)
+    np.testing.assert_array_equal(c.from_bytes(data, 1500).numpy(),
+                                  qsgd.decode(*qsgd.encode(x, bits, seed=9), 1500, bits).numpy())

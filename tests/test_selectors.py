@@ -212,3 +212,33 @@ def test_mstopk_when_the_pre_sample_misleads():
         check_mstopk(x, k)
         values, indices, threshold = ops.threshold_search(x, k)
         assert threshold.numpy() == ref.threshold_search(x, k)
+
+
+def test_selector_registry_picks_up_a_new_selector():
+    """A selector registered with @ops.selector (in whatever module defines it) is known to the
+    aggregator's check and to `bench topk` without editing a list; bound_selector passes the seed
+    and step only to selectors that take them (qrgc its step)."""
+    from tf_commlib.aggregator import check_config
+    from tfc_apps.bench import topk
+    assert {"mstopk", "qrgc", "threshold_search"} <= set(topk.methods(3)) - {"tf_topk", "one_pass"}
+    calls = []
+
+    @ops.selector("first_k_for_test", seeded=True)
+    def first_k(x, k, seed=None):
+        calls.append(seed)
+        return tf.reshape(x, [-1])[:k], tf.range(k)
+    try:
+        assert ops.SELECTORS["first_k_for_test"] is first_k
+        check_config("naive_ag", 0.1, "first_k_for_test")
+        assert "first_k_for_test" in topk.methods(3)
+        values, _ = topk.methods(3, seed=5)["first_k_for_test"](tf.range(10.0))
+        assert values.numpy().tolist() == [0.0, 1.0, 2.0] and calls == [5]
+        with pytest.raises(ValueError, match="already registered"):
+            ops.selector("first_k_for_test")(first_k)
+    finally:
+        del ops.SELECTORS["first_k_for_test"]
+    x = gaussian(100, 3)
+    for step in (0, 1):
+        np.testing.assert_array_equal(ops.bound_selector("qrgc", seed=9, step=step)(x, 5)[1],
+                                      ops.qrgc(x, 5, step=step)[1])
+    assert ops.bound_selector("exact_topk", seed=9, step=1) is ops.exact_topk

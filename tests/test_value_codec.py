@@ -17,21 +17,21 @@ CODEC_ALGORITHMS = ("naive_ag", "hitopk")
 def test_quantise_against_numpy():
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(1000) * 10 ** rng.uniform(-6, 4, 1000)).astype(np.float32)
-    np.testing.assert_array_equal(V.quantise(tf.constant(x), "none").numpy(), x)
-    np.testing.assert_array_equal(V.quantise(tf.constant(x), "fp16").numpy(),
+    np.testing.assert_array_equal(V.get("none").quantise(tf.constant(x)).numpy(), x)
+    np.testing.assert_array_equal(V.get("fp16").quantise(tf.constant(x)).numpy(),
                                   x.astype(np.float16).astype(np.float32))
-    mean = V.quantise(tf.constant(x), "mean").numpy()
+    mean = V.get("mean").quantise(tf.constant(x)).numpy()
     assert np.all(mean == mean[0]) and mean[0] == pytest.approx(np.mean(x.astype(np.float64)), rel=1e-5)
     for value in (0.1, -3.7e-5, 123.456):   # qRGC's k copies of one mean come back bit-exactly
         same = np.full(7, value, np.float32)
-        np.testing.assert_array_equal(V.quantise(tf.constant(same), "mean").numpy(), same)
-    assert V.quantise(tf.zeros([0]), "mean").shape == [0]
+        np.testing.assert_array_equal(V.get("mean").quantise(tf.constant(same)).numpy(), same)
+    assert V.get("mean").quantise(tf.zeros([0])).shape == [0]
 
 
 @pytest.mark.parametrize("counts", [(3, 0, 5), (1,), (0, 0), (4, 4, 1, 2)])
 def test_mean_messages_round_trip(counts):
     """Messages of several parts each, concatenated as an allgather does, decode to the parts'
-    values and indices in order, with part = sender * parts + own part; bytes = message_bytes."""
+    values and indices in order, with part = sender * parts + own part; bytes = its bytes formula."""
     rng = np.random.default_rng(len(counts))
     parts, senders = len(counts), 2
     messages, want_v, want_i, want_p = [], [], [], []
@@ -40,24 +40,25 @@ def test_mean_messages_round_trip(counts):
         part = np.repeat(np.arange(parts), counts).astype(np.int32)
         perm = rng.permutation(part.size)   # the encoder orders entries by part, stably
         idx = rng.integers(0, 1 << 30, part.size).astype(np.int32)
-        rows = V._encode_mean(tf.constant(value[part][perm]), tf.constant(idx[perm]),
-                              tf.constant(part[perm]), parts).numpy()
-        assert rows.dtype == np.uint8 and rows.size == V.message_bytes("mean", part.size, parts)
+        rows = V.get("mean").encode(tf.constant(value[part][perm]), tf.constant(idx[perm]),
+                                   tf.constant(part[perm]), parts).numpy()
+        assert rows.dtype == np.uint8 and rows.size == V.get("mean").bytes(part.size, parts)
         messages.append(rows)
         order = np.argsort(part[perm], kind="stable")
         want_v.append(value[part][perm][order])
         want_i.append(idx[perm][order])
         want_p.append(part[perm][order] + s * parts)
-    got_v, got_i, got_p = V._decode_mean(tf.constant(np.concatenate(messages)), senders * parts)
+    got_v, got_i, got_p = V.get("mean").decode(tf.constant(np.concatenate(messages)),
+                                                 segments=senders * parts)
     np.testing.assert_array_equal(got_v.numpy(), np.concatenate(want_v))
     np.testing.assert_array_equal(got_i.numpy(), np.concatenate(want_i))
     np.testing.assert_array_equal(got_p.numpy(), np.concatenate(want_p))
 
 
 def test_bytes_per_entry():
-    assert [V.entry_bytes(c) for c in V.CODECS] == [8, 6, 4]
-    assert V.message_bytes("none", 10) == 80 and V.message_bytes("fp16", 10) == 60
-    assert V.message_bytes("mean", 10) == 48 and V.message_bytes("mean", 10, parts=3) == 64
+    assert [V.get(c).entry_bytes for c in V.CODECS] == [8, 6, 4]
+    assert V.get("none").bytes(10) == 80 and V.get("fp16").bytes(10) == 60
+    assert V.get("mean").bytes(10) == 48 and V.get("mean").bytes(10, parts=3) == 64
     # naive_ag on 2x2, d = 1M, 1 %: 10k entries to 1 rank in the node and 2 in the other
     for codec, per_entry in (("none", 8), ("fp16", 6)):
         got = ALGORITHMS["naive_ag"].sent_bytes(1_000_000, 2, 2, 0.01, {"value_codec": codec})
@@ -92,7 +93,7 @@ def test_mean_refuses_int64_indices():
     """Selectors give int64 indices only for buckets of 2^31 entries or more, which the mean codec's
     int32 words cannot address: a clear error instead of wrapped indices (checked before any send)."""
     with pytest.raises(ValueError, match="value_codec 'mean'.*2\\^31"):
-        V.allgather(tf.ones([3]), tf.constant([0, 1, 2**31], tf.int64), None, "mean")
+        V.get("mean").allgather(tf.ones([3]), tf.constant([0, 1, 2**31], tf.int64), None)
 
 
 def test_value_codec_defaults_to_none():
@@ -210,3 +211,22 @@ def test_qrgc_group_sends_one_mean_unless_told_otherwise():
         {"naive_ag": {"value_codec": "mean"}, "hitopk": {"value_codec": "fp16", "step4": "dense"},
          "ssar_rd": {}}
     # DistributedOptimizer(qrgc=True) end to end: tests/workers/codec_worker.py ("qrgc_optimizer")
+
+
+def test_codecs_share_one_interface_and_registry():
+    """codec.py: the option strings name registered Codecs; bytes(n) is what to_bytes sends and
+    round is decode(encode) (the dense casts, the sparse codecs' values)."""
+    from tf_commlib.collectives import codec
+    from tf_commlib.collectives.wire import COMPRESSIONS
+    assert set(COMPRESSIONS) | set(V.CODECS) <= set(codec.REGISTRY)
+    x = tf.constant(np.random.default_rng(1).standard_normal(100).astype(np.float32))
+    for name, dtype in (("none", np.float32), ("fp16", np.float16), ("bf16", None)):
+        c = codec.get(name)
+        assert codec.get(c) is c and c.bytes(100) == c.to_bytes(x).shape[0]
+        np.testing.assert_array_equal(c.from_bytes(c.to_bytes(x), 100).numpy(), c.round(x).numpy())
+        if dtype is not None:
+            np.testing.assert_array_equal(c.round(x).numpy(), x.numpy().astype(dtype).astype(np.float32))
+    assert [codec.get(n).summable for n in COMPRESSIONS] == [True, True, False]
+    assert V.get("fp16").values is codec.FP16 and V.get(V.get("mean")) is V.get("mean")
+    with pytest.raises(ValueError, match="already registered"):
+        codec.register(codec.Cast("fp16", tf.float16))

@@ -132,12 +132,7 @@ class GradientAggregator:
                                 options=self.algorithm_options)
 
     def _select(self, seed):
-        base = getattr(ops, self.selector, None)
-        if self.selector in ops.STEPPED:
-            return lambda x, k: base(x, k, step=self.step)
-        if seed is not None and self.selector in ops.SEEDED:
-            return lambda x, k: base(x, k, seed=seed)
-        return ops.SELECTORS[self.selector]
+        return ops.bound_selector(self.selector, seed=seed, step=self.step)
 
     def _check(self, grads, step):
         """Every rank must be at the same step with the same shapes, dtypes, algorithm, density,

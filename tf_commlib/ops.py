@@ -18,6 +18,31 @@ from tf_commlib._loader import ops as _ops
 FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
 
 
+SELECTORS = {}   # name -> selector(x, k, ...): every function registered with @selector
+
+
+def selector(name, seeded=False, stepped=False):
+    """Registers the decorated function as the top-k selector `name` (GradientAggregator(selector=
+    name), DistributedOptimizer, `bench topk`): fn(x, k, ...) -> (values, indices); seeded: it takes
+    ``seed=`` (the aggregator passes its per-bucket seed), stepped: it takes ``step=`` (the
+    aggregator's step). ValueError if the name is taken."""
+    def add(fn):
+        if name in SELECTORS:
+            raise ValueError(f"a selector named {name!r} is already registered")
+        fn.seeded, fn.stepped = seeded, stepped
+        SELECTORS[name] = fn
+        return fn
+    return add
+
+
+def bound_selector(name, seed=None, step=None):
+    """The selector `name` as select(x, k), with seed and step passed where it takes them."""
+    fn = SELECTORS[name]
+    kw = {**({"seed": seed} if fn.seeded and seed is not None else {}),
+          **({"step": step} if fn.stepped and step is not None else {})}
+    return (lambda x, k: fn(x, k, **kw)) if kw else fn
+
+
 def _invalid(msg):
     return tf.errors.InvalidArgumentError(None, None, msg)
 
@@ -142,6 +167,7 @@ def _seed(seed, name):
     return tf.constant(-1, tf.int64) if seed is None else _scalar(seed, "seed", name, integer=True)
 
 
+@selector("mstopk", seeded=True)
 def mstopk(x, k, num_samplings=30, seed=None, allow_nan=False):
     """MSTopK (shi2021 Alg. 1): exactly min(k, size) entries of flat x, as (values, indices).
 
@@ -191,12 +217,14 @@ def _top_magnitudes(flat, n, tidx):
     return _nan_to_zero(tf.gather(flat, idx)), tf.cast(idx, tidx)
 
 
+@selector("exact_topk")
 def exact_topk(x, k, allow_nan=False):
     """The exact k largest |x| (reference selector), as (values, indices)."""
     flat, n, tidx = _checked(x, k, "exact_topk", allow_nan)
     return _top_magnitudes(flat, n, tidx)
 
 
+@selector("trimmed_topk")
 def trimmed_topk(x, k, allow_nan=False):
     """RedSync Alg. 2 (corrected): threshold mean + ratio*(max - mean) for ratio 0.8, 0.6, ... 0
     (the first that at least k entries pass), then the exact top-k of those; exactly k out."""
@@ -219,6 +247,7 @@ def _exact_among(values, indices, n):
     return tf.gather(values, pos), tf.gather(indices, pos)
 
 
+@selector("dgc_topk", seeded=True)
 def dgc_topk(x, k, sample_ratio=0.01, seed=None, allow_nan=False):
     """DGC §5 selection: the top-k threshold of a random sample of |x|, the entries above it,
     and the exact top-k of those when more than k pass; exactly k out."""
@@ -246,6 +275,7 @@ def dgc_topk(x, k, sample_ratio=0.01, seed=None, allow_nan=False):
                    lambda: _top_magnitudes(flat, k, tidx))
 
 
+@selector("randomk", seeded=True)
 def randomk(x, k, seed=None, allow_nan=False):
     """k distinct uniformly random entries of flat x (baseline), as (values, indices) sorted by index."""
     flat, k, tidx = _checked(x, k, "randomk", allow_nan)
@@ -260,6 +290,7 @@ def randomk(x, k, seed=None, allow_nan=False):
     return _nan_to_zero(tf.gather(flat, idx)), tf.cast(idx, tidx)
 
 
+@selector("qrgc", stepped=True)
 def qrgc(x, k, step=0, allow_nan=False):
     """RedSync's quantized selection: on even steps the k largest entries (+Inf first), on odd
     steps the k most negative (-Inf first), all sent as their mean (one value) with their
@@ -273,18 +304,7 @@ def qrgc(x, k, step=0, allow_nan=False):
     return tf.cast(tf.fill([k], mean), flat.dtype), tf.cast(idx, tidx)
 
 
+@selector("threshold_search")
 def _threshold_search_selection(x, k, allow_nan=False):
     return threshold_search(x, k, allow_nan)[:2]
 
-
-SELECTORS = {
-    "mstopk": mstopk,
-    "exact_topk": exact_topk,
-    "dgc_topk": dgc_topk,
-    "trimmed_topk": trimmed_topk,
-    "threshold_search": _threshold_search_selection,
-    "randomk": randomk,
-    "qrgc": qrgc,
-}
-STEPPED = ("qrgc",)                               # selectors that take the step
-SEEDED = ("mstopk", "dgc_topk", "randomk")        # selectors that take a seed

@@ -8,7 +8,10 @@ module. dense.py is the shortest example: the function, ``time`` (alpha-beta sec
 costmodel's link parameters), ``sent_bytes`` (bytes per link, from link_bytes) and
 ``COLLECTIVE = Collective("dense", dense, time, sent_bytes)``. A new module runs at once as
 GradientAggregator(algorithm=name), takes part in "auto", `bench comm` and the byte-count test
-(tests/test_collective_interface.py); ``register`` adds one defined elsewhere.
+(tests/test_collective_interface.py), and tests/test_collectives.py checks it against a numpy
+reference (sparse: each rank's own top-k with error feedback; dense: the sum) unless its module
+sets ``REFERENCE`` (another of that test's references, or None where another test checks it);
+``register`` adds one defined elsewhere. Value codecs (compression, value_codec) are codec.py's.
 """
 import importlib
 import pkgutil

@@ -1,6 +1,7 @@
 """Dense: Horovod allreduce over all ranks (the Dense-SGD / TreeAR baseline). The option
 compression ("none", "fp16", "bf16") sends 16-bit values (wire.py)."""
 from tf_commlib import costmodel as C
+from tf_commlib.collectives import codec as K
 from tf_commlib.collectives import wire as W
 from tf_commlib.collectives.interface import Collective
 
@@ -16,9 +17,9 @@ def time(d, m, n, density, params, options):
     """Ring over all P ranks, 2(P-1)·α + 2(P-1)/P·4d·β, on the inter link when m > 1 (2 bytes per
     value and the casts with compression; bf16: reduce-scatter + all-gather)."""
     a, b = C.world_link(m, params)
-    compression = options.get("compression", "none")   # formulas reused by other collectives
+    compression = K.get(options.get("compression", "none"))   # formulas reused by other collectives
     steps = {"allreduce": W.allreduce_time(d, compression, m * n, a, b)}
-    if compression != "none":
+    if not compression.exact:
         steps["cast"] = W.cast_cost(d, compression, params)
     return steps
 

@@ -69,8 +69,8 @@ def select_shard(shard, d, topo, density, select):
 
 def inter_gather(values, indices, topo, codec="none"):
     """Step 3: what the ranks of this local index selected on every node, in node order:
-    (values, indices, part) as value_codec.allgather (values must be quantised for the codec)."""
-    return V.allgather(values, indices, topo.inter, codec)
+    (values, indices, part) as SparseCodec.allgather (values must be quantised for the codec)."""
+    return V.get(codec).allgather(values, indices, topo.inter)
 
 
 def sparse_step4(density, m, step4="auto", codec="none"):
@@ -78,7 +78,7 @@ def sparse_step4(density, m, step4="auto", codec="none"):
     m·k entries of the codec cost fewer bytes than the dense shard (2·m·density < 1 for "none")."""
     if step4 != "auto":
         return step4 == "sparse"
-    per_entry = V.entry_bytes(codec) / C.BYTES
+    per_entry = V.get(codec).entry_bytes / C.BYTES
     if tf.is_tensor(density):
         return tf.less(per_entry * m * tf.cast(density, tf.float64), 1.0)
     return per_entry * m * density < 1
@@ -99,8 +99,8 @@ def intra_gather(gathered, indices, d, topo, density, step4="auto", codec="none"
     offset = tf.cast(topo.local * s, indices.dtype)
 
     def sparse():   # every rank's gathered entries, moved to their place in x, summed into d
-        all_values, all_indices, _ = V.allgather(values, node_indices + offset, topo.intra, codec,
-                                                 part, topo.m)
+        all_values, all_indices, _ = V.get(codec).allgather(values, node_indices + offset, topo.intra,
+                                                            part, topo.m)
         return scatter_add(all_indices, all_values, d)
 
     def dense():    # the shard's sum, then an allgather of the dense shards
@@ -117,13 +117,13 @@ def hitopk(x, topo, density, select, residual=None, ctx=None):
     (aggregated, new residual, sent), sent being the indices of x that this rank's node sent.
     """
     options = (ctx or COLLECTIVE.context()).options
-    step4, codec = options["step4"], options["value_codec"]
+    step4, codec = options["step4"], V.get(options["value_codec"])
     d = x.shape[0]
     shard = reduce_shard(x, topo)
     if residual is not None:
         shard = shard + residual
     values, indices = select_shard(shard, d, topo, density, select)
-    values = V.quantise(values, codec)
+    values = codec.quantise(values)
     aggregated, sent = intra_gather(inter_gather(values, indices, topo, codec), indices, d, topo,
                                     density, step4, codec)
     return aggregated, unsent(shard, values, indices), sent
@@ -135,16 +135,16 @@ def time(d, m, n, density, params, options):
     sent indices) + error feedback."""
     s, k = shard_size(d, n), num_selected(density, d / n)
     a, b = params.alpha_intra, params.beta_intra
-    codec = options["value_codec"]
+    codec = V.get(options["value_codec"])
     sent = C.allgather(C.BYTES * k, n, a, b)
     if sparse_step4(density, m, options["step4"], codec):
-        step4 = C.allgather(V.message_bytes(codec, m * k, m), n, a, b) + C.scatter_add_cost(n * m * k, d, params)
+        step4 = C.allgather(codec.bytes(m * k, m), n, a, b) + C.scatter_add_cost(n * m * k, d, params)
     else:
         step4 = C.scatter_add_cost(m * k, s, params) + C.allgather(C.BYTES * s, n, a, b)
     return {
         "reducescatter": pad_cost(d, n, params) + C.reducescatter(C.BYTES * n * s, n, a, b),
         "select": C.select_cost(s, params),
-        "inter_allgather": C.allgather(V.message_bytes(codec, k) * n, m, params.alpha_inter, params.beta_inter),
+        "inter_allgather": C.allgather(codec.bytes(k) * n, m, params.alpha_inter, params.beta_inter),
         "intra_allgather": step4 + sent,
         "residual": C.residual_cost(k, s, params),
     }
@@ -153,14 +153,14 @@ def time(d, m, n, density, params, options):
 def sent_bytes(d, m, n, density, options):
     """Steps 1, 3, 4 and the sent indices, averaged over the shards (short shards select fewer)."""
     s, k = shard_size(d, n), num_selected(density, d / n)
-    codec = options["value_codec"]
+    codec = V.get(options["value_codec"])
     sparse4 = sparse_step4(density, m, options["step4"], codec)
     total = {link: 0.0 for link in L.LINKS}
     for local in range(n):
         kj = min(k, real_size(d, n, local))
         shard = L.add(L.per_rank("reducescatter", C.BYTES * n * s, "intra", m, n),
-                      L.per_rank("allgather", V.message_bytes(codec, kj), "inter", m, n),
-                      L.per_rank("allgather", V.message_bytes(codec, m * kj, m) if sparse4 else C.BYTES * s,
+                      L.per_rank("allgather", codec.bytes(kj), "inter", m, n),
+                      L.per_rank("allgather", codec.bytes(m * kj, m) if sparse4 else C.BYTES * s,
                                  "intra", m, n),
                       L.per_rank("allgather", C.BYTES * kj, "intra", m, n))
         total = L.add(total, {link: v / n for link, v in shard.items()})
@@ -172,6 +172,8 @@ def check_options(options):
         raise ValueError(f"algorithm_options['hitopk']['step4'] must be one of {STEP4}, got {options['step4']!r}")
     V.check(options["value_codec"], "hitopk")
 
+
+REFERENCE = "shard_topk"   # the top-k of each shard (tests/test_collectives.py's references)
 
 COLLECTIVE = Collective("hitopk", hitopk, time, sent_bytes, sparse=True, residual_size=residual_size,
                         residual_to_input=residual_to_input, options={"step4": "auto", "value_codec": "none"},

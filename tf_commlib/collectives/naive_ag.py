@@ -24,13 +24,13 @@ def naive_ag(x, topo, density, select, residual=None, ctx=None):
     ``residual`` (length d) is added before the selection; returns (aggregated, new residual,
     sent): the new residual is what this rank did not send, ``sent`` the indices it sent.
     """
-    codec = (ctx or COLLECTIVE.context()).options["value_codec"]
+    codec = V.get((ctx or COLLECTIVE.context()).options["value_codec"])
     d = x.shape[0]
     if residual is not None:
         x = x + residual
     values, indices = select(x, num_selected(density, d))
-    values = V.quantise(values, codec)
-    all_values, all_indices, _ = V.allgather(values, indices, topo.world, codec)
+    values = codec.quantise(values)
+    all_values, all_indices, _ = codec.allgather(values, indices, topo.world)
     aggregated = scatter_add(all_indices, all_values, d)
     return aggregated, unsent(x, values, indices), indices
 
@@ -42,7 +42,7 @@ def time(d, m, n, density, params, options):
     a, b = C.world_link(m, params)
     return {
         "select": C.select_cost(d, params),
-        "allgather": C.allgather(V.message_bytes(options["value_codec"], k), m * n, a, b),
+        "allgather": C.allgather(V.get(options["value_codec"]).bytes(k), m * n, a, b),
         "scatter_add": C.scatter_add_cost(m * n * k, d, params),
         "residual": C.residual_cost(k, d, params),
     }
@@ -50,7 +50,7 @@ def time(d, m, n, density, params, options):
 
 def sent_bytes(d, m, n, density, options):
     k = num_selected(density, d)
-    return L.per_rank("allgather", V.message_bytes(options["value_codec"], k), "world", m, n)
+    return L.per_rank("allgather", V.get(options["value_codec"]).bytes(k), "world", m, n)
 
 
 def check_options(options):

@@ -144,5 +144,7 @@ def check_options(options):
             raise ValueError(f"algorithm_options['powersgd'][{name!r}] must be an int >= 1, got {value!r}")
 
 
+REFERENCE = None   # a low-rank approximation, not a top-k: tests/test_powersgd.py checks it
+
 COLLECTIVE = Collective("powersgd", powersgd, time, sent_bytes, sparse=True, residual_size=residual_size,
                         residual_to_input=residual_to_input, options=OPTIONS, check_options=check_options)

@@ -43,9 +43,11 @@ import tensorflow as tf
 from tf_commlib import costmodel as C
 from tf_commlib import link_bytes as L
 from tf_commlib import primitives as P
+from tf_commlib.collectives import naive_ag
 from tf_commlib.collectives import value_codec as V
 from tf_commlib.collectives.count import num_selected
 from tf_commlib.collectives.error_feedback import unsent
+from tf_commlib.collectives.interface import Collective
 from tf_commlib.collectives.sparse_message import pack, unpack
 from tf_commlib.ops import scatter_add
 
@@ -77,27 +79,28 @@ def check_codec(options, algorithm):
 
 
 class Wire:
-    """Streams on the wire with the value codec; collects what rounding lost, for the residual."""
+    """Streams on the wire with the value codec (a name or value_codec.SparseCodec); collects what
+    rounding lost, for the residual."""
 
     def __init__(self, codec):
-        self.codec, self.lost = codec, []
+        self.codec, self.lost = V.get(codec), []
 
     def round(self, rows, keep, lose=True):
         """rows as receivers decode them; with keep, this rank's residual takes the loss (where the
         bool tensor `lose` holds)."""
-        if self.codec == "none":
+        if self.codec.exact:
             return rows
-        out = V.decode_rows(V.encode_rows(rows, self.codec), self.codec)
+        out = self.codec.decode_rows(self.codec.encode_rows(rows))
         if keep:
             (v, i), (r, _) = unpack(rows, tf.float32, tf.int32), unpack(out, tf.float32, tf.int32)
             self.lost.append((tf.where(lose, v - r, tf.zeros_like(v)), i))
         return out
 
     def send(self, rows):
-        return V.encode_rows(rows, self.codec)
+        return self.codec.encode_rows(rows)
 
     def receive(self, rows):
-        return V.decode_rows(rows, self.codec)
+        return self.codec.decode_rows(rows)
 
     def residual(self, d):
         """What rounding took from this rank's streams, as a dense length-d addition to its residual."""
@@ -159,6 +162,24 @@ def split_reduce(stream, d, process_set, wire=None):
     splits = tf.math.bincount(indices // n_slice, minlength=process_set.size(),
                               maxlength=process_set.size(), dtype=tf.int32)
     return merge(wire.receive(P.alltoall(wire.send(stream), splits, process_set)))
+
+
+def collective(name, reduce_streams, algorithm, payload=None, extra_time=None, options=None,
+               check_options=None):
+    """The Collective `name` of a SparCML variant: its fn from reduce_streams (sparse_collective),
+    its bytes and time from the schedule of `algorithm` ("rd" or "split", with payload: cost) plus
+    extra_time(d, m, n, density, params, options) -> {step: seconds}; options (default
+    {"value_codec": "none"}) checked by check_options (default: the value codec, check_codec)."""
+    base_time, sent_bytes, actual_bytes = cost(algorithm, payload)
+
+    def time(d, m, n, density, params, options):
+        return {**base_time(d, m, n, density, params, options),
+                **(extra_time(d, m, n, density, params, options) if extra_time else {})}
+    coll = Collective(name, sparse_collective(reduce_streams, lambda: coll), time, sent_bytes, sparse=True,
+                      residual_size=naive_ag.residual_size, residual_to_input=naive_ag.residual_to_input,
+                      actual_bytes=actual_bytes, options=options or {"value_codec": "none"},
+                      check_options=check_options or (lambda options: check_codec(options, name)))
+    return coll
 
 
 def sparse_collective(reduce_streams, collective):
@@ -264,7 +285,7 @@ def cost(algorithm, payload=None):
     payload for the split variants' allgather."""
     def messages(d, m, n, options, union):
         return schedule(algorithm, d, m * n, union, payload and payload(d, m * n, options),
-                        V.entry_bytes(options["value_codec"]))
+                        V.get(options["value_codec"]).entry_bytes)
 
     def time(d, m, n, density, params, options):
         k, p = num_selected(density, d), m * n
@@ -273,7 +294,7 @@ def cost(algorithm, payload=None):
         for phase, _, dst, nbytes in msgs:
             if phase not in ("allgather", "unfold"):
                 rows = merged.setdefault(phase, {})
-                rows[dst] = rows.get(dst, 0.0) + nbytes / V.entry_bytes(options["value_codec"])
+                rows[dst] = rows.get(dst, 0.0) + nbytes / V.get(options["value_codec"]).entry_bytes
         merge_rows = sum(max(rows.values()) for rows in merged.values())
         result = expected_union(d, k)(range(p), 0, d)
         return {"select": C.select_cost(d, params), "sort": C.merge_cost(k, params),

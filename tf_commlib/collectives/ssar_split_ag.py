@@ -2,9 +2,7 @@
 sends each slice of its sparse stream to the range's owner, the owners sum them, and a sparse
 allgather gives every rank the result (sparcml.py has the rest, the value codec included)."""
 from tf_commlib import primitives as P
-from tf_commlib.collectives import naive_ag
 from tf_commlib.collectives import sparcml as S
-from tf_commlib.collectives.interface import Collective
 
 
 def reduce_streams(stream, d, topo, ctx, wire):
@@ -13,14 +11,5 @@ def reduce_streams(stream, d, topo, ctx, wire):
     return S.densify(wire.receive(P.allgather(wire.send(owned), topo.world)), d)
 
 
-def check_options(options):
-    S.check_codec(options, "ssar_split_ag")
-
-
-ssar_split_ag = S.sparse_collective(reduce_streams, lambda: COLLECTIVE)
-time, sent_bytes, actual_bytes = S.cost("split")
-
-COLLECTIVE = Collective("ssar_split_ag", ssar_split_ag, time, sent_bytes, sparse=True,
-                        residual_size=naive_ag.residual_size,
-                        residual_to_input=naive_ag.residual_to_input, actual_bytes=actual_bytes,
-                        options={"value_codec": "none"}, check_options=check_options)
+COLLECTIVE = S.collective("ssar_split_ag", reduce_streams, "split")
+ssar_split_ag = COLLECTIVE.fn

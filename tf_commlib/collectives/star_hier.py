@@ -4,6 +4,8 @@ from tf_commlib.collectives import ar_topk as A
 from tf_commlib.collectives import hitopk
 from tf_commlib.collectives.interface import Collective
 
+REFERENCE = None   # the root's indices, not each rank's own top-k: tests/test_artopk.py checks it
+
 COLLECTIVE = Collective("star_hier", A.hierarchical(A.STAR), A.hier_time(A.STAR), A.hier_bytes(A.STAR),
                         sparse=True, residual_size=hitopk.residual_size,
                         residual_to_input=hitopk.residual_to_input)

@@ -7,6 +7,7 @@ import tensorflow as tf
 from tf_commlib import costmodel as C
 from tf_commlib import link_bytes as L
 from tf_commlib import primitives as P
+from tf_commlib.collectives import codec as K
 from tf_commlib.collectives import wire as W
 from tf_commlib.collectives.interface import Collective
 
@@ -26,24 +27,22 @@ def time(d, m, n, density, params, options):
     """eq. (7) intra reduce-scatter + ring All-Reduce of the d/n shard over m (the n concurrent
     inter-node rings share each node's link) + intra All-Gather of the shards (eq. (10), dense);
     with compression 2 bytes per value and the casts (bf16's inter All-Reduce: wire.py)."""
-    s, compression = math.ceil(d / n), options.get("compression", "none")
-    v = W.value_bytes(compression)
+    s, compression = math.ceil(d / n), K.get(options.get("compression", "none"))
     steps = {
-        "reducescatter": C.reducescatter(v * n * s, n, params.alpha_intra, params.beta_intra),
+        "reducescatter": C.reducescatter(compression.bytes(n * s), n, params.alpha_intra, params.beta_intra),
         "inter_allreduce": W.allreduce_time(n * s, compression, m, params.alpha_inter, params.beta_inter),
-        "allgather": C.allgather(v * s, n, params.alpha_intra, params.beta_intra),
+        "allgather": C.allgather(compression.bytes(s), n, params.alpha_intra, params.beta_intra),
     }
-    if compression != "none":
+    if not compression.exact:
         steps["cast"] = W.cast_cost(d, compression, params)
     return steps
 
 
 def sent_bytes(d, m, n, density, options):
-    s, compression = math.ceil(d / n), options.get("compression", "none")
-    v = W.value_bytes(compression)
-    return L.add(L.per_rank("reducescatter", v * n * s, "intra", m, n),
+    s, compression = math.ceil(d / n), K.get(options.get("compression", "none"))
+    return L.add(L.per_rank("reducescatter", compression.bytes(n * s), "intra", m, n),
                  W.allreduce_bytes(s, compression, "inter", m, n),
-                 L.per_rank("allgather", v * s, "intra", m, n))
+                 L.per_rank("allgather", compression.bytes(s), "intra", m, n))
 
 
 def check_options(options):

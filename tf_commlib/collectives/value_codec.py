@@ -1,4 +1,5 @@
-"""Value codecs for sparse messages (issue 12 §2): how the values of [index | value] rows travel.
+"""Value codecs of sparse messages (issue 12 §2): how the values of [index | value] rows travel.
+The option ``value_codec`` names one (CODECS); ``get(name)`` gives its SparseCodec.
 
 * "none": float32 values, today's rows (8 bytes per entry with int32 indices).
 * "fp16": the values as float16 (6 bytes per entry).
@@ -14,104 +15,150 @@ included); decoded values re-encode exactly, so a collective may forward what it
 import tensorflow as tf
 
 from tf_commlib import primitives as P
+from tf_commlib.collectives import codec as C
 from tf_commlib.collectives.sparse_message import allgather_sparse, pack, unpack
 
-CODECS = ("none", "fp16", "mean")
+CODECS = ("none", "fp16", "mean")   # what the option value_codec accepts
 INDEX_BYTES, HEADER_BYTES = 4, 8
-_VALUE_BYTES = {"none": 4, "fp16": 2, "mean": 0}
 
 
 def check(codec, algorithm, codecs=CODECS):
-    if not isinstance(codec, str) or codec not in codecs:
-        raise ValueError(f"algorithm_options[{algorithm!r}]['value_codec'] must be one of {codecs}, "
-                         f"got {codec!r}")
+    C.check(codec, "value_codec", algorithm, codecs)
 
 
-def entry_bytes(codec):
-    """Bytes per sent entry (int32 index and its value)."""
-    return INDEX_BYTES + _VALUE_BYTES[codec]
+class Mean(C.Codec):
+    """k values sent as one: their mean (v0 + mean(v - v0): exactly v0 when all are equal)."""
+    name, value_bytes, header_bytes = "mean", 0, HEADER_BYTES
+
+    def encode(self, x, seed=None):
+        """[1] float32 (or [0] for no values): the mean."""
+        first = x[:1]
+        return first + tf.reduce_mean(x - first)
+
+    def decode(self, wire, n, dtype=tf.float32):
+        return tf.zeros([n], dtype) + tf.cast(wire, dtype)
+
+    def round(self, x):
+        first = x[:1]   # [1], or [0] when nothing was selected
+        return tf.zeros_like(x) + (first + tf.reduce_mean(x - first))
 
 
-def message_bytes(codec, entries, parts=1):
-    """Bytes of one rank's message of `entries` entries in `parts` parts."""
-    return entries * entry_bytes(codec) + (HEADER_BYTES * parts if codec == "mean" else 0)
+MEAN = C.register(Mean())
 
 
-def quantise(values, codec):
-    """What receivers decode from this rank's float32 values: themselves, their float16 rounding,
-    or k copies of their mean (v0 + mean(v - v0): exactly v0 when all are equal)."""
-    if codec == "fp16":
-        return tf.cast(tf.cast(values, tf.float16), values.dtype)
-    if codec == "mean":
-        first = values[:1]   # [1], or [0] when nothing was selected
-        return tf.zeros_like(values) + (first + tf.reduce_mean(values - first))
-    return values
+class SparseCodec:
+    """k values and their k indices as one message of rows [index | value], the values in the value
+    codec's wire type: ``bytes(n, parts)`` of n entries (in `parts` parts), ``entry_bytes`` (per
+    entry, without headers), ``quantise(values)`` (what receivers decode), ``encode(values,
+    indices, part, parts)`` -> uint8 rows, ``decode(rows, value_dtype, index_dtype, segments)`` ->
+    (values, indices, part), ``allgather``; ``encode_rows``/``decode_rows`` re-encode packed float32
+    rows (SparCML's streams)."""
+
+    def __init__(self, values):
+        self.values, self.name, self.exact = values, values.name, values.exact
+        self.entry_bytes = INDEX_BYTES + values.value_bytes
+
+    def __repr__(self):
+        return f"<sparse codec {self.name}>"
+
+    def bytes(self, n, parts=1):
+        """Bytes of one rank's message of n entries in `parts` parts."""
+        return n * INDEX_BYTES + self.values.bytes(n, parts)
+
+    def quantise(self, values):
+        return self.values.round(values)
+
+    def encode(self, values, indices, part=None, parts=1):
+        return pack(self.values.encode(values), indices)
+
+    def decode(self, rows, value_dtype=tf.float32, index_dtype=tf.int32, segments=1):
+        wire = value_dtype if self.values.exact else self.values.wire_dtype
+        values, indices = unpack(rows, wire, index_dtype)
+        return self.values.decode(values, None, value_dtype), indices, None
+
+    def encode_rows(self, rows):
+        """Packed float32 rows [int32 index | value] -> the rows this codec sends."""
+        if self.exact:
+            return rows
+        return self.encode(*unpack(rows, tf.float32, tf.int32))
+
+    def decode_rows(self, rows):
+        """The inverse of encode_rows (float32 rows again)."""
+        if self.exact:
+            return rows
+        values, indices, _ = self.decode(rows)
+        return pack(values, indices)
+
+    def allgather(self, values, indices, process_set, part=None, parts=1):
+        """(values, indices, part) of every rank of the set, concatenated in rank order; part (for
+        "mean" only, else None) numbers the parts (sender · parts + own part). values must be
+        quantised (or decoded from this codec); part: [k] in [0, parts), default all 0."""
+        got, idx = allgather_sparse(self.values.encode(values), indices, process_set)
+        return self.values.decode(got, None, values.dtype), idx, None
 
 
-def encode_rows(rows, codec):
-    """Packed float32 rows [int32 index | value] -> the rows a "none" or "fp16" message sends."""
-    if codec == "none":
-        return rows
-    values, indices = unpack(rows, tf.float32, tf.int32)
-    return pack(tf.cast(values, tf.float16), indices)
+class MeanSparse(SparseCodec):
+    """"mean": per part [count int32, value bits, its indices...] (int32 words)."""
+
+    def encode(self, values, indices, part=None, parts=1):
+        """The values are constant per part (quantise, or decoded mean messages); entries are
+        stably ordered by part."""
+        part = tf.zeros_like(indices, tf.int32) if part is None else part
+        order = tf.argsort(part, stable=True)
+        part, values, indices = (tf.gather(t, order) for t in (part, values, indices))
+        counts = tf.math.bincount(part, minlength=parts, maxlength=parts, dtype=tf.int32)
+        value = tf.math.unsorted_segment_max(values, part, parts)
+        value = tf.where(counts > 0, value, tf.zeros_like(value))
+        heads = 2 * tf.range(parts) + tf.math.cumsum(counts, exclusive=True)
+        k = tf.shape(indices)[0]
+        words = tf.scatter_nd(tf.concat([heads, heads + 1, tf.range(k) + 2 * (part + 1)], 0)[:, None],
+                              tf.concat([counts, tf.bitcast(value, tf.int32), indices], 0),
+                              [k + 2 * parts])
+        return tf.bitcast(words, tf.uint8)
+
+    def decode(self, rows, value_dtype=tf.float32, index_dtype=tf.int32, segments=1):
+        """The inverse of encode for `segments` concatenated parts."""
+        words = tf.reshape(tf.bitcast(rows, tf.int32), [-1])
+        position, heads, counts = tf.constant(0), [], []
+        for _ in range(segments):
+            count = words[position]
+            heads.append(position)
+            counts.append(count)
+            position = position + 2 + count
+        heads, counts = tf.stack(heads), tf.stack(counts)
+        means = tf.bitcast(tf.gather(words, heads + 1), tf.float32)
+        is_head = tf.scatter_nd(tf.concat([heads, heads + 1], 0)[:, None],
+                                tf.ones([2 * segments], tf.bool), tf.shape(words))
+        part = tf.repeat(tf.range(segments), counts)
+        values, indices = tf.gather(means, part), tf.boolean_mask(words, ~is_head)
+        return tf.cast(values, value_dtype), tf.cast(indices, index_dtype), part
+
+    def encode_rows(self, rows):
+        raise ValueError("value_codec 'mean' has no [index | value] rows")
+
+    decode_rows = encode_rows
+
+    def allgather(self, values, indices, process_set, part=None, parts=1):
+        if indices.dtype.size > 4:   # selectors give int64 only for d >= 2^31
+            raise ValueError("value_codec 'mean' sends int32 indices; this bucket has 2^31 entries or "
+                             "more (int64 indices): use value_codec 'none' or 'fp16', or smaller buckets")
+        if part is None:
+            part = tf.zeros_like(indices, tf.int32)
+        if process_set.size() == 1:   # the identity, no packing (as allgather_sparse)
+            return tf.identity(values), tf.identity(indices), part
+        rows = self.encode(tf.cast(values, tf.float32), tf.cast(indices, tf.int32), part, parts)
+        return self.decode(P.allgather(rows, process_set), values.dtype, indices.dtype,
+                           process_set.size() * parts)
 
 
-def decode_rows(rows, codec):
-    """The inverse of encode_rows (float32 rows again)."""
-    if codec == "none":
-        return rows
-    values, indices = unpack(rows, tf.float16, tf.int32)
-    return pack(tf.cast(values, tf.float32), indices)
+_SPARSE = {"mean": MeanSparse(MEAN)}
 
 
-def _encode_mean(values, indices, part, parts):
-    """Int32 words: per part [count, value bits, its indices...]; the values are constant per part
-    (quantise, or decoded mean messages); entries are stably ordered by part."""
-    order = tf.argsort(part, stable=True)
-    part, values, indices = (tf.gather(t, order) for t in (part, values, indices))
-    counts = tf.math.bincount(part, minlength=parts, maxlength=parts, dtype=tf.int32)
-    value = tf.math.unsorted_segment_max(values, part, parts)
-    value = tf.where(counts > 0, value, tf.zeros_like(value))
-    heads = 2 * tf.range(parts) + tf.math.cumsum(counts, exclusive=True)
-    k = tf.shape(indices)[0]
-    words = tf.scatter_nd(tf.concat([heads, heads + 1, tf.range(k) + 2 * (part + 1)], 0)[:, None],
-                          tf.concat([counts, tf.bitcast(value, tf.int32), indices], 0),
-                          [k + 2 * parts])
-    return tf.bitcast(words, tf.uint8)
-
-
-def _decode_mean(rows, segments):
-    """The inverse of _encode_mean for `segments` concatenated parts: (values, indices, part)."""
-    words = tf.reshape(tf.bitcast(rows, tf.int32), [-1])
-    position, heads, counts = tf.constant(0), [], []
-    for _ in range(segments):
-        count = words[position]
-        heads.append(position)
-        counts.append(count)
-        position = position + 2 + count
-    heads, counts = tf.stack(heads), tf.stack(counts)
-    means = tf.bitcast(tf.gather(words, heads + 1), tf.float32)
-    is_head = tf.scatter_nd(tf.concat([heads, heads + 1], 0)[:, None],
-                            tf.ones([2 * segments], tf.bool), tf.shape(words))
-    part = tf.repeat(tf.range(segments), counts)
-    return tf.gather(means, part), tf.boolean_mask(words, ~is_head), part
-
-
-def allgather(values, indices, process_set, codec, part=None, parts=1):
-    """(values, indices, part) of every rank of the set, concatenated in rank order; part (for
-    "mean" only, else None) numbers the parts (sender · parts + own part). values must be quantised
-    (or decoded from this codec); part: [k] in [0, parts), default all 0."""
-    if codec == "mean" and indices.dtype.size > 4:   # selectors give int64 only for d >= 2^31
-        raise ValueError("value_codec 'mean' sends int32 indices; this bucket has 2^31 entries or "
-                         "more (int64 indices): use value_codec 'none' or 'fp16', or smaller buckets")
-    if codec != "mean":   # [index | value] rows, the values as float16 for "fp16"
-        wire = tf.float16 if codec == "fp16" else values.dtype
-        got, idx = allgather_sparse(tf.cast(values, wire), indices, process_set)
-        return tf.cast(got, values.dtype), idx, None
-    if part is None:
-        part = tf.zeros_like(indices, tf.int32)
-    if process_set.size() == 1:   # the identity, no packing (as allgather_sparse)
-        return tf.identity(values), tf.identity(indices), part
-    rows = _encode_mean(tf.cast(values, tf.float32), tf.cast(indices, tf.int32), part, parts)
-    got, idx, part = _decode_mean(P.allgather(rows, process_set), process_set.size() * parts)
-    return tf.cast(got, values.dtype), tf.cast(idx, indices.dtype), part
+def get(codec):
+    """The SparseCodec carrying the values of a value codec (its name, or a Codec or SparseCodec)."""
+    if isinstance(codec, SparseCodec):
+        return codec
+    values = C.get(codec)
+    if values.name not in _SPARSE:
+        _SPARSE[values.name] = SparseCodec(values)
+    return _SPARSE[values.name]

@@ -4,6 +4,8 @@ from tf_commlib.collectives import ar_topk as A
 from tf_commlib.collectives import naive_ag
 from tf_commlib.collectives.interface import Collective
 
+REFERENCE = None   # the root's indices, not each rank's own top-k: tests/test_artopk.py checks it
+
 COLLECTIVE = Collective("var", A.flat(A.VAR), A.flat_time(A.VAR), A.flat_bytes(A.VAR), sparse=True,
                         residual_size=naive_ag.residual_size,
                         residual_to_input=naive_ag.residual_to_input)

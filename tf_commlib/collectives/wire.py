@@ -1,6 +1,8 @@
 """Dense values on the wire in 16 bits (issue 29 §2): the option ``compression`` of dense and 2dtar,
 as Horovod's Compression.fp16: cast before sending, sum in that type on the wire, cast back.
 
+(The codecs are codec.py's NONE, FP16 and BF16; a name or a Codec is accepted below.)
+
 * "none": float32 (the default).
 * "fp16": float16, summed by Horovod's allreduce (Gloo sums halves).
 * "bf16": bfloat16. Horovod 0.28 has no bfloat16 allreduce (its allgather and alltoall move the bits
@@ -20,29 +22,25 @@ import tensorflow as tf
 from tf_commlib import costmodel as C
 from tf_commlib import link_bytes as L
 from tf_commlib import primitives as P
+from tf_commlib.collectives import codec as K
 
-COMPRESSIONS = ("none", "fp16", "bf16")
-_WIRE = {"fp16": tf.float16, "bf16": tf.bfloat16}
+COMPRESSIONS = ("none", "fp16", "bf16")   # what the option compression accepts (codec.py's codecs)
 
 
 def check(compression, algorithm):
-    if not isinstance(compression, str) or compression not in COMPRESSIONS:
-        raise ValueError(f"algorithm_options[{algorithm!r}]['compression'] must be one of {COMPRESSIONS}, "
-                         f"got {compression!r}")
-
-
-def value_bytes(compression):
-    return C.BYTES if compression == "none" else 2
+    K.check(compression, "compression", algorithm, COMPRESSIONS)
 
 
 def to_wire(x, size, compression):
     """x/size in the wire type (x itself for "none")."""
-    return x if compression == "none" else tf.cast(x / tf.cast(size, x.dtype), _WIRE[compression])
+    codec = K.get(compression)
+    return x if codec.exact else codec.encode(x / tf.cast(size, x.dtype))
 
 
 def from_wire(y, dtype, size, compression):
     """The inverse of to_wire: y in dtype, times size."""
-    return y if compression == "none" else tf.cast(y, dtype) * tf.cast(size, dtype)
+    codec = K.get(compression)
+    return y if codec.exact else codec.decode(y, None, dtype) * tf.cast(size, dtype)
 
 
 def allreduce(x, process_set):
@@ -56,21 +54,24 @@ def allreduce(x, process_set):
 
 def allreduce_bytes(d, compression, kind, m, n):
     """{"intra": B, "inter": B} per rank of allreduce on d entries on a set of this kind."""
-    if compression != "bf16":
-        return L.per_rank("allreduce", value_bytes(compression) * d, kind, m, n)
+    codec = K.get(compression)
+    if codec.summable:
+        return L.per_rank("allreduce", codec.bytes(d), kind, m, n)
     p = {"intra": n, "inter": m, "world": m * n}[kind]
     s = math.ceil(d / p)
-    return L.add(L.per_rank("reducescatter", 2 * p * s, kind, m, n), L.per_rank("allgather", 2 * s, kind, m, n))
+    return L.add(L.per_rank("reducescatter", codec.bytes(p * s), kind, m, n),
+                 L.per_rank("allgather", codec.bytes(s), kind, m, n))
 
 
 def allreduce_time(d, compression, p, alpha, beta):
     """Seconds of allreduce on d entries over p ranks (ring, or reduce-scatter + ring all-gather)."""
-    if compression != "bf16":
-        return C.ring_allreduce(value_bytes(compression) * d, p, alpha, beta)
+    codec = K.get(compression)
+    if codec.summable:
+        return C.ring_allreduce(codec.bytes(d), p, alpha, beta)
     s = math.ceil(d / p)
-    return C.reducescatter(2 * p * s, p, alpha, beta) + C.allgather(2 * s, p, alpha, beta)
+    return C.reducescatter(codec.bytes(p * s), p, alpha, beta) + C.allgather(codec.bytes(s), p, alpha, beta)
 
 
 def cast_cost(d, compression, params):
     """The casts to and from the wire type (two passes over d)."""
-    return 0.0 if compression == "none" else 2 * C.copy_cost(d, params)
+    return 0.0 if K.get(compression).exact else 2 * C.copy_cost(d, params)

@@ -1,6 +1,8 @@
-"""Top-k selection benchmark like shi2021 Fig. 6: time vs size for every selector, the exact
-``tf.math.top_k``, and a one-pass reference (``reduce_max(abs(x))``), with recall."""
+"""Top-k selection benchmark like shi2021 Fig. 6: time vs size for every registered selector
+(tf_commlib.ops.SELECTORS), the exact ``tf.math.top_k``, and a one-pass reference
+(``reduce_max(abs(x))``), with recall."""
 import argparse
+import functools
 import os
 import sys
 
@@ -14,25 +16,19 @@ DEFAULT_SIZES = [2**18, 2**20, 2**22, 2**24, 25_000_000, 2**26, 2**27]
 
 
 def methods(k, seed=1):
-    sel = {
-        "mstopk": lambda x: ops.mstopk(x, k, seed=seed),
-        "exact_topk": lambda x: ops.exact_topk(x, k),
-        "tf_topk": lambda x: tf.math.top_k(tf.abs(x), k),
-        "dgc_topk": lambda x: ops.dgc_topk(x, k, seed=seed),
-        "trimmed_topk": lambda x: ops.trimmed_topk(x, k),
-        "threshold_search": lambda x: ops.threshold_search(x, k)[:2],
-        "randomk": lambda x: ops.randomk(x, k, seed=seed),
-        "one_pass": lambda x: tf.reduce_max(tf.abs(x)),
-    }
+    """Every registered selector (tf_commlib.ops.SELECTORS, seeded ones with `seed`, stepped ones at
+    step 0), then the references."""
+    sel = {name: functools.partial(ops.bound_selector(name, seed=seed, step=0), k=k) for name in ops.SELECTORS}
+    sel["tf_topk"] = lambda x: tf.math.top_k(tf.abs(x), k)
+    sel["one_pass"] = lambda x: tf.reduce_max(tf.abs(x))
     return sel
 
 
 def selected_values(name, result, x):
+    """x at the selected indices (a selector's values may be an encoding of them: qrgc's mean)."""
     if name == "one_pass":
         return None
-    if name == "tf_topk":
-        return tf.gather(x, result.indices)
-    return result[0]
+    return tf.gather(x, result.indices if name == "tf_topk" else result[1])
 
 
 def run(sizes, density, repeats, dist, seed=0):
