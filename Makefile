@@ -9,7 +9,8 @@ OP_SOURCES := $(shell find ops -name "*.cc" -o -name "*.h")
 
 .PHONY: install test demo cuda-check bench-topk clean
 
-install: $(VENV)/.apt $(VENV)/.requirements $(VENV)/.horovod $(VENV)/.editable tf_commlib/_build_info.json
+install: $(VENV)/.apt $(VENV)/.requirements $(VENV)/.horovod $(VENV)/.editable tf_commlib/_build_info.json \
+	datacache/_build_info.json
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +31,10 @@ $(VENV)/.editable: setup.py $(VENV)/.horovod
 	$(VENV)/bin/pip install -q --no-build-isolation --no-deps -e .
 	touch $@
 
-tf_commlib/_build_info.json: $(OP_SOURCES) setup.py $(VENV)/.editable
+# One build_ext builds both op libraries (tf_commlib's and datacache's), each writing its
+# _build_info.json: a grouped target, remade when either is missing or any ops/ source changed.
+tf_commlib/_build_info.json datacache/_build_info.json &: $(OP_SOURCES) setup.py tf_commlib/_sources.py \
+		datacache/_sources.py $(VENV)/.editable
 	$(PY) setup.py -q build_ext --inplace
 
 test: install
@@ -47,4 +51,5 @@ bench-topk: install
 	$(PY) -m tfc_apps.bench topk
 
 clean:
-	rm -rf build tf_commlib/_tf_commlib_ops*.so tf_commlib/_build_info.json
+	rm -rf build tf_commlib/_tf_commlib_ops*.so tf_commlib/_build_info.json \
+		datacache/_datacache_ops*.so datacache/_build_info.json

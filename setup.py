@@ -1,10 +1,15 @@
-"""Build and install tf_commlib.
+"""Build and install tf_commlib and datacache.
 
-All ``ops/**/*.cc`` are compiled with TensorFlow's flags into one shared library,
-``tf_commlib/_tf_commlib_ops*.so``. CUDA sources (``*.cu.cc``) are compiled with nvcc (``$NVCC`` or
-the one on PATH) and linked in, with the static CUDA runtime, only when the installed TensorFlow is
-a CUDA build and nvcc is found, so a CPU install never needs a GPU toolchain.
+``build_ext`` compiles two op libraries with TensorFlow's flags, each with a ``_build_info.json``
+beside it (TensorFlow version and source hash, checked by the package's loader):
+
+* ``tf_commlib/_tf_commlib_ops*.so``: ``ops/**/*.cc`` except ``ops/datacache``. CUDA sources
+  (``*.cu.cc``) are compiled with nvcc (``$NVCC`` or the one on PATH) and linked in, with the static
+  CUDA runtime, only when the installed TensorFlow is a CUDA build and nvcc is found, so a CPU
+  install never needs a GPU toolchain.
+* ``datacache/_datacache_ops*.so``: ``ops/datacache`` (DatacacheMget, linked with ISA-L for CRC32).
 """
+import importlib.util
 import json
 import os
 import shutil
@@ -15,18 +20,27 @@ from pathlib import Path
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
-from tf_commlib._sources import source_hash
+from tf_commlib import _sources as tf_commlib_sources
 
 ROOT = Path(__file__).resolve().parent
 OPS = ROOT / "ops"
 
 
-def op_sources():
-    return sorted(p for p in OPS.rglob("*.cc") if not p.name.endswith(".cu.cc"))
+def _datacache_sources():
+    """datacache/_sources.py, loaded by path: importing the datacache package would import TensorFlow."""
+    spec = importlib.util.spec_from_file_location("_datacache_sources", ROOT / "datacache" / "_sources.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def cuda_sources():
-    return sorted(OPS.rglob("*.cu.cc"))
+# Per library: its package, how its loader lists and hashes its sources, whether it may take CUDA
+# kernels, and extra link flags.
+LIBRARIES = {
+    "tf_commlib._tf_commlib_ops": dict(package="tf_commlib", sources=tf_commlib_sources, cuda=True, libs=[]),
+    "datacache._datacache_ops": dict(package="datacache", sources=_datacache_sources(), cuda=False,
+                                     libs=["-lisal"]),   # ISA-L: the CRC32 of DatacacheMget
+}
 
 
 def cpu_level():
@@ -48,21 +62,25 @@ class BuildOps(build_ext):
     def build_extension(self, ext):
         import tensorflow as tf
 
+        lib = LIBRARIES[ext.name]
         out = Path(self.get_ext_fullpath(ext.name)).resolve()
         out.parent.mkdir(parents=True, exist_ok=True)
-        objdir = ROOT / "build" / "ops"
+        objdir = ROOT / "build" / "ops" / lib["package"]
         objdir.mkdir(parents=True, exist_ok=True)
-        cuda = bool(tf.sysconfig.get_build_info().get("is_cuda_build"))
+        cuda = lib["cuda"] and bool(tf.sysconfig.get_build_info().get("is_cuda_build"))
         nvcc = os.environ.get("NVCC") or shutil.which("nvcc")
         if cuda and not nvcc:
-            print("tf_commlib: CUDA TensorFlow but no nvcc ($NVCC or PATH): CPU kernels only")
+            print(f"{lib['package']}: CUDA TensorFlow but no nvcc ($NVCC or PATH): CPU kernels only")
             cuda = False
+        sources = lib["sources"].op_sources(OPS, cuda)
         cflags = tf.sysconfig.get_compile_flags() + [f"-I{OPS}", "-O3", "-fPIC", "-std=c++17",
                                                   "-Wno-deprecated-declarations", "-ffp-contract=off"]
         if cuda:
             cflags += ["-DGOOGLE_CUDA=1"]
         jobs = []
-        for src in op_sources():
+        for src in sources:
+            if src.suffix != ".cc" or src.name.endswith(".cu.cc"):
+                continue
             obj = objdir / (str(src.relative_to(OPS)).replace("/", "__") + ".o")
             jobs.append(["g++", *cflags, f"-march={cpu_level()}", "-c", str(src), "-o", str(obj)])
         if cuda:
@@ -71,29 +89,29 @@ class BuildOps(build_ext):
             nvflags = [f for f in cflags if f.startswith(("-I", "-D"))] + ["-std=c++17"]
             nvflags += ["-Xcompiler", "-ffp-contract=off", "-fmad=false",
                         "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90"]
-            for src in cuda_sources():
+            for src in (p for p in sources if p.name.endswith(".cu.cc")):
                 obj = objdir / (str(src.relative_to(OPS)).replace("/", "__") + ".o")
                 jobs.append([nvcc, *nvflags, "-x", "cu", "-Xcompiler", "-fPIC", "-O3",
                              "--expt-relaxed-constexpr", "-c", str(src), "-o", str(obj)])
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             for cmd, rc in zip(jobs, pool.map(lambda c: subprocess.call(c), jobs)):
                 if rc != 0:
-                    raise RuntimeError("op library build failed: " + " ".join(cmd))
+                    raise RuntimeError(f"{lib['package']} op library build failed: " + " ".join(cmd))
         objs = [j[j.index("-o") + 1] for j in jobs]
-        link = ["g++", "-shared", "-o", str(out), *objs, *tf.sysconfig.get_link_flags(), "-lisal"]  # ISA-L: DataCache CRC32
+        link = ["g++", "-shared", "-o", str(out), *objs, *tf.sysconfig.get_link_flags(), *lib["libs"]]
         if cuda:  # the static runtime: nothing to find at load time, no GPU needed to load
             cuda_lib = Path(nvcc).resolve().parents[1] / "lib64"
             link += [f"-L{cuda_lib}", "-lcudart_static", "-ldl", "-lrt", "-lpthread"]
         subprocess.check_call(link)
-        info = {"tensorflow": tf.__version__, "cuda": cuda, "sources": source_hash(OPS, cuda),
+        info = {"tensorflow": tf.__version__, "cuda": cuda, "sources": lib["sources"].source_hash(OPS, cuda),
                 "library": out.name}
         (out.parent / "_build_info.json").write_text(json.dumps(info, indent=1) + "\n")
 
     def copy_extensions_to_source(self):
-        super().copy_extensions_to_source()  # --inplace / editable: the library goes beside the code
-        info = Path(self.build_lib) / "tf_commlib" / "_build_info.json"
-        (ROOT / "tf_commlib" / "_build_info.json").write_text(info.read_text())
-
+        super().copy_extensions_to_source()  # --inplace / editable: the libraries go beside the code
+        for lib in LIBRARIES.values():
+            info = Path(self.build_lib) / lib["package"] / "_build_info.json"
+            (ROOT / lib["package"] / "_build_info.json").write_text(info.read_text())
 
 setup(
     name="tf_commlib",
@@ -104,7 +122,8 @@ setup(
                                     "pto", "pto.*"]),
     entry_points={"console_scripts": ["datacache = datacache.cli:main"]},
     python_requires=">=3.11",
-    ext_modules=[Extension("tf_commlib._tf_commlib_ops", sources=[])],
+    ext_modules=[Extension(name, sources=[]) for name in LIBRARIES],
     cmdclass={"build_ext": BuildOps},
-    package_data={"tf_commlib": ["_build_info.json", "_tf_commlib_ops*.so"]},
+    package_data={"tf_commlib": ["_build_info.json", "_tf_commlib_ops*.so"],
+                  "datacache": ["_build_info.json", "_datacache_ops*.so"]},
 )

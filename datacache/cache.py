@@ -1,16 +1,21 @@
 """DataCache: level 1 (local copies of the source files) and level 2 (Redis), with counters.
 
-``DataCache()`` starts the embedded server: without tf_commlib.init() this process starts it; after
-tf_commlib.init() the local rank 0 of every node starts one and hands its socket path and password
-to the node's other ranks with a broadcast on the node's process set (``topology().intra``), so every
-rank of the node must create its DataCache at the same point. ``redis_url=`` uses a running server or
-a Redis Cluster instead (detected with INFO cluster); ``redis_kwargs`` go to redis-py (TLS
+``DataCache()`` starts the embedded server: before Horovod is initialised this process starts it;
+after ``hvd.init()`` the local rank 0 of every node starts one and hands its socket path and password
+to the node's other ranks with one allgather over all ranks, so every rank must create its DataCache
+at the same point. The nodes are those of Horovod's local/cross ranks, or of the emulated layout
+``TF_COMMLIB_TOPOLOGY=MxN`` (node-major ranks) when it is set. ``redis_url=`` uses a running server
+or a Redis Cluster instead (detected with INFO cluster); ``redis_kwargs`` go to redis-py (TLS
 certificates, password, ...). ``redis_url=False`` keeps level 1 only.
 """
 import atexit
 import json
 import logging
+import os
+import re
+import sys
 import threading
+from typing import NamedTuple
 
 import numpy as np
 import redis
@@ -23,29 +28,55 @@ from datacache.store import RedisStore
 log = logging.getLogger("datacache")
 COUNTERS = ("samples", "hits", "misses", "fallbacks", "corrupt", "source_bytes", "local_bytes")
 _INFO_BYTES = 1024
+LAYOUT_ENV = "TF_COMMLIB_TOPOLOGY"   # 'MxN': an emulated node layout, read as the training library does
+
+
+class Node(NamedTuple):
+    """This rank's place: rank and size of the world, its node and its index in it (of n)."""
+    rank: int
+    size: int
+    node: int
+    local: int
+    n: int
 
 
 def _topology():
-    try:
-        import tf_commlib
-        return tf_commlib.topology()
-    except (ImportError, RuntimeError):
+    """This rank's Node once Horovod is initialised (else None). Its node: ``$TF_COMMLIB_TOPOLOGY``
+    ('MxN', node-major ranks: one machine may emulate several nodes) when set, else Horovod's
+    local/cross ranks; the same grouping as the training library's topology."""
+    hvd = sys.modules.get("horovod.tensorflow")   # not imported: nobody initialised it
+    if hvd is None or not hvd.is_initialized():
         return None
+    rank, size = hvd.rank(), hvd.size()
+    spec = os.environ.get(LAYOUT_ENV)
+    if spec:
+        match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", spec)
+        if not match or int(match[1]) < 1 or int(match[2]) < 1 or int(match[1]) * int(match[2]) != size:
+            raise ValueError(f"{LAYOUT_ENV}={spec!r} is not an MxN layout of the {size} ranks")
+        n = int(match[2])
+        return Node(rank, size, rank // n, rank % n, n)
+    return Node(rank, size, hvd.cross_rank(), hvd.local_rank(), hvd.local_size())
 
 
 def _share_with_node(info, topo):
-    """The dict of the node's local rank 0, on every rank of the node (a broadcast on topo.intra)."""
+    """The dict of the node's local rank 0, on every rank of the node: one allgather over all ranks
+    (no process set to register), where each local rank 0 gives [its node, its dict]."""
+    import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    from tf_commlib import primitives
-
-    data = json.dumps(info).encode() if topo.local == 0 else b""
+    data = json.dumps([topo.node, info]).encode() if topo.local == 0 else b""
     if len(data) > _INFO_BYTES:
         raise ValueError("the embedded server's address is too long to share")
-    buf = np.zeros(_INFO_BYTES, np.uint8)
-    buf[:len(data)] = np.frombuffer(data, np.uint8)
-    got = primitives.broadcast(tf.constant(buf), topo.intra_ranks[0], topo.intra, name="datacache_info")
-    return json.loads(got.numpy().tobytes().rstrip(b"\0").decode() or "{}")
+    buf = np.zeros((1, _INFO_BYTES), np.uint8)
+    buf[0, :len(data)] = np.frombuffer(data, np.uint8)
+    rows = hvd.allgather(tf.constant(buf), name="datacache_info").numpy()
+    for row in rows:
+        text = row.tobytes().rstrip(b"\0")
+        if text:
+            node, got = json.loads(text)
+            if node == topo.node:
+                return got
+    raise RuntimeError(f"datacache: no rank of node {topo.node} has local index 0")
 
 
 class DataCache:
@@ -101,7 +132,7 @@ class DataCache:
                     log.warning("datacache: the embedded redis-server did not start (%s); "
                                 "reading from level 1 / the source", e)
                     info = {"error": str(e)}
-            if topo is not None and topo.n > 1:
+            if topo is not None and topo.size > 1:   # on every rank: node sizes may differ
                 info = _share_with_node(info, topo)
 
             def connect():

@@ -177,7 +177,7 @@ def cached_dataset(source, preprocess, cache=None, shard=None, shuffle=True, see
         (decode, resize, crop, cast): the deterministic part, and what is cached.
     cache: a DataCache; None creates the default one (embedded Redis), closed at exit; False reads
         and preprocesses every epoch (no cache, same sharding and order).
-    shard: (index, count) of this process; default: (rank, size) of tf_commlib.init()'s topology,
+    shard: (index, count) of this process; default: Horovod's (rank, size) once initialised,
         else (0, 1). A shard is a random sample of the data set, every class in proportion
         (``shard_indices`` with the source's labels and ``shard_seed``, the same on every
         process), fixed across epochs, so node i caches only its ranks' part.

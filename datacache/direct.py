@@ -1,20 +1,14 @@
-"""The direct read path: one MGET per batch in C++ (the DatacacheMget op of tf_commlib's op
-library), which checks every value (length, header, sample index, CRC32) and receives its payload
-straight into the batch tensor, with no Python and no GIL per batch. It reaches a plain Redis over
-a unix socket or TCP, with password / username / db as the redis-py client has them; TLS,
-credential providers and Redis Cluster keep the redis-py path (``DataCache(direct_read=False)``
-forces it)."""
+"""The direct read path: one MGET per batch in C++ (the DatacacheMget op of datacache's own op
+library, datacache/_loader.py), which checks every value (length, header, sample index, CRC32) and
+receives its payload straight into the batch tensor, with no Python and no GIL per batch. It
+reaches a plain Redis over a unix socket or TCP, with password / username / db as the redis-py
+client has them; TLS, credential providers and Redis Cluster keep the redis-py path
+(``DataCache(direct_read=False)`` forces it, and needs no op library)."""
 import numpy as np
 import redis
 import tensorflow as tf
 
-
-def _ops():
-    try:
-        from tf_commlib._loader import ops
-    except ImportError:   # the op library is not built: the redis-py path still works
-        return None
-    return ops if hasattr(ops, "datacache_mget") else None
+from datacache._loader import ops as _ops   # None when not built: the redis-py path still works
 
 
 def direct_attrs(client):

@@ -76,7 +76,7 @@ class _Shard:
 
 
 def resolve_shard(shard, n):
-    """(index, count): ``shard`` if given, else (rank, size) of tf_commlib's topology, else (0, 1)."""
+    """(index, count): ``shard`` if given, else Horovod's (rank, size) once initialised, else (0, 1)."""
     if shard is None:
         topo = _topology()
         return (topo.rank, topo.size) if topo is not None else (0, 1)
