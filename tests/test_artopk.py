@@ -13,7 +13,19 @@ from tests.test_collectives import check_sparcml_extras, check_sparcml_steps
 from tf_commlib import link_bytes
 from tf_commlib.collectives import ALGORITHMS
 
-NAMES, DENSITIES, SEED, BUCKETS = ("star", "var", "star_hier", "var_hier"), (0.05, 1.0), 11, (0, 601, 1001)
+NAMES, DENSITIES, SEED = ("star", "var", "star_hier", "var_hier"), (0.05, 1.0), 11
+SHAPES, THRESHOLD = [(601,), (20, 20)], 4 * 601   # tests/workers/artopk_worker.py's: two buckets
+
+
+def bucket_slices():
+    """Per bucket of the aggregator's plan (bucket i at place i): the index of each of its entries
+    in the concatenated gradients (the worker's inputs and results)."""
+    import tensorflow as tf
+    from tf_commlib import fusion
+
+    offsets = np.cumsum([0] + [math.prod(s) for s in SHAPES])
+    plan = fusion.plan([tf.TensorSpec(s, tf.float32) for s in SHAPES], THRESHOLD)
+    return [np.concatenate([np.arange(offsets[p], offsets[p + 1]) for p in b.positions]) for b in plan]
 
 
 def select(x, k, seed, rank, size):
@@ -112,14 +124,14 @@ def test_ar_topk_matches_numpy_on_every_rank(layout, tmp_path):
     for name in NAMES:
         for density in DENSITIES:
             key = f"{name}@{density}"
-            want, lefts = [], []
-            for b, (lo, hi) in enumerate(zip(BUCKETS, BUCKETS[1:])):
-                results, want_res, left = reference(name, [[x[lo:hi] for x in xs] for xs in inputs], density, m, n, b)
-                want.append(np.array(results))
-                lefts.append(left)
+            want, left = np.zeros((steps, len(total_in)), np.float32), np.zeros(len(total_in), np.float32)
+            for b, where in enumerate(bucket_slices()):
+                results, want_res, bucket_left = reference(name, [[x[where] for x in xs] for xs in inputs], density,
+                                                           m, n, b)
+                want[:, where] = np.array(results)
+                left[where] = bucket_left
                 for r in reports:
                     np.testing.assert_array_equal(r[key]["residuals"][b], want_res[r["rank"]], err_msg=f"{key} residual")
-            want, left = np.concatenate(want, axis=1), np.concatenate(lefts)
             for r in reports:   # bit-identical on every rank and step; no new trace while STAR's root moves
                 assert r[key]["traces"][0] == r[key]["traces"][1], key
                 np.testing.assert_array_equal(np.array(r[key]["results"], np.float32), want,
@@ -128,7 +140,7 @@ def test_ar_topk_matches_numpy_on_every_rank(layout, tmp_path):
             np.testing.assert_array_equal(np.sum(want, axis=0) + left, total_in, err_msg=key)
             if density == 1.0:
                 np.testing.assert_array_equal(want, np.array(dense), err_msg=key)
-            formula = [ALGORITHMS[name].sent_bytes(hi - lo, m, n, density) for lo, hi in zip(BUCKETS, BUCKETS[1:])]
+            formula = [ALGORITHMS[name].sent_bytes(len(where), m, n, density) for where in bucket_slices()]
             for step in range(steps):   # the root moves; the bytes do not
                 got = {link: sum(r[key]["sent"][step][link] for r in reports) for link in link_bytes.LINKS}
                 assert got == pytest.approx({link: ranks * sum(f[link] for f in formula) for link in link_bytes.LINKS},

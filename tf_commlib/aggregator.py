@@ -1,7 +1,7 @@
 """GradientAggregator: the user entry point of the collectives (fusion, error feedback, choice)."""
 import tensorflow as tf
 
-from tf_commlib import consistency, fusion, link_bytes, ops
+from tf_commlib import consistency, fusion, link_bytes, ops, overlap
 from tf_commlib.collectives import ALGORITHMS, resolve_algorithm_options, with_compression
 from tf_commlib.topology import topology as current_topology
 
@@ -38,8 +38,11 @@ def _tf_variable(shape, dtype, name):
 class GradientAggregator:
     """Aggregates a list of gradients (any shapes, None allowed) over all ranks.
 
-    Gradients are fused into flat buckets per dtype of at most ``fusion_threshold_bytes``; each
-    bucket goes through ``algorithm`` ("dense", "2dtar", "naive_ag", "hitopk", or "auto": the
+    Gradients are fused into flat buckets per dtype of at most ``fusion_threshold_bytes``, packed
+    in backprop order (from the last gradient: bucket 0 holds the last layers, tf_commlib.fusion.plan);
+    inside tf.function a bucket's aggregation depends only on its own gradients (and the consistency
+    check, which depends on none), so it runs while backprop still computes the earlier layers'
+    gradients (tf_commlib.overlap). Each bucket goes through ``algorithm`` ("dense", "2dtar", "naive_ag", "hitopk", or "auto": the
     cheapest by the cost model). Sparse algorithms select ``density`` of each bucket with
     ``selector`` and keep what they did not send in a residual (error feedback) that is added
     back at the next call. Works eagerly and inside tf.function.
@@ -57,13 +60,15 @@ class GradientAggregator:
     the wire, tf_commlib/collectives/wire.py) unless algorithm_options sets it.
     ``check_consistency`` (default True) checks at every call that all ranks are at the same step
     with the same shapes, dtypes, algorithm, density, selector and op (one all-gather of a few
-    int64 per rank, tf_commlib.consistency); False checks only the first call.
+    int64 per rank, tf_commlib.consistency); False checks only the first call. ``timeline``: a
+    tf_commlib.overlap.Timeline that records when each bucket's aggregation starts (key ("bucket",
+    ``timeline_tag``, i)).
     """
 
     def __init__(self, algorithm="hitopk", density=0.01, selector="mstopk", op="average",
                  fusion_threshold_bytes=64 << 20, topology=None, seed=None, cost_params=None,
                  check_consistency=True, variable_factory=None, algorithm_options=None, track_gain=False,
-                 compression="none"):
+                 compression="none", timeline=None, timeline_tag=0):
         if not isinstance(check_consistency, bool):
             raise ValueError(f"check_consistency must be True or False, got {check_consistency!r}")
         check_config(algorithm, density, selector, op, algorithm_options)
@@ -79,6 +84,7 @@ class GradientAggregator:
         self.buckets = None
         self.residuals = {}  # (bucket index, algorithm name) -> variable
         self._checked = set()
+        self.timeline, self.timeline_tag = timeline, timeline_tag
 
     # -- state -----------------------------------------------------------------------------
     def build(self, shapes_dtypes):
@@ -206,13 +212,18 @@ class GradientAggregator:
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
         self.build([None if g is None else (g.shape, g.dtype) for g in grads])
         if self.topo.size > 1:
+            since = overlap.op_count()
             grads = self._check(grads, step)
+            overlap.run_independently(since)   # depends on no gradient: nothing to chain it after
         if fusion.plan(grads, self.fusion_threshold_bytes) != self.buckets:
             raise ValueError("the gradient list changed shape since the first call; "
                              "create a new GradientAggregator for a new model")
         out, masks = list(grads), list(grads)
         for i, bucket in enumerate(self.buckets):
+            since = overlap.op_count()
             flat = fusion.flatten(grads, bucket)
+            if self.timeline is not None:
+                flat = self.timeline.stamp(("bucket", self.timeline_tag, i), flat)
             names = [self._resolve(c, flat.shape[0]) for c in self.candidates]
             if len(names) == 1:
                 agg, indices = self._run(i, names[0], flat)
@@ -227,6 +238,7 @@ class GradientAggregator:
             else:   # the op library's scatter-add: tf.scatter_nd took ~4x as long on 25M entries
                 mask = ops.scatter_add(indices, tf.ones_like(indices, flat.dtype), flat.shape[0])
                 fusion.unflatten(tf.minimum(mask, 1), bucket, masks)
+            overlap.run_independently(since)   # out of the program-order chain of stateful ops
         self.step.assign_add(1)
         return out, masks
 

@@ -8,10 +8,18 @@ import tensorflow as tf
 Bucket = collections.namedtuple("Bucket", "dtype positions shapes sizes")
 
 
-def plan(tensors, threshold_bytes):
-    """Groups the non-None tensors into buckets; returns a list of Bucket (static sizes)."""
+def plan(tensors, threshold_bytes, backprop_order=True):
+    """Groups the non-None tensors into buckets; returns a list of Bucket (static sizes).
+
+    With ``backprop_order`` (the default) the tensors are packed from the last to the first, the
+    order in which backprop produces the gradients of a model's layers: bucket 0 holds the last
+    tensors, so it can be aggregated first, while the gradients of the first layers are still being
+    computed. A bucket's positions stay in ascending order (one bucket's layout is the same in either
+    order). ``backprop_order=False`` packs from the first tensor (forward order)."""
+    order = range(len(tensors) - 1, -1, -1) if backprop_order else range(len(tensors))
     buckets, open_ = [], {}
-    for pos, t in enumerate(tensors):
+    for pos in order:
+        t = tensors[pos]
         if t is None:
             continue
         size = t.shape.num_elements()
@@ -19,16 +27,18 @@ def plan(tensors, threshold_bytes):
             raise ValueError(f"gradient {pos} has an unknown shape {t.shape}; static shapes are needed")
         nbytes = size * t.dtype.size
         cur = open_.get(t.dtype)
-        if cur is None or (cur["bytes"] + nbytes > threshold_bytes and cur["positions"]):
-            cur = {"bytes": 0, "positions": [], "shapes": [], "sizes": []}
+        if cur is None or (cur["bytes"] + nbytes > threshold_bytes and cur["members"]):
+            cur = {"bytes": 0, "members": []}
             open_[t.dtype] = cur
             buckets.append((t.dtype, cur))
         cur["bytes"] += nbytes
-        cur["positions"].append(pos)
-        cur["shapes"].append(tuple(t.shape.as_list()))
-        cur["sizes"].append(size)
-    return [Bucket(dt, tuple(c["positions"]), tuple(c["shapes"]), tuple(c["sizes"]))
-            for dt, c in buckets]
+        cur["members"].append((pos, tuple(t.shape.as_list()), size))
+    out = []
+    for dt, c in buckets:
+        members = sorted(c["members"])
+        out.append(Bucket(dt, tuple(m[0] for m in members), tuple(m[1] for m in members),
+                          tuple(m[2] for m in members)))
+    return out
 
 
 def flatten(tensors, bucket):

@@ -107,6 +107,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
       fusion_threshold_bytes, seed, algorithm_options, compression: passed to the GradientAggregators
         (algorithm_options = {algorithm: {option: value}}, see tf_commlib.collectives; compression
         "fp16" or "bf16" sends 16-bit values in dense and 2dtar, the dense-layer group included).
+    Inside model.fit each bucket is aggregated as soon as its gradients exist, while backprop goes
+    on (tf_commlib.overlap; buckets are packed from the last layer). Setting ``timeline`` to a
+    tf_commlib.overlap.Timeline before the first step records when each gradient reaches apply() and
+    when each bucket's aggregation starts.
     The epoch-driven parts (warm-up, schedule) are driven by ``set_epoch``, which the callback
     tf_commlib.keras.CompressionScheduler calls from model.fit.
 
@@ -163,6 +167,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.candidates, self.adaptive = candidates, is_adaptive
 
     # -- state -----------------------------------------------------------------------------
+    timeline = None   # a tf_commlib.overlap.Timeline (set before the first step), or None
+
     def _factory(self, shape, dtype, name):
         return self.add_variable(shape=shape, dtype=tf.as_dtype(dtype).name, initializer="zeros",
                                  name=name, aggregation="none")
@@ -180,7 +186,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                                       fusion_threshold_bytes=fusion, seed=self.seed,
                                       variable_factory=self._factory,
                                       algorithm_options=options, track_gain=self.adaptive,
-                                      compression=self.compression)
+                                      compression=self.compression, timeline=self.timeline)
 
         # (aggregator, variable indices, sparse?) groups
         self._groups = []
@@ -192,6 +198,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self._groups.append((aggregator(["2dtar" if topo.m > 1 and topo.n > 1 else "dense"],
                                         self.selector, self.fusion_threshold_bytes), dense_idx, False))
         self._groups = [g for g in self._groups if g[1]]
+        for tag, (agg, _, _) in enumerate(self._groups):
+            agg.timeline_tag = tag
         for agg, idx, _ in self._groups:
             agg.build([(var_list[i].shape, var_list[i].dtype) for i in idx])
         self.velocities = [self.add_variable_from_reference(v, "dgc_momentum")
@@ -301,6 +309,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             self.built = True
         tvs = trainable_variables or self._trainable_variables
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
+        if self.timeline is not None:
+            grads = [self.timeline.stamp(("gradient", i), g) for i, g in enumerate(grads)]
         if self.local_clip_norm:
             present = [g for g in grads if g is not None]
             clipped, _ = tf.clip_by_global_norm(

@@ -1,0 +1,80 @@
+"""Overlap of gradient aggregation with backprop inside tf.function (model.fit's graph mode).
+
+A bucket's aggregation may start as soon as its own gradients exist (tf_commlib.fusion packs them
+in backprop order, so bucket 0 holds the last layers, whose gradients come first), while backprop
+still computes the first layers'. Inside a tf.function, TensorFlow's automatic control
+dependencies chain every stateful op that takes no resource input in program order (whatever
+their data dependencies): the shared-memory collectives (tf_commlib.shm), stateful random ops of
+the selectors, tf.timestamp. Chained, bucket 1's first collective would wait for bucket 0's last,
+and a bucket traced before another whose gradients come later would wait for them.
+``run_independently`` takes the ops of one bucket out of that chain: they keep their data and
+resource dependencies (residual variables, the step), nothing else. This is safe for the
+collectives because none relies on program order across buckets: Horovod pairs ops by name, and a
+shared-memory op in a graph has its own segments (tf_commlib.shm); each of them is asynchronous
+(Horovod's TF ops and ops/shm/shm_kernels.cc are AsyncOpKernels), so one waiting for the other
+ranks holds none of the inter-op threads that backprop needs.
+
+``Timeline`` records when this happens (opt-in, for tests and profiling).
+"""
+import tensorflow as tf
+
+
+def _takes_resource(op):
+    return any(t.dtype == tf.resource for t in op.inputs)
+
+
+def op_count():
+    """The number of ops in the default graph (None eagerly): the start for run_independently."""
+    if tf.executing_eagerly():
+        return None
+    return len(tf.compat.v1.get_default_graph().get_operations())
+
+
+def run_independently(since):
+    """Exempts the stateful ops without a resource input that were added to the default graph after
+    ``op_count()`` returned ``since`` from the program-order chain of automatic control
+    dependencies; they still run (before the function returns). A no-op eagerly or outside a
+    tf.function."""
+    if since is None or tf.executing_eagerly():
+        return
+    graph = tf.compat.v1.get_default_graph()
+    manager = getattr(graph, "experimental_acd_manager", None)
+    if manager is None:
+        return
+    for op in graph.get_operations()[since:]:
+        if op._is_stateful and not _takes_resource(op):   # noqa: SLF001 (the chain's own test)
+            manager.run_independently(op)
+
+
+class Timeline:
+    """When tensors came to exist, per key: ``stamp(key, t)`` returns t after a tf.timestamp() that
+    runs once t exists has been written to the key's variable; ``times()`` reads the last value of
+    each key (seconds since the epoch, float64; NaN before the first stamp). Works eagerly and in
+    tf.function (one variable per key, made on first use, so a stamp orders nothing but itself).
+
+    GradientAggregator(timeline=...) stamps ("bucket", tag, i) when bucket i's aggregation starts
+    (its gradients exist and the consistency check passed); DistributedOptimizer.timeline stamps
+    ("gradient", i) when the gradient of its i-th variable reaches apply(), and hands the timeline
+    to its aggregators (tag: the group's index)."""
+
+    def __init__(self):
+        self._variables = {}
+
+    def stamp(self, key, tensor):
+        if tensor is None:
+            return None
+        if key not in self._variables:
+            with tf.init_scope():
+                self._variables[key] = tf.Variable(float("nan"), dtype=tf.float64, trainable=False,
+                                                   name="timeline")
+        since = op_count()
+        with tf.control_dependencies([tensor]):
+            when = tf.timestamp()
+        self._variables[key].assign(when)
+        with tf.control_dependencies([when]):
+            out = tf.identity(tensor)
+        run_independently(since)
+        return out
+
+    def times(self):
+        return {key: float(v.numpy()) for key, v in self._variables.items()}
