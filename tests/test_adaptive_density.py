@@ -49,7 +49,7 @@ def test_knee_matches_a_grid_search(seed):
 
 
 def test_reprofile_when_the_gain_moves_ten_percent_or_the_link_changes():
-    from tf_commlib.costmodel import LinkParams
+    from tf_commlib.alphabeta import LinkParams
     link, slower = LinkParams(), LinkParams(beta_inter=8 / 1e9)
     assert reprofile_reason(None, link, None, None, 0.1) == "first"
     assert reprofile_reason(link, slower, 0.5, 0.5, 0.1) == "link"

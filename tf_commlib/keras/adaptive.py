@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_commlib import primitives as P
+from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import ALGORITHMS
 from tf_commlib.topology import topology as current_topology
 
@@ -181,12 +182,12 @@ class DensityProfiler:
 class AdaptiveDensity(keras.callbacks.Callback):
     """Chooses DistributedOptimizer(density="adaptive")'s density at epoch boundaries (put it after
     CompressionScheduler). `batches`: a few (x, y) batches of this rank's training data for the
-    profiling; `link_params`: costmodel.LinkParams for t_compute and t_sync (set it anew after a
-    recalibration: a change re-profiles). ``history``: one row per epoch, rank 0 prints it."""
+    profiling; `link_params`: alphabeta.LinkParams (costmodel.calibrate measures them) for t_compute
+    and t_sync (set it anew after a recalibration: a change re-profiles). ``history``: one row per
+    epoch, rank 0 prints it."""
 
     def __init__(self, batches, profile_steps=3, tolerance=0.1, link_params=None, verbose=True):
         super().__init__()
-        from tf_commlib.costmodel import LinkParams
         if not tolerance > 0:
             raise ValueError(f"tolerance must be positive, got {tolerance!r}")
         self.batches, self.profile_steps, self.tolerance = batches, profile_steps, tolerance
@@ -230,7 +231,6 @@ class AdaptiveDensity(keras.callbacks.Callback):
                 "last_sums": None if getattr(self, "last_sums", None) is None else np.asarray(self.last_sums).tolist()}
 
     def set_state(self, state):
-        from tf_commlib.costmodel import LinkParams
         link = state.get("profiled_link")
         self.profiled_link = None if link is None else LinkParams.from_list(link)
         self.baseline = state.get("baseline")
