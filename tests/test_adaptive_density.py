@@ -9,7 +9,8 @@ import pytest
 
 from tests import hvdrun
 from tf_commlib.keras import DistributedOptimizer
-from tf_commlib.keras.adaptive import CANDIDATES, knee_density, reprofile_reason
+from tf_commlib.keras.adaptive import knee_density, reprofile_reason
+from tf_commlib.keras.policy import CANDIDATES
 
 
 def test_knee_of_a_symmetric_tradeoff_is_the_middle():
