@@ -9,7 +9,8 @@ import pytest
 
 from tests import hvdrun
 from tf_commlib.keras import DistributedOptimizer
-from tf_commlib.keras.adaptive import CANDIDATES, knee_density, reprofile_reason
+from tf_commlib.keras.adaptive import knee_density, reprofile_reason
+from tf_commlib.keras.policy import CANDIDATES
 
 
 def test_knee_of_a_symmetric_tradeoff_is_the_middle():
@@ -49,7 +50,7 @@ def test_knee_matches_a_grid_search(seed):
 
 
 def test_reprofile_when_the_gain_moves_ten_percent_or_the_link_changes():
-    from tf_commlib.costmodel import LinkParams
+    from tf_commlib.alphabeta import LinkParams
     link, slower = LinkParams(), LinkParams(beta_inter=8 / 1e9)
     assert reprofile_reason(None, link, None, None, 0.1) == "first"
     assert reprofile_reason(link, slower, 0.5, 0.5, 0.1) == "link"

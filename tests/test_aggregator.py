@@ -52,14 +52,14 @@ def test_bad_sent_form_raises():
 
 
 def test_auto_picks_the_cost_models_minimum():
-    from tf_commlib import costmodel
+    from tf_commlib import alphabeta, collectives
     from tf_commlib.collectives import ALGORITHMS
     from tf_commlib.topology import Topology
 
     topo = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
-    slow_inter = costmodel.LinkParams(beta_inter=8 / 0.1e9)   # 100 Mbit/s between nodes
+    slow_inter = alphabeta.LinkParams(beta_inter=8 / 0.1e9)   # 100 Mbit/s between nodes
     agg = GradientAggregator(algorithm="auto", density=0.01, topology=topo, cost_params=slow_inter)
     for d in (1_000, 100_000, 1_000_000, 25_000_000):
-        predicted = {a: costmodel.predict(a, d, 2, 2, 0.01, slow_inter) for a in ALGORITHMS}
+        predicted = {a: collectives.predict(a, d, 2, 2, 0.01, slow_inter) for a in ALGORITHMS}
         assert agg._resolve("auto", d) == min(predicted, key=predicted.get)
     assert agg._resolve("hitopk", 10) == "hitopk"

@@ -176,7 +176,7 @@ def test_star_and_var_time_is_art_ring():
     """The flat collectives' communication is ART-Ring on the world's link plus the length's
     broadcast (and VAR's norms); star_hier's ART-Ring runs among the m nodes on n shards at once."""
     from tf_commlib.collectives import ar_topk as A
-    from tf_commlib.costmodel import LinkParams
+    from tf_commlib.alphabeta import LinkParams
     params, d, density = LinkParams(), 1_000_000, 0.01
     k = math.ceil(density * d)
     for m, n in ((2, 2), (3, 1), (1, 4)):

@@ -28,7 +28,7 @@ def test_hitopk_matches_dense_accuracy(tmp_path, dense):
 
 
 def test_adaptive_density_matches_dense_accuracy(tmp_path, dense):
-    from tf_commlib.keras.adaptive import CANDIDATES
+    from tf_commlib.keras.policy import CANDIDATES
     adaptive = train(tmp_path, "--algorithm", "hitopk", "--density", "adaptive", "--selector", "mstopk")
     assert adaptive[-1]["test_accuracy"] >= dense[-1]["test_accuracy"] - 0.01, (adaptive[-1], dense[-1])
     densities = [e["density"] for e in adaptive]   # warm-up, then the knee chosen among the candidates

@@ -1,4 +1,5 @@
-"""The alpha-beta cost model (tf_commlib.costmodel and each collective's time formula):
+"""The alpha-beta cost model (tf_commlib.alphabeta, each collective's time formula, the predictions and
+`auto` in tf_commlib.collectives, calibration in tf_commlib.costmodel):
 hand-computed predictions, monotonicity, degenerate layouts, argmin choice over the registry,
 options, and calibrate() agreeing on every rank of a 2x2 Horovod job."""
 import dataclasses
@@ -7,9 +8,9 @@ import math
 import pytest
 
 from tests import hvdrun
-from tf_commlib import costmodel
-from tf_commlib.collectives import ALGORITHMS
-from tf_commlib.costmodel import LinkParams, choose, predict
+from tf_commlib import alphabeta, collectives
+from tf_commlib.alphabeta import LinkParams
+from tf_commlib.collectives import ALGORITHMS, choose, predict
 
 ALGOS = list(ALGORITHMS)
 # Round numbers so that the arithmetic below can be checked by hand.
@@ -64,7 +65,7 @@ def test_hitopk_by_hand():
     residual = 250_000 * 1e-9 + 2_500 * 5e-9 + 250_000 * 1e-9   # 5.125e-4
     assert t1 + t2 + t3 + t4 + residual == pytest.approx(0.0062525)
     assert predict("hitopk", D, M, N, RHO, PARAMS) == pytest.approx(0.0062525, rel=1e-12)
-    steps = costmodel.breakdown("hitopk", D, M, N, RHO, PARAMS)
+    steps = collectives.breakdown("hitopk", D, M, N, RHO, PARAMS)
     assert list(steps) == ["reducescatter", "select", "inter_allgather", "intra_allgather", "residual"]
     assert steps["inter_allgather"] == pytest.approx(t3)
     assert steps["intra_allgather"] == pytest.approx(t4)
@@ -77,17 +78,17 @@ def test_sparcml_merges_by_hand():
     params = dataclasses.replace(PARAMS, merge_s_per_elem=1e-6)
     k = 10_000
     union = [D * (1 - (1 - k / D) ** (2 ** t)) for t in range(3)]
-    steps = costmodel.breakdown("ssar_rd", D, M, N, RHO, params)
+    steps = collectives.breakdown("ssar_rd", D, M, N, RHO, params)
     assert steps["sort"] == pytest.approx(k * 1e-6, rel=1e-12)
     assert steps["merge"] == pytest.approx(2 * sum(union) * 1e-6, rel=1e-12)   # ~0.0594 s
     # the split variants: owner j merges the slice-j part of all 8 streams (its own included): the
     # expected k·8·(d/8)/d = k rows
-    split = costmodel.breakdown("ssar_split_ag", D, M, N, RHO, params)
+    split = collectives.breakdown("ssar_split_ag", D, M, N, RHO, params)
     assert split["merge"] == pytest.approx(8 * (D / 8) * k / D * 1e-6, rel=1e-12)
     # folding (P = 5 onto 4): rank 0 merges its stream with rank 4's (2k); round 0: rank 0 merges
     # {0, 4} with {1}; round 1: {0, 4, 1} with {2, 3}
     u = [D * (1 - (1 - k / D) ** j) for j in range(4)]
-    folded = costmodel.breakdown("ssar_rd", D, 5, 1, RHO, params)
+    folded = collectives.breakdown("ssar_rd", D, 5, 1, RHO, params)
     assert folded["merge"] == pytest.approx((2 * k + (u[2] + k) + (u[3] + u[2])) * 1e-6, rel=1e-12)
     # the merges are what makes SSAR's rounds dearer than the split phase at P = 8
     assert steps["merge"] > 5 * split["merge"]
@@ -100,11 +101,11 @@ def test_sparcml_merges_by_hand():
 def test_copies_by_hand():
     # dsar_split_ag concatenates its decoded slices (a pass over d); hitopk and the hierarchical
     # AR-Topk pad x to n shards, a copy when n does not divide d (tf.pad forwards x otherwise)
-    assert costmodel.breakdown("dsar_split_ag", D, M, N, RHO, PARAMS)["concat"] == pytest.approx(D * 1e-9)
+    assert collectives.breakdown("dsar_split_ag", D, M, N, RHO, PARAMS)["concat"] == pytest.approx(D * 1e-9)
     for d, pad in ((D, 0.0), (D + 1, (D + 4) * 1e-9)):
         rs = pad + 3 * 1e-5 + 3 / 4 * 4 * (D + 4) * 1e-9 if d > D else 3 * 1e-5 + 3 / 4 * 4e6 * 1e-9
         for algo in ("hitopk", "star_hier", "var_hier"):
-            assert costmodel.breakdown(algo, d, M, N, RHO, PARAMS)["reducescatter"] == pytest.approx(rs, rel=1e-12)
+            assert collectives.breakdown(algo, d, M, N, RHO, PARAMS)["reducescatter"] == pytest.approx(rs, rel=1e-12)
 
 
 def test_ready_fetches_one_element_of_each_output():
@@ -121,20 +122,20 @@ def test_hitopk_step4_is_dense_at_high_density():
     # 2*m*rho = 1.2 >= 1: scatter-add of m*k~ = 150000 into s, gather the 4*s bytes shards
     k = 75_000
     t4 = (250_000 * 1e-9 + 2 * k * 5e-9) + (3 * 1e-5 + 3 * 4 * 250_000 * 1e-9) + (3 * 1e-5 + 3 * 4 * k * 1e-9)
-    steps = costmodel.breakdown("hitopk", D, M, N, 0.3, PARAMS)
+    steps = collectives.breakdown("hitopk", D, M, N, 0.3, PARAMS)
     assert steps["intra_allgather"] == pytest.approx(t4, rel=1e-12)
     # the option step4 forces a branch; the prediction follows it
-    forced = costmodel.breakdown("hitopk", D, M, N, 0.3, PARAMS, options={"step4": "sparse"})
+    forced = collectives.breakdown("hitopk", D, M, N, 0.3, PARAMS, options={"step4": "sparse"})
     t4_sparse = (3 * 1e-5 + 3 * 8 * 2 * k * 1e-9) + (1e6 * 1e-9 + 4 * 2 * k * 5e-9) + (3 * 1e-5 + 3 * 4 * k * 1e-9)
     assert forced["intra_allgather"] == pytest.approx(t4_sparse, rel=1e-12)
     # at 1 % the dense branch: scatter-add of m*k~ = 5000 into s, the 4*s-byte shards, k~ indices
     t4_dense = (250_000 * 1e-9 + 5_000 * 5e-9) + (3 * 1e-5 + 3 * 1e6 * 1e-9) + (3 * 1e-5 + 3 * 4 * 2_500 * 1e-9)
-    dense4 = costmodel.breakdown("hitopk", D, M, N, RHO, PARAMS, options={"step4": "dense"})
+    dense4 = collectives.breakdown("hitopk", D, M, N, RHO, PARAMS, options={"step4": "dense"})
     assert dense4["intra_allgather"] == pytest.approx(t4_dense, rel=1e-12)
     assert predict("hitopk", D, M, N, RHO, PARAMS, options={"step4": "auto"}) == predict("hitopk", D, M, N, RHO, PARAMS)
     # auto sees the options it is given
     opts = {"hitopk": {"step4": "dense"}}
-    assert costmodel.choose(D, M, N, RHO, PARAMS, ["hitopk"], options=opts) == "hitopk"
+    assert collectives.choose(D, M, N, RHO, PARAMS, ["hitopk"], options=opts) == "hitopk"
     costs = {a: predict(a, D, M, N, RHO, PARAMS, opts.get(a)) for a in ALGOS}
     assert choose(D, M, N, RHO, PARAMS, options=opts) == min(ALGOS, key=costs.get)
 
@@ -179,8 +180,8 @@ def test_compute_curve_interpolates_in_log_size():
     assert curve.compute(10**9) == (3e-9, 8e-9, 4e-9)               # and beyond the last
     assert PARAMS.compute(10_000) == (2e-9, 5e-9, 1e-9)              # no curve: the scalars
     # select_cost and scatter_add_cost follow the curve at the size of the array they touch
-    assert costmodel.select_cost(10_000, curve) == pytest.approx(10_000 * 2e-9)
-    assert costmodel.scatter_add_cost(100, 10_000, curve) == pytest.approx(10_000 * 3e-9 + 100 * 6e-9)
+    assert alphabeta.select_cost(10_000, curve) == pytest.approx(10_000 * 2e-9)
+    assert alphabeta.scatter_add_cost(100, 10_000, curve) == pytest.approx(10_000 * 3e-9 + 100 * 6e-9)
 
 
 @pytest.mark.parametrize("params", [PARAMS, LinkParams()])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests import hvdrun
-from tf_commlib import costmodel
+from tf_commlib import alphabeta, collectives
 from tf_commlib import link_bytes as L
 from tf_commlib.aggregator import GradientAggregator
 from tf_commlib.collectives import ALGORITHMS, powersgd, with_compression
@@ -139,8 +139,8 @@ def test_compression_by_hand():
     assert ALGORITHMS["dense"].sent_bytes(1_000_000, 2, 2, 0.01, {"compression": "bf16"}) == \
         {"intra": 0.75e6 + 0.5e6, "inter": 0.75e6 + 1e6}   # ring half across; 1 of 3 copies intra
     for name in ("dense", "2dtar"):
-        full = costmodel.predict(name, 25_000_000, 2, 2, 0.01)
-        assert costmodel.predict(name, 25_000_000, 2, 2, 0.01, options={"compression": "fp16"}) < full
+        full = collectives.predict(name, 25_000_000, 2, 2, 0.01)
+        assert collectives.predict(name, 25_000_000, 2, 2, 0.01, options={"compression": "fp16"}) < full
     assert with_compression(None, "none") == {}
     assert with_compression({"dense": {"compression": "none"}}, "bf16") == \
         {"dense": {"compression": "none"}, "2dtar": {"compression": "bf16"}}
@@ -167,6 +167,6 @@ def test_powersgd_formulas_by_hand():
     assert not powersgd.compressed(1_000_000, {"rank": 600, "min_compression_size": 1})
     # auto weighs it: on a 10 Mbit/s inter link at 25M entries the factors beat 1 % top-k; at
     # the default 10 Gbit/s its four passes of rank multiply-adds do not
-    slow = costmodel.LinkParams(beta_inter=8 / 0.01e9)
-    assert costmodel.choose(25_000_000, 2, 2, 0.01, slow) == "powersgd"
-    assert costmodel.choose(25_000_000, 2, 2, 0.01) != "powersgd"
+    slow = alphabeta.LinkParams(beta_inter=8 / 0.01e9)
+    assert collectives.choose(25_000_000, 2, 2, 0.01, slow) == "powersgd"
+    assert collectives.choose(25_000_000, 2, 2, 0.01) != "powersgd"

@@ -14,7 +14,7 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 from tf_commlib.topology import Topology, init, topology  # noqa: E402
 
 __all__ = ["Topology", "init", "topology", "GradientAggregator", "ops", "collectives", "keras"]
-_SUBMODULES = {"ops", "collectives", "keras", "costmodel", "primitives"}
+_SUBMODULES = {"ops", "collectives", "keras", "alphabeta", "costmodel", "primitives"}
 
 
 def __getattr__(name):

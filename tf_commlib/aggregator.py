@@ -2,7 +2,7 @@
 import tensorflow as tf
 
 from tf_commlib import consistency, fusion, link_bytes, ops, overlap
-from tf_commlib.collectives import ALGORITHMS, resolve_algorithm_options, with_compression
+from tf_commlib.collectives import ALGORITHMS, choose, resolve_algorithm_options, with_compression
 from tf_commlib.topology import topology as current_topology
 
 OPS = ("average", "sum")
@@ -132,10 +132,8 @@ class GradientAggregator:
     def _resolve(self, name, d):
         if name != "auto":
             return name
-        from tf_commlib import costmodel
-        params = self.cost_params or costmodel.LinkParams()
-        return costmodel.choose(d, self.topo.m, self.topo.n, self.initial_density, params,
-                                options=self.algorithm_options)
+        return choose(d, self.topo.m, self.topo.n, self.initial_density, self.cost_params,
+                      options=self.algorithm_options)
 
     def _select(self, seed):
         return ops.bound_selector(self.selector, seed=seed, step=self.step)

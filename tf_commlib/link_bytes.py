@@ -3,7 +3,7 @@ count what they move, when asked) and the collectives' byte formulas (which pred
 
 A byte is *intra* when its sender and receiver are on the same node, *inter* otherwise; ranks are
 node-major (node = rank // n). Each primitive sends what the algorithm behind its cost formula
-sends (tf_commlib.costmodel):
+sends (tf_commlib.alphabeta):
 
 * allreduce:     ring, 2(p-1)/p of the input to the next rank of the set (eq. in tyagi Table I);
 * reducescatter: ring, (p-1)/p of the input to the next rank of the set (shi2021 eq. (7));

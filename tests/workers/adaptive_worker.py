@@ -11,7 +11,7 @@ import numpy as np
 import tf_commlib
 from tests.workers._report import report
 from tfc_apps import digits
-from tf_commlib.costmodel import LinkParams
+from tf_commlib.alphabeta import LinkParams
 from tf_commlib.keras import DistributedOptimizer
 from tf_commlib.keras.adaptive import DensityProfiler, profile_batches
 

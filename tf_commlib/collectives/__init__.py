@@ -5,13 +5,17 @@ on every rank. A module describes its algorithm completely in ``COLLECTIVE``, a 
 (interface.py): the function, its alpha-beta time and its bytes per link. Importing this package
 registers every module that defines one, in module-name order: adding a collective is adding its
 module. dense.py is the shortest example: the function, ``time`` (alpha-beta seconds per phase, from
-costmodel's link parameters), ``sent_bytes`` (bytes per link, from link_bytes) and
+alphabeta's link parameters), ``sent_bytes`` (bytes per link, from link_bytes) and
 ``COLLECTIVE = Collective("dense", dense, time, sent_bytes)``. A new module runs at once as
 GradientAggregator(algorithm=name), takes part in "auto", `bench comm` and the byte-count test
 (tests/test_collective_interface.py), and tests/test_collectives.py checks it against a numpy
 reference (sparse: each rank's own top-k with error feedback; dense: the sum) unless its module
 sets ``REFERENCE`` (another of that test's references, or None where another test checks it);
 ``register`` adds one defined elsewhere. Value codecs (compression, value_codec) are codec.py's.
+
+The predictions over the registry are here too: ``breakdown`` and ``predict`` (a collective's time
+formula, on tf_commlib.alphabeta.LinkParams) and ``choose``, what algorithm="auto" runs: the argmin
+of the predictions (tyagi's closed-form inequalities divide by zero at N = 2).
 """
 import importlib
 import pkgutil
@@ -19,7 +23,8 @@ from collections.abc import Mapping
 
 from tf_commlib.collectives.interface import Collective, Context
 
-__all__ = ["ALGORITHMS", "Collective", "Context", "register", "resolve_algorithm_options", "with_compression"]
+__all__ = ["ALGORITHMS", "Collective", "Context", "breakdown", "choose", "predict", "register",
+           "resolve_algorithm_options", "with_compression"]
 
 ALGORITHMS = {}   # name -> Collective
 
@@ -62,6 +67,28 @@ def with_compression(algorithm_options, compression):
             if "compression" in coll.options:
                 out.setdefault(name, {}).setdefault("compression", compression)
     return out
+
+
+def breakdown(algorithm, d, m, n, density, params=None, options=None):
+    """Predicted seconds per step of one call of a registered collective: {step: seconds}
+    (params: alphabeta.LinkParams, default LinkParams())."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {list(ALGORITHMS)}")
+    return ALGORITHMS[algorithm].breakdown(d, m, n, density, params, options)
+
+
+def predict(algorithm, d, m, n, density, params=None, options=None):
+    """Predicted seconds of one call of `algorithm` on d float32 elements over m x n ranks
+    (its module's time formula, with `options` for it)."""
+    return float(sum(breakdown(algorithm, d, m, n, density, params, options).values()))
+
+
+def choose(d, m, n, density, params=None, candidates=None, options=None):
+    """The candidate (default: every registered collective) with the smallest predicted time, ties
+    going to the earlier one; options = {algorithm: {option: value}} (algorithm_options)."""
+    options = options or {}
+    candidates = list(ALGORITHMS) if candidates is None else list(candidates)
+    return min(candidates, key=lambda a: predict(a, d, m, n, density, params, options.get(a)))
 
 
 def _discover():

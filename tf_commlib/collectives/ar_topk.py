@@ -21,7 +21,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from tf_commlib import costmodel as C
+from tf_commlib import alphabeta as C
 from tf_commlib import link_bytes as L
 from tf_commlib import primitives as P
 from tf_commlib.collectives import hitopk

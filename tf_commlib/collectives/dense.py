@@ -1,6 +1,6 @@
 """Dense: Horovod allreduce over all ranks (the Dense-SGD / TreeAR baseline). The option
 compression ("none", "fp16", "bf16") sends 16-bit values (wire.py)."""
-from tf_commlib import costmodel as C
+from tf_commlib import alphabeta as C
 from tf_commlib.collectives import codec as K
 from tf_commlib.collectives import wire as W
 from tf_commlib.collectives.interface import Collective

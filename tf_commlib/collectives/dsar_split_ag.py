@@ -13,7 +13,7 @@ import numbers
 
 import tensorflow as tf
 
-from tf_commlib import costmodel as C
+from tf_commlib import alphabeta as C
 from tf_commlib import primitives as P
 from tf_commlib.collectives import codec as K
 from tf_commlib.collectives import qsgd

@@ -5,6 +5,8 @@ import dataclasses
 import types
 from typing import Callable, Mapping, Optional
 
+from tf_commlib.alphabeta import LinkParams
+
 
 @dataclasses.dataclass(frozen=True)
 class Context:
@@ -31,7 +33,7 @@ class Collective:
             sparse: fn(x, topo, density, select, residual=None, ctx=None) -> (sum, new residual,
             indices of x this rank's selection sent); the same result on every rank.
     time:   time(d, m, n, density, params, options) -> {step: seconds}, the alpha-beta prediction
-            for d float32 entries on m nodes x n ranks with costmodel.LinkParams (and its helpers).
+            for d float32 entries on m nodes x n ranks with alphabeta.LinkParams (and its helpers).
     bytes:  bytes(d, m, n, density, options) -> {"intra": B, "inter": B} sent per call, averaged
             over the ranks, by the convention of tf_commlib.link_bytes (use link_bytes.per_rank).
     sparse, residual_size(d, topo, options=None), residual_to_input(residual, d, topo): for error
@@ -78,7 +80,6 @@ class Collective:
 
     def breakdown(self, d, m, n, density, params=None, options=None):
         """Predicted seconds per step of one call."""
-        from tf_commlib.costmodel import LinkParams
         check_layout(d, m, n, density)
         return self.time(d, m, n, density, params or LinkParams(), self.resolve_options(options))
 

@@ -1,7 +1,7 @@
 """NaiveAG: top-k of the whole tensor, allgather of values and indices (one packed message) over
 all ranks, scatter-add. Option ``value_codec`` ("none", "fp16" or "mean", value_codec.py): how the
 message carries the values; what it loses stays in the residual."""
-from tf_commlib import costmodel as C
+from tf_commlib import alphabeta as C
 from tf_commlib import link_bytes as L
 from tf_commlib.collectives import value_codec as V
 from tf_commlib.collectives.count import num_selected

@@ -22,7 +22,7 @@ import math
 
 import tensorflow as tf
 
-from tf_commlib import costmodel as C
+from tf_commlib import alphabeta as C
 from tf_commlib import link_bytes as L
 from tf_commlib.collectives import dense, two_d_tar
 from tf_commlib.collectives.interface import Collective

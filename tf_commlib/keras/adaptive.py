@@ -22,30 +22,12 @@ import numpy as np
 import tensorflow as tf
 
 from tf_commlib import primitives as P
+from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import ALGORITHMS
+from tf_commlib.keras.optimizer import distributed_optimizer
 from tf_commlib.topology import topology as current_topology
 
-CANDIDATES = (0.1, 0.033, 0.011, 0.004, 0.001)
 COMPUTE = ("select", "scatter_add", "residual")   # the rest of a collective's breakdown is t_sync
-
-
-def check_candidates(density, candidates):
-    """The candidate densities (a tuple; empty when density is not "adaptive"); ValueError for an
-    empty or bad list, or candidates without density="adaptive"."""
-    if density != "adaptive":
-        if candidates is not None:
-            raise ValueError(f"candidates go with density='adaptive', got density={density!r}")
-        return ()
-    candidates = CANDIDATES if candidates is None else candidates
-    if isinstance(candidates, (str, bytes)) or not hasattr(candidates, "__iter__"):
-        raise ValueError(f"candidates must be a sequence of densities, got {candidates!r}")
-    candidates = tuple(candidates)
-    if not candidates:
-        raise ValueError("candidates: give at least one density for density='adaptive'")
-    for c in candidates:
-        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 < c <= 1.0:
-            raise ValueError(f"candidates must be densities in (0, 1], got {candidates!r}")
-    return tuple(float(c) for c in candidates)
 
 
 def knee_density(densities, t_compute, t_sync, gains, seed=1):
@@ -153,7 +135,7 @@ class DensityProfiler:
     def profile(self, densities, params):
         """Rows {density, gain, t_compute, t_sync, t_step} (t_step: measured median seconds); the
         state, the density included, is as before afterwards."""
-        opt = _distributed(self.model)
+        opt = distributed_optimizer(self.model)
         variables = self.state()
         snapshot = [v.numpy() for v in variables]
         rows = []
@@ -181,12 +163,12 @@ class DensityProfiler:
 class AdaptiveDensity(keras.callbacks.Callback):
     """Chooses DistributedOptimizer(density="adaptive")'s density at epoch boundaries (put it after
     CompressionScheduler). `batches`: a few (x, y) batches of this rank's training data for the
-    profiling; `link_params`: costmodel.LinkParams for t_compute and t_sync (set it anew after a
-    recalibration: a change re-profiles). ``history``: one row per epoch, rank 0 prints it."""
+    profiling; `link_params`: alphabeta.LinkParams (costmodel.calibrate measures them) for t_compute
+    and t_sync (set it anew after a recalibration: a change re-profiles). ``history``: one row per
+    epoch, rank 0 prints it."""
 
     def __init__(self, batches, profile_steps=3, tolerance=0.1, link_params=None, verbose=True):
         super().__init__()
-        from tf_commlib.costmodel import LinkParams
         if not tolerance > 0:
             raise ValueError(f"tolerance must be positive, got {tolerance!r}")
         self.batches, self.profile_steps, self.tolerance = batches, profile_steps, tolerance
@@ -194,7 +176,7 @@ class AdaptiveDensity(keras.callbacks.Callback):
         self.profiler, self.profiled_link, self.baseline, self.history = None, None, None, []
 
     def on_epoch_begin(self, epoch, logs=None):
-        opt, outer = _distributed(self.model), self.model.optimizer
+        opt, outer = distributed_optimizer(self.model), self.model.optimizer
         if not getattr(opt, "adaptive", False):
             raise ValueError("AdaptiveDensity needs DistributedOptimizer(density='adaptive')")
         restored = opt.__dict__.pop("_restored_adaptive_state", None)   # from tf_commlib.keras.BackupAndRestore
@@ -230,7 +212,6 @@ class AdaptiveDensity(keras.callbacks.Callback):
                 "last_sums": None if getattr(self, "last_sums", None) is None else np.asarray(self.last_sums).tolist()}
 
     def set_state(self, state):
-        from tf_commlib.costmodel import LinkParams
         link = state.get("profiled_link")
         self.profiled_link = None if link is None else LinkParams.from_list(link)
         self.baseline = state.get("baseline")
@@ -240,10 +221,10 @@ class AdaptiveDensity(keras.callbacks.Callback):
         """The gain over the last epoch (None before the first profiled epoch)."""
         if getattr(self, "last_sums", None) is None:
             return None
-        return gain_between(self.last_sums, gain_sums(_distributed(self.model)))
+        return gain_between(self.last_sums, gain_sums(distributed_optimizer(self.model)))
 
     def choose(self):
-        opt = _distributed(self.model)
+        opt = distributed_optimizer(self.model)
         if self.profiler is None:
             self.profiler = DensityProfiler(self.model, self.batches, self.profile_steps)
         rows = self.profiler.profile(opt.candidates, self.link_params)
@@ -260,11 +241,6 @@ def _keep_state(opt, state):
     """What tf_commlib.keras.BackupAndRestore saves with the rank's backup (a plain attribute:
     Keras' attribute tracking would wrap a dict)."""
     object.__setattr__(opt, "_adaptive_state", state)
-
-
-def _distributed(model):
-    from tf_commlib.keras.optimizer import distributed_optimizer   # (that module imports this one)
-    return distributed_optimizer(model)
 
 
 def profile_batches(x, y, batch_size, count=2):

@@ -30,8 +30,7 @@ from tf_commlib import link_bytes, ops
 from tf_commlib import primitives as P
 from tf_commlib.aggregator import GradientAggregator, check_config
 from tf_commlib.collectives import with_compression
-from tf_commlib.keras import adaptive
-from tf_commlib.keras.policy import WARMUP_DENSITIES, default_dense_layers, parse_schedule
+from tf_commlib.keras.policy import WARMUP_DENSITIES, check_candidates, default_dense_layers, parse_schedule
 from tf_commlib.topology import topology as current_topology
 
 
@@ -134,7 +133,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                  momentum_masking=True, warmup=None, dense_layers=None, schedule=None,
                  dense_warmup_epochs=0, qrgc=False, fusion_threshold_bytes=64 << 20, seed=None,
                  name=None, algorithm_options=None, candidates=None, compression="none"):
-        candidates, is_adaptive = adaptive.check_candidates(density, candidates), density == "adaptive"
+        candidates, is_adaptive = check_candidates(density, candidates), density == "adaptive"
         density = candidates[0] if is_adaptive else density
         check_config(algorithm, density, selector, algorithm_options=algorithm_options)
         with_compression(algorithm_options, compression)   # ValueError naming a bad compression

@@ -1,9 +1,11 @@
-"""The epoch-level policies of DistributedOptimizer: DGC warm-up, RedSync dense layers, schedules."""
+"""The epoch-level policies of DistributedOptimizer: DGC warm-up, RedSync dense layers, schedules,
+adaptive density's candidates (the choosing is keras/adaptive.py)."""
 from tf_commlib.collectives import ALGORITHMS
 
 # DGC §3.2: density during the warm-up epochs (sparsity 75 %, 93.75 %, 98.4375 %, 99.6 %).
 WARMUP_DENSITIES = (0.25, 0.0625, 0.015625, 0.004)
 DENSE_SIZE_THRESHOLD = 1024  # entries; RedSync sends small layers dense
+CANDIDATES = (0.1, 0.033, 0.011, 0.004, 0.001)   # density="adaptive" picks among these by default
 
 
 def default_dense_layers(variable):
@@ -39,3 +41,22 @@ def parse_schedule(schedule, algorithm, dense_warmup_epochs=0):
         first = [a for e, a in out.items() if e <= dense_warmup_epochs][-1]
         out = {0: "2dtar", dense_warmup_epochs: first, **later}
     return out
+
+
+def check_candidates(density, candidates):
+    """The candidate densities (a tuple; empty when density is not "adaptive"); ValueError for an
+    empty or bad list, or candidates without density="adaptive"."""
+    if density != "adaptive":
+        if candidates is not None:
+            raise ValueError(f"candidates go with density='adaptive', got density={density!r}")
+        return ()
+    candidates = CANDIDATES if candidates is None else candidates
+    if isinstance(candidates, (str, bytes)) or not hasattr(candidates, "__iter__"):
+        raise ValueError(f"candidates must be a sequence of densities, got {candidates!r}")
+    candidates = tuple(candidates)
+    if not candidates:
+        raise ValueError("candidates: give at least one density for density='adaptive'")
+    for c in candidates:
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 < c <= 1.0:
+            raise ValueError(f"candidates must be densities in (0, 1], got {candidates!r}")
+    return tuple(float(c) for c in candidates)

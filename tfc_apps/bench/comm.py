@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_commlib
-from tf_commlib import costmodel, ops
+from tf_commlib import alphabeta, collectives, costmodel, ops
 from tf_commlib import primitives as P
 from tfc_apps.bench.common import print_json, print_table
 from tf_commlib.collectives import ALGORITHMS
@@ -159,7 +159,7 @@ def main(argv):
     topo = tf_commlib.init()
     lead = topo.rank == 0
     start = time.perf_counter()
-    params = costmodel.LinkParams() if args.no_calibrate else costmodel.calibrate(
+    params = alphabeta.LinkParams() if args.no_calibrate else costmodel.calibrate(
         topo, repeats=args.calibrate_repeats or max(5, repeats))
     if lead:
         print(f"# {topo.m}x{topo.n} ranks, density {args.density}, {repeats} repeats, "
@@ -175,16 +175,16 @@ def main(argv):
         for name in args.algorithms:
             sent = ALGORITHMS[name].sent_bytes(size, topo.m, topo.n, args.density)
             rows.append({"size": size, "algorithm": name, "median_s": measured[name],
-                         "predicted_s": costmodel.predict(name, size, topo.m, topo.n, args.density, params),
+                         "predicted_s": collectives.predict(name, size, topo.m, topo.n, args.density, params),
                          "intra_bytes": sent["intra"], "inter_bytes": sent["inter"]})
         for name, steps in (("hitopk", hitopk_steps), ("naive_ag", naive_ag_steps)):
             if name not in args.algorithms:
                 continue
             stages = staged(steps(x, topo, args.density), timer, repeats)
-            predicted = costmodel.breakdown(name, size, topo.m, topo.n, args.density, params)
+            predicted = collectives.breakdown(name, size, topo.m, topo.n, args.density, params)
             stage_rows += [{"size": size, "algorithm": name, "stage": st, "median_s": t,
                             "predicted_s": predicted[st]} for st, t in stages.items()]
-        chosen = costmodel.choose(size, topo.m, topo.n, args.density, params, args.algorithms)
+        chosen = collectives.choose(size, topo.m, topo.n, args.density, params, args.algorithms)
         fastest = min(measured, key=measured.get)
         nan = float("nan")
         choice_rows.append({"size": size, "chosen": chosen, "fastest": fastest,
