@@ -6,7 +6,7 @@ import tensorflow as tf
 import tf_commlib
 from tests.workers import _sparcml
 from tests.workers._report import report
-from tests.workers._sparcml import D, STEPS, counted
+from tests.workers._sparcml import D, counted
 from tf_commlib import link_bytes
 from tf_commlib import primitives as P
 from tf_commlib.collectives import ALGORITHMS

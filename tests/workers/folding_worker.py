@@ -1,6 +1,5 @@
 """Collectives whose input is a constant on some ranks only, called again with other values:
 Grappler must not run the Horovod op once at graph-optimisation time and reuse its result."""
-import numpy as np
 import tensorflow as tf
 
 import tf_commlib

@@ -10,7 +10,6 @@ import time
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import tf_commlib  # noqa: E402

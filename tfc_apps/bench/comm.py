@@ -22,7 +22,6 @@ import tensorflow as tf
 
 import tf_commlib
 from tf_commlib import alphabeta, collectives, costmodel, ops
-from tf_commlib import primitives as P
 from tfc_apps.bench.common import print_json, print_table
 from tf_commlib.collectives import ALGORITHMS
 from tf_commlib.collectives import hitopk as H
