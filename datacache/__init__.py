@@ -15,9 +15,9 @@ from datacache.cache import DataCache
 from datacache.codec import Codec
 from datacache.fingerprint import preprocess_fingerprint
 from datacache.server import RedisServer
-from datacache.sources import ImageFolderSource, TfdsSource
+from datacache.sources import ImageFolderSource, Source, TfdsSource
 
-__all__ = ["DataCache", "ImageFolderSource", "TfdsSource", "cached_dataset", "shard_range",
+__all__ = ["DataCache", "Source", "ImageFolderSource", "TfdsSource", "cached_dataset", "shard_range",
            "shard_indices", "shard_of", "RedisServer", "Codec", "preprocess_fingerprint", "DecodeResize"]
 
 

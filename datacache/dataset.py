@@ -21,7 +21,7 @@ from datacache.cache import DataCache
 from datacache.codec import Codec
 from datacache.fingerprint import preprocess_fingerprint
 from datacache.shards import _Shard, resolve_shard
-from datacache.sources import ImageFolderSource, TfdsSource
+from datacache.sources import ImageFolderSource, TfdsSource, missing_members
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -31,14 +31,21 @@ def as_source(source):
         return ImageFolderSource(source)
     if isinstance(source, ImageFolderSource):
         return source
+    if not isinstance(source, type) and hasattr(source, "fingerprint") and hasattr(source, "path"):
+        missing = missing_members(source)   # meant as a datacache.sources.Source: say what it lacks
+        if missing:
+            raise TypeError(f"source: {type(source).__name__} lacks {', '.join(missing)} of the "
+                            "datacache.sources.Source protocol")
+        return source
     try:
         import tensorflow_datasets as tfds
         if isinstance(source, tfds.folder_dataset.ImageFolder):
             return TfdsSource(source)
     except ImportError:
         pass
-    raise TypeError("source must be a datacache.ImageFolderSource, a datacache.TfdsSource, a "
-                    f"tfds.folder_dataset.ImageFolder or a folder path, got {type(source).__name__}")
+    raise TypeError("source must be a datacache.sources.Source (ImageFolderSource, TfdsSource or an object "
+                    "with its members), a tfds.folder_dataset.ImageFolder or a folder path, "
+                    f"got {type(source).__name__}")
 
 
 def _probe(preprocess, data):
@@ -172,7 +179,8 @@ def cached_dataset(source, preprocess, cache=None, shard=None, shuffle=True, see
                    global_shuffle=False, samples_per_epoch=None):
     """A tf.data.Dataset of ``(preprocess(encoded file), label)`` over this process' shard.
 
-    source: ImageFolderSource, TfdsSource, a tfds ImageFolder builder or a folder path.
+    source: a datacache.Source (ImageFolderSource, TfdsSource, or any object with its members), a
+        tfds ImageFolder builder or a folder path.
     preprocess: maps one encoded file (scalar tf.string) to a tensor of one fixed shape and dtype
         (decode, resize, crop, cast): the deterministic part, and what is cached.
     cache: a DataCache; None creates the default one (embedded Redis), closed at exit; False reads

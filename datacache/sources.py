@@ -8,11 +8,47 @@ never reads the cache entries of the old one.
 """
 import hashlib
 import os
+from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 _MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")   # JPEG, PNG
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What ``cached_dataset`` and the level-1 copy read of a source: sample i is the file
+    ``path(i)`` (= ``root`` joined with ``files[i]``) of ``sizes[i]`` bytes, modified at ``mtimes[i]``
+    (ns), with label ``labels[i]`` (an index into ``class_names``). ``fingerprint()`` changes whenever
+    any of that changes (cache keys include it); ``check(i, data)`` raises ValueError for bytes that
+    are not a sample (read from the source, never from the cache). ImageFolderSource and TfdsSource
+    are the two shipped; any object with these members works."""
+
+    root: str
+    files: Sequence[str]
+    class_names: Sequence[str]
+    labels: np.ndarray
+    sizes: np.ndarray
+    mtimes: np.ndarray
+
+    def __len__(self) -> int: ...
+
+    def path(self, i: int) -> str: ...
+
+    def fingerprint(self) -> str: ...
+
+    def check(self, i: int, data: bytes) -> None: ...
+
+
+MEMBERS = ("root", "files", "class_names", "labels", "sizes", "mtimes", "__len__", "path", "fingerprint", "check")
+
+
+def missing_members(source):
+    """The members of the Source protocol that ``source`` lacks (empty: it is a Source)."""
+    methods = ("__len__", "path", "fingerprint", "check")
+    return [name for name in MEMBERS
+            if not hasattr(source, name) or (name in methods and not callable(getattr(source, name)))]
 
 
 class ImageFolderSource:

@@ -471,3 +471,46 @@ def test_shard_of_any_dataset():
     pairs = tf.data.Dataset.from_tensor_slices((np.arange(10), np.arange(10) * 2))
     assert [(int(a), int(b)) for a, b in datacache.shard_of(pairs, 10, (1, 2))] == \
         [(int(i), 2 * int(i)) for i in datacache.shard_indices(10, 1, 2)]
+
+
+class ListSource:
+    """A source of our own, not derived from ImageFolderSource: files listed in reverse order of
+    the folder's, with the folder's labels (the datacache.Source protocol, nothing else)."""
+
+    def __init__(self, folder_source):
+        order = list(range(len(folder_source)))[::-1]
+        self.root, self.class_names = folder_source.root, folder_source.class_names
+        self.files = [folder_source.files[i] for i in order]
+        self.labels, self.sizes, self.mtimes = (a[order] for a in (folder_source.labels, folder_source.sizes,
+                                                                      folder_source.mtimes))
+        self.order = order
+
+    def __len__(self):
+        return len(self.files)
+
+    def path(self, i):
+        return os.path.join(self.root, self.files[i])
+
+    def fingerprint(self):
+        return "list-source-" + ",".join(self.files)
+
+    def check(self, i, data):
+        if not data.startswith((b"\xff\xd8\xff", b"\x89PNG")):
+            raise ValueError("not a JPEG or PNG")
+
+
+def test_any_object_with_the_source_protocol_is_a_source(source, ref16, tmp_path):
+    mine = ListSource(source)
+    assert isinstance(mine, datacache.Source) and not isinstance(mine, ImageFolderSource)
+    with DataCache(redis_url=False, local_dir=str(tmp_path / "local"), progress=False) as cache:
+        got = ref16.epoch(cached_dataset(mine, DecodeResize(16), cache, shuffle=False, shard_seed=None))
+    assert got == mine.order   # sample i of ListSource is file order[i] of the folder, bit for bit
+
+    class NoFingerprint(ListSource):
+        fingerprint = None
+
+    broken = ListSource(source)
+    del broken.mtimes
+    for bad, lacks in ((broken, "mtimes"), (NoFingerprint(source), "fingerprint")):
+        with pytest.raises(TypeError, match=f"source: .* lacks {lacks} of the datacache.sources.Source protocol"):
+            cached_dataset(bad, DecodeResize(16), None)
