@@ -107,6 +107,8 @@ def test_against_numpy(tmp_path):
     (dict(dense_warmup_epochs=-2), "dense_warmup_epochs must be"),
     (dict(name=7), "name must be"),
     (dict(algorithm_options={"hitopk": 3}), "algorithm_options"),
+    (dict(overlap="no"), "overlap must be"),
+    (dict(cost_params={"beta_inter": 1e-9}), "cost_params must be"),
 ])
 def test_bad_configuration_raises_before_training(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -130,6 +132,17 @@ def test_wrapping_one_sgd_twice_is_refused():
         DistributedOptimizer(sgd, momentum=0.9)
     copy = DistributedOptimizer(keras.optimizers.SGD.from_config(sgd.get_config()), momentum=0.9)
     assert copy.m == 0.9
+
+
+def test_overlap_and_cost_params_survive_serialisation():
+    from tf_commlib.alphabeta import LinkParams
+
+    params = LinkParams(beta_inter=8 / 25e6, compute_curve=((1024, 1e-9, 2e-9, 3e-10),))
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), algorithm="auto", overlap=False,
+                               cost_params=params)
+    again = DistributedOptimizer.from_config(opt.get_config())
+    assert again.overlap is False and again.cost_params == params
+    assert DistributedOptimizer(keras.optimizers.SGD(0.1)).overlap is True
 
 
 def test_momentum_correction_needs_a_momentum_for_other_optimizers():

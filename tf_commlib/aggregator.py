@@ -2,6 +2,7 @@
 import tensorflow as tf
 
 from tf_commlib import consistency, fusion, link_bytes, ops, overlap
+from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import ALGORITHMS, choose, resolve_algorithm_options, with_compression
 from tf_commlib.topology import topology as current_topology
 
@@ -25,6 +26,13 @@ def check_config(algorithm, density, selector, op="average", algorithm_options=N
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     resolve_algorithm_options(algorithm_options)
+
+
+def check_cost_params(cost_params):
+    """ValueError unless cost_params is None or a tf_commlib.alphabeta.LinkParams."""
+    if cost_params is not None and not isinstance(cost_params, LinkParams):
+        raise ValueError("cost_params must be None or a tf_commlib.alphabeta.LinkParams (e.g. from "
+                         f"tf_commlib.costmodel.calibrate), got {cost_params!r}")
 
 
 def _sum_squares(x):
@@ -62,15 +70,20 @@ class GradientAggregator:
     with the same shapes, dtypes, algorithm, density, selector and op (one all-gather of a few
     int64 per rank, tf_commlib.consistency); False checks only the first call. ``timeline``: a
     tf_commlib.overlap.Timeline that records when each bucket's aggregation starts (key ("bucket",
-    ``timeline_tag``, i)).
+    ``timeline_tag``, i)). ``overlap=False`` makes every bucket wait for all of the gradients
+    (aggregation after backprop, the baseline that overlap is measured against).
+    ``cost_params`` (tf_commlib.alphabeta.LinkParams, e.g. from tf_commlib.costmodel.calibrate) are
+    the link parameters by which "auto" chooses (default LinkParams()).
     """
 
     def __init__(self, algorithm="hitopk", density=0.01, selector="mstopk", op="average",
                  fusion_threshold_bytes=64 << 20, topology=None, seed=None, cost_params=None,
                  check_consistency=True, variable_factory=None, algorithm_options=None, track_gain=False,
-                 compression="none", timeline=None, timeline_tag=0):
-        if not isinstance(check_consistency, bool):
-            raise ValueError(f"check_consistency must be True or False, got {check_consistency!r}")
+                 compression="none", timeline=None, timeline_tag=0, overlap=True):
+        for arg, value in (("check_consistency", check_consistency), ("overlap", overlap)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{arg} must be True or False, got {value!r}")
+        check_cost_params(cost_params)
         check_config(algorithm, density, selector, op, algorithm_options)
         self.algorithm_options = resolve_algorithm_options(with_compression(algorithm_options, compression))
         self.candidates = [algorithm] if isinstance(algorithm, str) else list(algorithm)
@@ -85,6 +98,7 @@ class GradientAggregator:
         self.residuals = {}  # (bucket index, algorithm name) -> variable
         self._checked = set()
         self.timeline, self.timeline_tag = timeline, timeline_tag
+        self.overlap = overlap
 
     # -- state -----------------------------------------------------------------------------
     def build(self, shapes_dtypes):
@@ -213,6 +227,8 @@ class GradientAggregator:
             since = overlap.op_count()
             grads = self._check(grads, step)
             overlap.run_independently(since)   # depends on no gradient: nothing to chain it after
+        if not self.overlap:
+            grads = overlap.after_all(grads)
         if fusion.plan(grads, self.fusion_threshold_bytes) != self.buckets:
             raise ValueError("the gradient list changed shape since the first call; "
                              "create a new GradientAggregator for a new model")

@@ -46,6 +46,16 @@ def run_independently(since):
             manager.run_independently(op)
 
 
+def after_all(tensors):
+    """The tensors (None kept), each available only once all of them exist: aggregation that waits
+    for the whole of backprop (``overlap=False``, today's fp32 baseline), whatever the buckets."""
+    present = [t for t in tensors if t is not None]
+    if not present:
+        return list(tensors)
+    with tf.control_dependencies(present):
+        return [None if t is None else tf.identity(t) for t in tensors]
+
+
 class Timeline:
     """When tensors came to exist, per key: ``stamp(key, t)`` returns t after a tf.timestamp() that
     runs once t exists has been written to the key's variable; ``times()`` reads the last value of

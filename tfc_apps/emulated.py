@@ -38,6 +38,13 @@ def _locked():
 
 
 @contextlib.contextmanager
+def unshaped(m, n):
+    """Yields (command prefix that starts M*N ranks as M nodes on 127.0.0.1, description): the same
+    layout as launcher() with no shaping, the reference for it."""
+    yield cluster_launch_prefix(local=m, np_per_node=n), f"{m}x{n} on 127.0.0.1, unshaped"
+
+
+@contextlib.contextmanager
 def launcher(m, n, inter_mbit):
     """Yields (command prefix that starts M*N ranks of a command, description of the link). The
     emulated cluster is brought up before and always taken down after."""

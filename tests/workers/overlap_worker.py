@@ -3,7 +3,8 @@ expensive in backward, one bucket per variable (fusion_threshold_bytes=1), a Tim
 DistributedOptimizer. Reports, per step and per case, when each gradient reached apply() and when
 each bucket's aggregation started, with which bucket holds which variable (tests/test_overlap.py).
 argv: the algorithms of the sparse group to run, e.g. hitopk dense; "clip:<algorithm>" adds
-local_clip_norm (a global barrier: the negative control)."""
+local_clip_norm (a global barrier: the negative control); "serial:<algorithm>" sets overlap=False
+(aggregation after backprop, the other negative control)."""
 import hashlib
 import sys
 import time
@@ -22,7 +23,8 @@ STEPS, BATCH = 4, 8
 
 
 def model_for(case):
-    clip, algorithm = case.startswith("clip:"), case.removeprefix("clip:")
+    clip, serial = case.startswith("clip:"), case.startswith("serial:")
+    algorithm = case.removeprefix("clip:").removeprefix("serial:")
     keras.utils.set_random_seed(1)
     model = keras.Sequential([
         keras.Input((32, 32, 16)),
@@ -34,7 +36,7 @@ def model_for(case):
     ])
     opt = DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9), algorithm=algorithm,
                                density=0.1, seed=3, fusion_threshold_bytes=1,
-                               local_clip_norm=1.0 if clip else None)
+                               local_clip_norm=1.0 if clip else None, overlap=not serial)
     opt.timeline = Timeline()
     model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     return model, opt

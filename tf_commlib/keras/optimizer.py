@@ -20,6 +20,7 @@ everywhere (loss scale halved on every rank) and never touches residuals or mome
 Keras' compile puts around a DistributedOptimizer is made global by ``global_loss_scale(model)``
 (CompressionScheduler, in default_callbacks(), calls it when fit starts).
 """
+import dataclasses
 import math
 import numbers
 
@@ -28,8 +29,10 @@ import tensorflow as tf
 
 from tf_commlib import link_bytes, ops
 from tf_commlib import primitives as P
-from tf_commlib.aggregator import GradientAggregator, check_config
+from tf_commlib.aggregator import GradientAggregator, check_config, check_cost_params
+from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import with_compression
+from tf_commlib.overlap import after_all
 from tf_commlib.keras.policy import WARMUP_DENSITIES, check_candidates, default_dense_layers, parse_schedule
 from tf_commlib.topology import topology as current_topology
 
@@ -103,6 +106,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
       density="adaptive": tyagi's adaptive compression ratio over ``candidates`` (default
         (0.1, 0.033, 0.011, 0.004, 0.001)), driven by the callback tf_commlib.keras.AdaptiveDensity
         (which profiles them and sets the density); until then the first candidate.
+      overlap: False makes aggregation wait for the whole of backprop (the fp32 baseline of
+        tf_commlib's benchmarks); default True (below).
+      cost_params: tf_commlib.alphabeta.LinkParams by which algorithm "auto" chooses per bucket
+        (e.g. tf_commlib.costmodel.calibrate(topology) on the running cluster); default LinkParams().
       fusion_threshold_bytes, seed, algorithm_options, compression: passed to the GradientAggregators
         (algorithm_options = {algorithm: {option: value}}, see tf_commlib.collectives; compression
         "fp16" or "bf16" sends 16-bit values in dense and 2dtar, the dense-layer group included).
@@ -132,7 +139,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                  momentum_correction=True, momentum=None, nesterov=False, local_clip_norm=None,
                  momentum_masking=True, warmup=None, dense_layers=None, schedule=None,
                  dense_warmup_epochs=0, qrgc=False, fusion_threshold_bytes=64 << 20, seed=None,
-                 name=None, algorithm_options=None, candidates=None, compression="none"):
+                 name=None, algorithm_options=None, candidates=None, compression="none", overlap=True,
+                 cost_params=None):
         candidates, is_adaptive = check_candidates(density, candidates), density == "adaptive"
         density = candidates[0] if is_adaptive else density
         check_config(algorithm, density, selector, algorithm_options=algorithm_options)
@@ -140,6 +148,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         check_arguments(optimizer, momentum_correction, momentum, nesterov, local_clip_norm,
                         momentum_masking, warmup, dense_layers, dense_warmup_epochs, qrgc,
                         fusion_threshold_bytes, seed, name)
+        if not isinstance(overlap, bool):
+            raise ValueError(f"overlap must be True or False, got {overlap!r}")
+        check_cost_params(cost_params)
         schedule = parse_schedule(schedule, algorithm, dense_warmup_epochs)
         m = 0.0
         if momentum_correction:
@@ -164,6 +175,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.fusion_threshold_bytes, self.seed, self.qrgc = fusion_threshold_bytes, seed, qrgc
         self.algorithm_options, self.compression = algorithm_options, compression
         self.candidates, self.adaptive = candidates, is_adaptive
+        self.overlap, self.cost_params = overlap, cost_params
 
     # -- state -----------------------------------------------------------------------------
     timeline = None   # a tf_commlib.overlap.Timeline (set before the first step), or None
@@ -185,7 +197,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                                       fusion_threshold_bytes=fusion, seed=self.seed,
                                       variable_factory=self._factory,
                                       algorithm_options=options, track_gain=self.adaptive,
-                                      compression=self.compression, timeline=self.timeline)
+                                      compression=self.compression, timeline=self.timeline,
+                                      cost_params=self.cost_params)
 
         # (aggregator, variable indices, sparse?) groups
         self._groups = []
@@ -310,6 +323,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
         if self.timeline is not None:
             grads = [self.timeline.stamp(("gradient", i), g) for i, g in enumerate(grads)]
+        if not self.overlap:   # every group and bucket waits for the whole of backprop
+            grads = after_all(grads)
         if self.local_clip_norm:
             present = [g for g in grads if g is not None]
             clipped, _ = tf.clip_by_global_norm(
@@ -348,7 +363,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 "local_clip_norm": self.local_clip_norm, "momentum_masking": self.momentum_masking,
                 "warmup": self.warmup, "schedule": {str(e): a for e, a in self.schedule.items()},
                 "qrgc": self.qrgc, "fusion_threshold_bytes": self.fusion_threshold_bytes,
-                "seed": self.seed, "algorithm_options": self.algorithm_options, "compression": self.compression}
+                "seed": self.seed, "algorithm_options": self.algorithm_options, "compression": self.compression,
+                "overlap": self.overlap,
+                "cost_params": None if self.cost_params is None else dataclasses.asdict(self.cost_params)}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
@@ -356,6 +373,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         config["optimizer"] = keras.optimizers.deserialize(config["optimizer"],
                                                            custom_objects=custom_objects)
         config["schedule"] = {int(e): a for e, a in config["schedule"].items()}
+        if config.get("cost_params") is not None:
+            params = dict(config["cost_params"])
+            params["compute_curve"] = tuple(tuple(row) for row in params.get("compute_curve", ()))
+            config["cost_params"] = LinkParams(**params)
         return cls(**config)
 
 

@@ -53,9 +53,9 @@ def check_algorithms(schedule):
     """Last of the checks: the registry imports TensorFlow."""
     from tf_commlib.collectives import ALGORITHMS
 
-    unknown = sorted(set(schedule.values()) - set(ALGORITHMS))
+    unknown = sorted(set(schedule.values()) - set(ALGORITHMS) - {"auto"})
     if unknown:
-        raise ValueError(f"--schedule: unknown algorithm(s) {unknown}; known: {sorted(ALGORITHMS)}")
+        raise ValueError(f"--schedule: unknown algorithm(s) {unknown}; known: {sorted(ALGORITHMS) + ['auto']}")
 
 
 def parser():
@@ -67,6 +67,14 @@ def parser():
     a("--schedule", default="0:hitopk,13:2dtar", help="epoch:algorithm switches")
     a("--density", type=float, default=0.01)
     a("--selector", default="mstopk")
+    a("--compression", choices=("none", "fp16", "bf16"), default="none",
+      help="16-bit values on the wire of dense and 2dtar (Horovod's Compression.fp16)")
+    a("--no-overlap", action="store_true",
+      help="aggregate after the whole of backprop (default: each bucket as soon as its gradients exist)")
+    a("--fusion-threshold-bytes", type=int, default=None, help="gradient bucket size (default: the library's)")
+    a("--calibrate", action="store_true",
+      help="measure the link parameters first (tf_commlib.costmodel.calibrate), for the schedule's 'auto'; "
+           "the seconds it takes count in the wall time")
     a("--dgc-warmup", type=int, default=0, help="DGC density warm-up epochs")
     a("--optimizer", choices=("lars", "lamb", "sgd"), default="lars")
     a("--lr", type=float, default=None, help="peak learning rate (default per optimizer)")
@@ -127,6 +135,8 @@ def check(args):
         raise ValueError(f"--steps-per-epoch must be >= 1, got {args.steps_per_epoch!r}")
     if args.synthetic and args.steps_per_epoch is None:
         args.steps_per_epoch = 10
+    if args.fusion_threshold_bytes is not None and args.fusion_threshold_bytes < 0:
+        raise ValueError(f"--fusion-threshold-bytes must be >= 0, got {args.fusion_threshold_bytes!r}")
     if args.lr is not None and not args.lr > 0:
         raise ValueError(f"--lr must be positive, got {args.lr!r}")
     for name in ("warmup_epochs", "weight_decay", "label_smoothing", "momentum", "breakdown_steps"):

@@ -133,6 +133,7 @@ class EpochReport(keras.callbacks.Callback):
         top1, top5 = evaluate(self.model, self.val, self.topo.world)
         eval_s = time.perf_counter() - end
         opt = distributed_optimizer(self.model)
+        sent = opt.sent_bytes_at(epoch)
         wall = self.log.wall()
         row = {"epoch": epoch + 1, "resolution": self.stage.resolution, "batch": self.stage.batch,
                "algorithm": opt.algorithm_at(epoch), "loss": float((logs or {}).get("loss", np.nan)),
@@ -140,5 +141,7 @@ class EpochReport(keras.callbacks.Callback):
                # since the last row (or the start): set-up, data sets, callbacks, checkpoints
                "other_s": wall - self.log.last - elapsed - eval_s,
                "images_per_s": self.steps * self.stage.batch * self.topo.size / elapsed,
+               # bytes a rank sends per step inside its node and between nodes (the collectives' formulas)
+               "intra_bytes_per_step": sent["intra"], "inter_bytes_per_step": sent["inter"],
                "wall_s": wall}
         self.log.add(row)

@@ -23,7 +23,7 @@ from tf_commlib.keras import BackupAndRestore, DistributedOptimizer, default_cal
 EXCLUDED = ["bias", "gamma", "beta"]
 
 
-def make_optimizer(args, data, topo):
+def make_optimizer(args, data, topo, cost_params=None):
     stages = args.stage_list
     global_batch = stages[0].batch * topo.size
     peak = args.lr or PEAK_PER_256[args.optimizer] * global_batch / 256
@@ -46,7 +46,10 @@ def make_optimizer(args, data, topo):
                                 selector=args.selector, schedule=args.schedule_map,
                                 momentum=None if args.optimizer != "lamb" else args.momentum,
                                 momentum_correction=args.optimizer != "lamb",
-                                warmup=args.dgc_warmup, seed=args.seed)
+                                warmup=args.dgc_warmup, seed=args.seed, compression=args.compression,
+                                overlap=not args.no_overlap, cost_params=cost_params,
+                                **({} if args.fusion_threshold_bytes is None
+                                   else {"fusion_threshold_bytes": args.fusion_threshold_bytes}))
 
 
 def weights_digest(model, topo):
@@ -82,13 +85,18 @@ def run(args):
 
 
 def train(args, topo, data):
+    start = BackupAndRestore.resume_epoch(args.ckpt_dir) if args.ckpt_dir else 0
+    log = Log(args.log_dir, topo, start, args.target_top5)   # the wall clock starts here
+    cost_params = None
+    if args.calibrate:
+        from tf_commlib import costmodel
+
+        cost_params = costmodel.calibrate(topo)
     model = models.build(args.model, data.num_classes, args.seed)
     loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing)
-    opt = make_optimizer(args, data, topo)
+    opt = make_optimizer(args, data, topo, cost_params)
     model.compile(opt, loss, jit_compile=False)
     opt = distributed_optimizer(model)   # through the LossScaleOptimizer compile adds under mixed_float16
-    start = BackupAndRestore.resume_epoch(args.ckpt_dir) if args.ckpt_dir else 0
-    log = Log(args.log_dir, topo, start, args.target_top5)
     if topo.rank == 0:
         print(f"dawnbench: {args.model}, {topo.m}x{topo.n} ranks, stages "
               f"{[(s.resolution, s.epochs, s.batch) for s in args.stage_list]}, optimizer {args.optimizer}"
