@@ -1,0 +1,91 @@
+"""`python -m tfc_apps.bench tta`: time to accuracy against the baseline (dense fp16, overlapped).
+The arithmetic of the table from given epoch rows, the refusal of bad arguments, and a --quick run
+of the real benchmark (4 ranks, unshaped) whose table and JSON must have their shape."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tfc_apps import local_run
+from tfc_apps.bench import tta
+
+
+def rows(top1s, epoch_s=10.0, rate=100.0, inter=1e6):
+    out, wall = [], 0.0
+    for i, t in enumerate(top1s):
+        wall += epoch_s + 1.0
+        out.append({"epoch": i + 1, "top1": t, "loss": 1.0, "wall_s": wall, "epoch_s": epoch_s, "eval_s": 0.5,
+                    "other_s": 0.5, "images_per_s": rate * (0.5 if i == 0 else 1.0),
+                    "inter_bytes_per_step": inter, "intra_bytes_per_step": 2 * inter})
+    return out
+
+
+def test_time_to_target_is_the_first_epoch_that_reaches_it():
+    r = tta.summarize(rows([0.5, 0.91, 0.88, 0.95]), "hitopk", 25, "link", 0.9)
+    assert r["tta_s"] == 22.0 and r["tta_epoch"] == 2
+    assert r["final_top1"] == 0.95 and r["best_top1"] == 0.95
+    assert r["samples_per_s"] == 100.0   # the median after the first epoch (tracing)
+    assert r["inter_mb_per_step"] == 1.0 and r["baseline"] is False
+    assert r["train_s"] == 40.0 and r["eval_s"] == 2.0 and r["other_s"] == 2.0
+    never = tta.summarize(rows([0.5, 0.6]), "powersgd", 25, "link", 0.9)
+    assert never["tta_s"] is None and never["tta_epoch"] is None
+
+
+def test_ratios_and_verdict_per_bandwidth():
+    results = [tta.summarize(rows(t, epoch_s=e), c, mbit, "link", 0.9)
+               for mbit, c, t, e in [(25, "dense_fp16", [0.5, 0.92], 10.0), (25, "hitopk", [0.91, 0.93], 4.0),
+                                     (0, "dense_fp16", [0.91, 0.95], 3.0), (0, "hitopk", [0.5, 0.91], 4.0),
+                                     (0, "powersgd", [0.5, 0.6], 2.0)]]
+    tta.add_ratios(results)
+    by = {(r["inter_mbit"], r["config"]): r for r in results}
+    assert by[25, "hitopk"]["tta_vs_baseline"] == pytest.approx(5.0 / 22.0)
+    assert by[25, "dense_fp16"]["tta_vs_baseline"] == 1.0
+    assert by[0, "powersgd"]["tta_vs_baseline"] is None
+    assert "hitopk won" in tta.verdict([r for r in results if r["inter_mbit"] == 25])
+    lost = tta.verdict([r for r in results if r["inter_mbit"] == 0])
+    assert "baseline dense_fp16 won" in lost and "compression lost" in lost and "hitopk" in lost
+    table = tta.tables(results, 0.9)
+    assert table.count("time to top-1 >= 0.9") == 2 and "never" in table
+    lines = [json.loads(line) for line in tta.json_lines(results).splitlines()]
+    assert len(lines) == 5 and all("epochs" not in r for r in lines)
+    for key in ("config", "inter_mbit", "tta_s", "final_top1", "samples_per_s", "inter_mb_per_step", "baseline"):
+        assert all(key in r for r in lines), key
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--inter-mbit", "-1"], "--inter-mbit must be"),
+    (["--target", "1.5"], "--target must be"),
+    (["--epochs", "0"], "--epochs must be"),
+    (["--configs", "nope"], "invalid choice"),
+    (["--data", "/nonexistent"], "--data"),
+])
+def test_bad_arguments_are_refused_naming_them(argv, message):
+    p = subprocess.run([sys.executable, "-m", "tfc_apps.bench", "tta", *argv], capture_output=True, text=True,
+                       env=local_run.job_env(), timeout=120)
+    assert p.returncode == 2 and message in p.stderr, p.stderr
+
+
+def test_quick_run_prints_one_table_per_bandwidth_with_monotone_time(tmp_path):
+    out = tmp_path / "tta"
+    rc, log = local_run.run(["-m", "tfc_apps.bench", "tta", "--quick", "--out", str(out)], timeout=900, check=False)
+    assert rc == 0, log[-4000:]
+    results = json.loads((out / "tta.json").read_text())
+    configs = ["dense_fp32", "dense_fp16", "hitopk"]
+    assert [(r["inter_mbit"], r["config"]) for r in results] == [(0, c) for c in configs]
+    assert [r["baseline"] for r in results] == [False, True, False]
+    for r in results:
+        walls = [e["wall_s"] for e in r["epochs"]]
+        assert len(walls) == 2 and 0 < walls[0] < walls[1], r
+        assert r["tta_s"] is None or r["tta_s"] in walls
+        assert 0.0 <= r["final_top1"] <= 1.0 and r["samples_per_s"] > 0
+    by = {r["config"]: r for r in results}
+    # what goes between nodes: fp16 halves dense's values, hitopk at density 0.01 sends far less
+    assert by["dense_fp16"]["inter_mb_per_step"] == pytest.approx(by["dense_fp32"]["inter_mb_per_step"] / 2, rel=0.01)
+    assert by["hitopk"]["inter_mb_per_step"] < by["dense_fp16"]["inter_mb_per_step"] / 10
+    table = [line for line in log.splitlines() if line.strip()]
+    head = next(i for i, line in enumerate(table) if line.startswith("inter-node unshaped"))
+    assert table[head + 1].split()[:3] == ["config", "tta", "s"]
+    assert [line.split()[0] for line in table[head + 2:head + 5]] == configs
+    assert any(w in table[head + 5] for w in ("won", "no configuration reached"))
+    assert (out / "tta.png").stat().st_size > 10_000

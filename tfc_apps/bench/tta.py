@@ -1,0 +1,314 @@
+"""Time to accuracy against the strongest baseline: 4 ranks on the emulated 2x2 cluster train the
+same model (same seed, data order, LR schedule and epochs) on an image folder with each
+configuration, at each inter-node bandwidth, and the table says how long each needs to reach a
+validation top-1, against the baseline dense_fp16 (fp16 on the wire, buckets overlapped with
+backprop: what a Horovod or PyTorch DDP user runs)::
+
+    python -m tfc_apps.bench tta [--data DIR] [--inter-mbit 25 100 0] [--configs ...] [--json]
+
+One job per bandwidth: the ranks run every configuration one after the other, sharing the input
+pipeline (DataCache), which is filled before the first one, so no configuration pays for it. Each
+configuration is a run of the DAWNBench script's training (tfc_apps.dawnbench.run.train): its
+wall clock starts before the model is built and includes tracing, evaluation after every epoch
+and, for `auto`, the calibration of the link. Without --data the digits of scikit-learn are
+written as a class-sorted ImageNet-layout folder (32 px). Inter-node bandwidth 0 is the same
+layout unshaped (4 ranks on 127.0.0.1)."""
+import argparse
+import copy
+import json
+import os
+import sys
+import time
+
+# name -> the DAWNBench script's options for it
+CONFIGS = {
+    "dense_fp32": {"schedule": "0:dense", "no_overlap": True},          # today's: after backprop, fp32
+    "dense_fp16": {"schedule": "0:dense", "compression": "fp16"},       # the baseline
+    "2dtar_fp16": {"schedule": "0:2dtar", "compression": "fp16"},
+    "hitopk": {"schedule": "0:hitopk", "density": 0.01, "selector": "mstopk", "dgc_warmup": 1},
+    "powersgd": {"schedule": "0:powersgd"},
+    "auto": {"schedule": "0:auto", "compression": "fp16", "calibrate": True},
+}
+BASELINE = "dense_fp16"
+LAYOUT = (2, 2)   # nodes x ranks per node
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="python -m tfc_apps.bench tta", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = p.add_argument
+    a("--data", default=None, help="DIR with train/ and val/ in ImageNet layout (default: digits written to OUT)")
+    a("--inter-mbit", type=int, nargs="+", default=None, help="inter-node bandwidths, 0 = unshaped (default 25 100 0)")
+    a("--configs", nargs="+", default=None, choices=list(CONFIGS), help=f"default: all; {BASELINE} is the baseline")
+    a("--target", type=float, default=None, help="validation top-1 to reach (default 0.85; --quick 0.15)")
+    a("--epochs", type=int, default=None, help="epochs per run (default 8; --quick 2)")
+    a("--batch", type=int, default=32, help="images per rank per step")
+    a("--model", choices=("small", "resnet50"), default="small")
+    a("--resolution", type=int, default=32)
+    a("--fusion-threshold-bytes", type=int, default=None,
+      help="gradient bucket size of every configuration (default: the library's)")
+    a("--quick", action="store_true",
+      help="a few minutes: 2 epochs of 4 steps, unshaped only, dense_fp32 dense_fp16 hitopk (unless given)")
+    a("--seed", type=int, default=0)
+    a("--out", default="bench_out/tta")
+    a("--json", action="store_true", help="print one JSON object per run instead of the tables")
+    a("--timeout", type=int, default=3600, help="seconds one bandwidth's job may take before its ranks are killed")
+    a("--worker", action="store_true", help=argparse.SUPPRESS)
+    a("--run-dir", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def resolve(args):
+    """Fills the defaults that depend on --quick; raises ValueError naming a bad argument."""
+    quick = args.quick
+    if args.inter_mbit is None:
+        args.inter_mbit = [0] if quick else [25, 100, 0]
+    if args.configs is None:
+        args.configs = ["dense_fp32", BASELINE, "hitopk"] if quick else list(CONFIGS)
+    if args.epochs is None:
+        args.epochs = 2 if quick else 8
+    args.target = args.target if args.target is not None else (0.15 if quick else 0.85)
+    args.steps_per_epoch = 4 if quick else None
+    if any(b < 0 for b in args.inter_mbit):
+        raise ValueError(f"--inter-mbit must be >= 0 (0: unshaped), got {args.inter_mbit}")
+    if not 0 < args.target <= 1:
+        raise ValueError(f"--target must be a top-1 in (0, 1], got {args.target!r}")
+    for name in ("epochs", "batch"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)!r}")
+    if args.fusion_threshold_bytes is not None and args.fusion_threshold_bytes < 0:
+        raise ValueError(f"--fusion-threshold-bytes must be >= 0, got {args.fusion_threshold_bytes!r}")
+    if args.resolution < 32:
+        raise ValueError(f"--resolution must be >= 32, got {args.resolution!r}")
+    if args.data and not all(os.path.isdir(os.path.join(args.data, s)) for s in ("train", "val")):
+        raise ValueError(f"--data {args.data!r}: needs train/ and val/ (ImageNet layout)")
+    return args
+
+
+def dawnbench_argv(args, config, log_dir):
+    """The DAWNBench script's command line for one configuration."""
+    opts = CONFIGS[config]
+    argv = ["--data", args.data, "--model", args.model, "--optimizer", "sgd", "--warmup-epochs", "1",
+            "--stages", f"{args.resolution}:{args.epochs}:{args.batch}", "--schedule", opts["schedule"],
+            "--breakdown-steps", "0", "--seed", str(args.seed), "--log-dir", log_dir]
+    if args.steps_per_epoch:
+        argv += ["--steps-per-epoch", str(args.steps_per_epoch)]
+    for key in ("density", "selector", "compression", "dgc_warmup"):
+        if key in opts:
+            argv += [f"--{key.replace('_', '-')}", str(opts[key])]
+    if args.fusion_threshold_bytes is not None:
+        argv += ["--fusion-threshold-bytes", str(args.fusion_threshold_bytes)]
+    argv += [f"--{flag.replace('_', '-')}" for flag in ("no_overlap", "calibrate") if opts.get(flag)]
+    return argv
+
+
+def worker(args):
+    """On every rank: the input pipeline once, filled; then each configuration's training."""
+    import keras
+
+    import tf_commlib
+    from tfc_apps.dawnbench import config as dawnbench_config
+    from tfc_apps.dawnbench.data import Data
+    from tfc_apps.dawnbench.run import train
+
+    parsed = {c: dawnbench_config.parse(dawnbench_argv(args, c, os.path.join(args.run_dir, c)))
+              for c in args.configs}
+    first = parsed[args.configs[0]]
+    topo = tf_commlib.init()
+    data = Data(first, topo)
+    try:
+        stage = first.stage_list[0]
+        for _ in data.train(stage, 0):   # fills the cache: no configuration pays for it
+            pass
+        for _ in data.val(stage) or ():
+            pass
+        for config in args.configs:
+            keras.backend.clear_session()
+            if topo.rank == 0:
+                print(f"# tta: {config}", file=sys.stderr, flush=True)
+            train(copy.copy(parsed[config]), topo, data)
+    finally:
+        data.close()
+    return 0
+
+
+def read_run(run_dir, config):
+    path = os.path.join(run_dir, config, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [r for r in (json.loads(line) for line in f if line.strip()) if "epoch" in r]
+
+
+def summarize(rows, config, inter_mbit, link, target):
+    """One run's JSON object (contract: config, inter_mbit, tta_s, final_top1, samples_per_s,
+    inter_mb_per_step, baseline)."""
+    rates = sorted(r["images_per_s"] for r in (rows[1:] or rows))
+    reached = next((r for r in rows if r["top1"] is not None and r["top1"] >= target), None)
+    return {"config": config, "inter_mbit": inter_mbit, "link": link, "target_top1": target,
+            "tta_s": None if reached is None else reached["wall_s"],
+            "tta_epoch": None if reached is None else reached["epoch"],
+            "final_top1": rows[-1]["top1"], "best_top1": max(r["top1"] for r in rows),
+            "samples_per_s": rates[len(rates) // 2],
+            "inter_mb_per_step": rows[-1]["inter_bytes_per_step"] / 1e6,
+            "intra_mb_per_step": rows[-1]["intra_bytes_per_step"] / 1e6,
+            "wall_s": rows[-1]["wall_s"], "train_s": sum(r["epoch_s"] for r in rows),
+            "eval_s": sum(r["eval_s"] for r in rows), "other_s": sum(r["other_s"] for r in rows),
+            "epochs": [{"epoch": r["epoch"], "wall_s": r["wall_s"], "top1": r["top1"], "loss": r["loss"]}
+                       for r in rows],
+            "baseline": config == BASELINE}
+
+
+def add_ratios(results):
+    """tta_vs_baseline: a run's time to target over the baseline's at its bandwidth (None where either
+    never reached it)."""
+    for r in results:
+        base = next((b for b in results if b["inter_mbit"] == r["inter_mbit"] and b["baseline"]), None)
+        ok = base is not None and base["tta_s"] and r["tta_s"] is not None
+        r["tta_vs_baseline"] = r["tta_s"] / base["tta_s"] if ok else None
+        r["speed_vs_baseline"] = r["samples_per_s"] / base["samples_per_s"] if base else None
+
+
+def verdict(runs):
+    """Which configuration reached the target first at one bandwidth, and by how much."""
+    reached = sorted((r for r in runs if r["tta_s"] is not None), key=lambda r: r["tta_s"])
+    if not reached:
+        return "no configuration reached the target: raise --epochs or lower --target"
+    best, base = reached[0], next((r for r in runs if r["baseline"]), None)
+    if base is None:
+        return f"fastest to target: {best['config']} ({best['tta_s']:.0f} s); the baseline {BASELINE} did not run"
+    if base["tta_s"] is None:
+        return f"{best['config']} won: {best['tta_s']:.0f} s; the baseline {BASELINE} never reached the target"
+    if best["baseline"]:
+        second = reached[1] if len(reached) > 1 else None
+        tail = (f"; the best compressed or other configuration, {second['config']}, needed "
+                f"{second['tta_s'] / base['tta_s']:.2f}x its time") if second else ""
+        return f"the baseline {BASELINE} won ({base['tta_s']:.0f} s): compression lost here{tail}"
+    return (f"{best['config']} won: {best['tta_s']:.0f} s, {best['tta_s'] / base['tta_s']:.2f}x the baseline's "
+            f"{base['tta_s']:.0f} s ({base['tta_s'] / best['tta_s']:.2f}x faster)")
+
+
+def json_lines(results):
+    """One JSON object per run (its epochs left out: they are in OUT/tta.json)."""
+    return "\n".join(json.dumps({k: v for k, v in r.items() if k != "epochs"}) for r in results)
+
+
+def fmt(v, spec, none="never"):
+    return none if v is None else format(v, spec)
+
+
+def tables(results, target):
+    out = []
+    for mbit in dict.fromkeys(r["inter_mbit"] for r in results):
+        runs = [r for r in results if r["inter_mbit"] == mbit]
+        out.append(f"inter-node {'unshaped' if mbit == 0 else f'{mbit} Mbit/s'} ({runs[0]['link']}); "
+                   f"time to top-1 >= {target}")
+        out.append(f"{'config':>11} {'tta s':>7} {'vs base':>7} {'epoch':>5} {'final top1':>10} {'samples/s':>9} "
+                   f"{'vs base':>7} {'inter MB/step':>13} {'wall s':>7}")
+        for r in runs:
+            out.append(f"{r['config']:>11} {fmt(r['tta_s'], '7.1f'):>7} {fmt(r['tta_vs_baseline'], '7.2f', '-'):>7} "
+                       f"{fmt(r['tta_epoch'], '5d', '-'):>5} {r['final_top1']:10.4f} {r['samples_per_s']:9.1f} "
+                       f"{fmt(r['speed_vs_baseline'], '7.2f', '-'):>7} {r['inter_mb_per_step']:13.3f} "
+                       f"{r['wall_s']:7.1f}")
+        out.append(verdict(runs))
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(results, target, title, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bands = list(dict.fromkeys(r["inter_mbit"] for r in results))
+    fig, axes = plt.subplots(1, len(bands), figsize=(5.2 * len(bands), 4.4), squeeze=False)
+    for ax, mbit in zip(axes[0], bands):
+        for r in (r for r in results if r["inter_mbit"] == mbit):
+            ax.plot([e["wall_s"] for e in r["epochs"]], [e["top1"] for e in r["epochs"]], marker="o",
+                    lw=2.2 if r["baseline"] else 1.2, label=r["config"] + (" (baseline)" if r["baseline"] else ""))
+        ax.axhline(target, color="gray", ls="--", lw=0.8)
+        ax.set_title("unshaped" if mbit == 0 else f"inter-node {mbit} Mbit/s", fontsize=10)
+        ax.set_xlabel("wall-clock seconds")
+        ax.set_ylabel("validation top-1")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def default_data(out):
+    from tfc_apps import digits
+
+    root = os.path.join(out, "digits32")
+    if not os.path.exists(os.path.join(root, ".complete")):
+        digits.write_image_folder(root)
+        open(os.path.join(root, ".complete"), "w").close()
+    return root
+
+
+def measure(args):
+    """Runs every bandwidth's job (args from parser() + resolve()); returns (results with their ratios
+    to the baseline, the bandwidths whose job failed)."""
+    from tfc_apps import emulated, local_run
+
+    os.makedirs(args.out, exist_ok=True)
+    args.data = args.data or default_data(args.out)
+    results, failed = [], []
+    for mbit in args.inter_mbit:
+        run_dir = os.path.join(args.out, f"mbit{mbit}")
+        for config in args.configs:   # a run's old rows would be appended to (a resumed DAWNBench log)
+            old = os.path.join(run_dir, config, "metrics.jsonl")
+            if os.path.exists(old):
+                os.remove(old)
+        forwarded = ["--data", args.data, "--configs", *args.configs, "--epochs", str(args.epochs),
+                     "--batch", str(args.batch), "--model", args.model, "--resolution", str(args.resolution),
+                     "--seed", str(args.seed), "--target", str(args.target), "--run-dir", run_dir,
+                     *([] if args.fusion_threshold_bytes is None
+                       else ["--fusion-threshold-bytes", str(args.fusion_threshold_bytes)]),
+                     *(["--quick"] if args.quick else [])]
+        launch = emulated.unshaped(*LAYOUT) if mbit == 0 else emulated.launcher(*LAYOUT, mbit)
+        with launch as (prefix, link):
+            print(f"# {link}", file=sys.stderr, flush=True)
+            try:
+                local_run.run(["-m", "tfc_apps.bench", "tta", "--worker", *forwarded], launcher=prefix,
+                              capture=False, timeout=args.timeout)
+            except local_run.JobFailed as e:
+                print(f"bench tta: the ranks failed at {mbit} Mbit/s: {str(e)[:2000]}", file=sys.stderr)
+                failed.append(mbit)
+        for config in args.configs:
+            rows = read_run(run_dir, config)
+            if rows:
+                results.append(summarize(rows, config, mbit, link, args.target))
+    add_ratios(results)
+    return results, failed
+
+
+def report(args, results, title=None):
+    """Writes OUT/tta.json and OUT/tta.png; prints the tables (or JSON lines with --json)."""
+    with open(os.path.join(args.out, "tta.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(json_lines(results) if args.json else tables(results, args.target), flush=True)
+    png = os.path.join(args.out, "tta.png")
+    plot(results, args.target, title or f"{args.model} on {os.path.basename(os.path.normpath(args.data))}, "
+         f"4 ranks as {LAYOUT[0]}x{LAYOUT[1]}: validation top-1 vs wall-clock", png)
+    return png
+
+
+def main(argv):
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        resolve(args)
+    except ValueError as e:
+        p.error(str(e))
+    if args.worker:
+        return worker(args)
+    started = time.perf_counter()
+    results, failed = measure(args)
+    if not results:
+        return 1
+    png = report(args, results)
+    print(f"plot: {png}; {time.perf_counter() - started:.0f} s in all", file=sys.stderr)
+    return 1 if failed else 0
