@@ -58,6 +58,8 @@ MAPPED = {
     "TF_COMMLIB_TOPOLOGY=2x2 horovodrun -np 4 -H localhost:4 --gloo python -m tfc_apps.train --algorithm hitopk "
     "--density 0.01 --selector mstopk --epochs 20 --json hitopk.json":
         ("tests/test_convergence.py", "test_hitopk_matches_dense_accuracy"),
+    "python -m tfc_apps.bench tta --quick":
+        ("tests/test_bench_tta.py", "test_quick_run_prints_one_table_per_bandwidth_with_monotone_time"),
     "scripts/emulate_cluster.sh up 2 2 --inter-mbit 200": ("tests/test_emulated_cluster.py", "cluster"),
     "scripts/emulate_cluster.sh down": ("tests/test_emulated_cluster.py", "cluster"),
     "sbatch -N1 -n4 --overcommit scripts/slurm/train.sbatch --epochs 3 --batch-size 32 --topology 2x2":
@@ -84,6 +86,7 @@ FLAGS = {
     "python -m tfc_apps.bench datacache": "a benchmark (6000 JPEGs, several modes, 2 runs)",
     "python -m tfc_apps.bench pto": "a benchmark: jobs at P = 1, 2, 4",
     "python -m tfc_apps.bench e2e": "a benchmark: ResNet-50 on 4 ranks at 3 resolutions",
+    "python -m tfc_apps.bench tta": "a benchmark: 18 four-rank trainings, under an hour",
     "python -m datacache warm ROOT --size 224 --redis-url URL --shard I/N": "a template (ROOT, URL, I/N)",
     "python -m tfc_apps.cluster_launch --local 1 --np-per-node 4 -- python -m tfc_apps.train ...": "a template",
     "python -m tfc_apps.cluster_launch -- python -m tfc_apps.bench comm": "the comm benchmark, on every rank",
