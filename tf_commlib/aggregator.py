@@ -188,28 +188,38 @@ class GradientAggregator:
         with tf.control_dependencies([done]):
             return [None if g is None else tf.identity(g) for g in grads]
 
+    def _bucket_residuals(self, i):
+        """The residual variables of bucket i (one per sparse algorithm it may run), in a fixed order."""
+        return [var for (j, _), var in sorted(self.residuals.items()) if j == i]
+
     def _run(self, i, name, flat):
-        """One bucket through one algorithm: (aggregated sum, int64 indices of the entries sent
-        sparsely; empty for a dense algorithm)."""
+        """One bucket through one algorithm, without writing any state: (aggregated sum, int64
+        indices of the entries sent sparsely (empty for a dense algorithm), the new value of each of
+        _bucket_residuals(i), this bucket's addition to ``gain`` (or None)). The residuals of the
+        other algorithms are flushed into this call's input (their new value is 0)."""
         d = flat.shape[0]
+        new = {}
         for (j, other), var in self.residuals.items():  # flush residuals of idle algorithms
             if j == i and other != name:
                 flat = flat + ALGORITHMS[other].residual_to_input(var, d, self.topo)
-                var.assign(tf.zeros(var.shape, var.dtype))
+                new[other] = tf.zeros(var.shape, var.dtype)
         coll = ALGORITHMS[name]
         common = None if self.seed is None else self.seed + self.step * 1_000_003 + i * 7919
         ctx = coll.context(tf.convert_to_tensor(self.step), common, self.algorithm_options.get(name), i)
+        gain = None if self.gain is None else tf.zeros([2], tf.float64)
         if not coll.sparse:
-            return coll.fn(flat, self.topo, ctx=ctx), tf.zeros([0], tf.int64)
-        seed = None if common is None else common * self.topo.size + self.topo.rank
-        residual = self.residuals[(i, name)]
-        agg, new_residual, sent = coll.fn(flat, self.topo, self.density, self._select(seed), residual, ctx)
-        if self.gain is not None:   # this rank's ||g_c||^2 (sent) and ||g_e||^2 (input + residual)
-            error_fed = flat + coll.residual_to_input(tf.convert_to_tensor(residual), d, self.topo)
-            sent_part = error_fed - coll.residual_to_input(new_residual, d, self.topo)
-            self.gain.assign_add(tf.stack([_sum_squares(sent_part), _sum_squares(error_fed)]))
-        residual.assign(new_residual)
-        return agg, tf.cast(sent, tf.int64)
+            agg, indices = coll.fn(flat, self.topo, ctx=ctx), tf.zeros([0], tf.int64)
+        else:
+            seed = None if common is None else common * self.topo.size + self.topo.rank
+            residual = self.residuals[(i, name)]
+            agg, new_residual, sent = coll.fn(flat, self.topo, self.density, self._select(seed), residual, ctx)
+            if gain is not None:   # this rank's ||g_c||^2 (sent) and ||g_e||^2 (input + residual)
+                error_fed = flat + coll.residual_to_input(tf.convert_to_tensor(residual), d, self.topo)
+                sent_part = error_fed - coll.residual_to_input(new_residual, d, self.topo)
+                gain = tf.stack([_sum_squares(sent_part), _sum_squares(error_fed)])
+            new[name] = new_residual
+            indices = tf.cast(sent, tf.int64)
+        return agg, indices, [new[n] for (j, n) in sorted(self.residuals) if j == i], gain
 
     # -- the call ----------------------------------------------------------------------------
     def aggregate(self, grads, step=None, sent="mask"):
@@ -219,6 +229,16 @@ class GradientAggregator:
         instead of a pass over every entry. ``step``: the caller's training step (int or int
         tensor), compared across ranks by the consistency check (default: the number of calls so
         far); a rank that skipped a step of its loop then fails on every rank at its next call."""
+        out, masks, commit = self.aggregate_deferred(grads, step, sent)
+        commit()
+        return out, masks
+
+    def aggregate_deferred(self, grads, step=None, sent="mask"):
+        """aggregate() that writes no state: returns (aggregated grads, what was sent, commit), where
+        commit() writes the step's residuals, gain and step count. Every rank must run the
+        aggregation; a caller that decides after it whether the step counts (a global finite check
+        under loss scaling) calls commit() only if it does, so a skipped step leaves the state as
+        it was."""
         if sent not in SENT:
             raise ValueError(f"sent must be one of {SENT}, got {sent!r}")
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
@@ -232,7 +252,7 @@ class GradientAggregator:
         if fusion.plan(grads, self.fusion_threshold_bytes) != self.buckets:
             raise ValueError("the gradient list changed shape since the first call; "
                              "create a new GradientAggregator for a new model")
-        out, masks = list(grads), list(grads)
+        out, masks, writes, gains = list(grads), list(grads), [], []
         for i, bucket in enumerate(self.buckets):
             since = overlap.op_count()
             flat = fusion.flatten(grads, bucket)
@@ -240,10 +260,13 @@ class GradientAggregator:
                 flat = self.timeline.stamp(("bucket", self.timeline_tag, i), flat)
             names = [self._resolve(c, flat.shape[0]) for c in self.candidates]
             if len(names) == 1:
-                agg, indices = self._run(i, names[0], flat)
+                agg, indices, residuals, gain = self._run(i, names[0], flat)
             else:
                 branches = [(lambda n: lambda: self._run(i, n, flat))(n) for n in names]
-                agg, indices = tf.switch_case(tf.convert_to_tensor(self.active), branches)
+                agg, indices, residuals, gain = tf.switch_case(tf.convert_to_tensor(self.active), branches)
+            writes += zip(self._bucket_residuals(i), residuals)
+            if gain is not None:
+                gains.append(gain)
             if self.op == "average":
                 agg = agg / tf.cast(self.topo.size, agg.dtype)
             fusion.unflatten(agg, bucket, out)
@@ -253,8 +276,15 @@ class GradientAggregator:
                 mask = ops.scatter_add(indices, tf.ones_like(indices, flat.dtype), flat.shape[0])
                 fusion.unflatten(tf.minimum(mask, 1), bucket, masks)
             overlap.run_independently(since)   # out of the program-order chain of stateful ops
-        self.step.assign_add(1)
-        return out, masks
+
+        def commit():
+            for var, value in writes:
+                var.assign(value)
+            if gains:
+                self.gain.assign_add(tf.add_n(gains))
+            self.step.assign_add(1)
+
+        return out, masks, commit
 
     def __call__(self, grads, step=None):
         return self.aggregate(grads, step)[0]

@@ -4,7 +4,9 @@ DistributedOptimizer. Reports, per step and per case, when each gradient reached
 each bucket's aggregation started, with which bucket holds which variable (tests/test_overlap.py).
 argv: the algorithms of the sparse group to run, e.g. hitopk dense; "clip:<algorithm>" adds
 local_clip_norm (a global barrier: the negative control); "serial:<algorithm>" sets overlap=False
-(aggregation after backprop, the other negative control)."""
+(aggregation after backprop, the other negative control); "mixed:<algorithm>" trains under the
+mixed_float16 policy with loss scaling (tf_commlib.keras.LossScaleOptimizer around the
+DistributedOptimizer)."""
 import hashlib
 import sys
 import time
@@ -15,7 +17,7 @@ import numpy as np
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import tf_commlib  # noqa: E402
 from _report import report  # noqa: E402
-from tf_commlib.keras import DistributedOptimizer  # noqa: E402
+from tf_commlib.keras import DistributedOptimizer, distributed_optimizer  # noqa: E402
 from tf_commlib.overlap import Timeline  # noqa: E402
 
 topo = tf_commlib.init()
@@ -23,8 +25,9 @@ STEPS, BATCH = 4, 8
 
 
 def model_for(case):
-    clip, serial = case.startswith("clip:"), case.startswith("serial:")
-    algorithm = case.removeprefix("clip:").removeprefix("serial:")
+    clip, serial, mixed = (case.startswith(p) for p in ("clip:", "serial:", "mixed:"))
+    algorithm = case.split(":")[-1]
+    keras.mixed_precision.set_global_policy("mixed_float16" if mixed else "float32")
     keras.utils.set_random_seed(1)
     model = keras.Sequential([
         keras.Input((32, 32, 16)),
@@ -32,14 +35,16 @@ def model_for(case):
         keras.layers.Conv2D(8, 3, padding="same", activation="relu"),
         keras.layers.GlobalAveragePooling2D(),
         keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dense(40),   # its kernel (2560 entries) in the sparse group, its bias in the dense one
+        # its kernel (2560 entries) in the sparse group, its bias in the dense one
+        keras.layers.Dense(40, dtype="float32"),
     ])
-    opt = DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9), algorithm=algorithm,
+    sgd = keras.optimizers.SGD(0.01, momentum=0.9)
+    opt = DistributedOptimizer(keras.optimizers.LossScaleOptimizer(sgd) if mixed else sgd, algorithm=algorithm,
                                density=0.1, seed=3, fusion_threshold_bytes=1,
                                local_clip_norm=1.0 if clip else None, overlap=not serial)
-    opt.timeline = Timeline()
+    distributed_optimizer(opt).timeline = Timeline()
     model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
-    return model, opt
+    return model, distributed_optimizer(opt)
 
 
 class Record(keras.callbacks.Callback):

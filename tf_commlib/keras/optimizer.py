@@ -315,11 +315,22 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                              "skip the aggregation the others wait in); use tf_commlib.keras.LossScaleOptimizer, "
                              "or call tf_commlib.keras.global_loss_scale(model) after compile "
                              "(default_callbacks() does it in model.fit)")
+        self._ensure_built(trainable_variables)
+        update, commit = self.aggregate(grads)
+        commit()
+        self.inner_optimizer.apply(update, trainable_variables or self._trainable_variables)
+
+    def _ensure_built(self, trainable_variables):
         if not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
             self.built = True
-        tvs = trainable_variables or self._trainable_variables
+
+    def aggregate(self, grads):
+        """(update, commit): the averaged update of every variable, and commit(), which writes what
+        the step changes here (DGC momentum, the collectives' residuals, momentum masking). apply()
+        commits at once; tf_commlib.keras.LossScaleOptimizer only when every rank's gradients were
+        finite, so that the aggregation overlaps backprop and a skipped step changes nothing."""
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
         if self.timeline is not None:
             grads = [self.timeline.stamp(("gradient", i), g) for i, g in enumerate(grads)]
@@ -331,22 +342,31 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 present, self.local_clip_norm / math.sqrt(current_topology().size))
             it = iter(clipped)
             grads = [None if g is None else next(it) for g in grads]
-        send = list(grads)
+        send, velocities = list(grads), {}
         if self.momentum_correction:
             for i, g in enumerate(grads):
-                if g is None:
-                    continue
-                u = self.velocities[i]
-                u.assign(self.m * u + g)
-                send[i] = self.m * tf.convert_to_tensor(u) + g if self.nesterov else tf.convert_to_tensor(u)
-        update = list(send)
+                if g is not None:
+                    velocities[i] = self.m * tf.convert_to_tensor(self.velocities[i]) + g
+                    send[i] = self.m * velocities[i] + g if self.nesterov else velocities[i]
+        update, commits, masked = list(send), [], []
         for agg, idx, sparse in self._groups:
-            aggregated, sent = agg.aggregate([send[i] for i in idx], step=self.iterations, sent="indices")
+            aggregated, sent, commit = agg.aggregate_deferred([send[i] for i in idx], step=self.iterations,
+                                                              sent="indices")
+            commits.append(commit)
             for i, g, where in zip(idx, aggregated, sent):
                 update[i] = g
                 if sparse and where is not None and self.momentum_correction and self.momentum_masking:
-                    _zero_at(self.velocities[i], where)
-        self.inner_optimizer.apply(update, tvs)
+                    masked.append((i, where))
+
+        def commit():
+            for i, u in velocities.items():
+                self.velocities[i].assign(u)
+            for c in commits:
+                c()
+            for i, where in masked:
+                _zero_at(self.velocities[i], where)
+
+        return update, commit
 
     def finalize_variable_values(self, var_list):
         self.inner_optimizer.finalize_variable_values(var_list)
@@ -385,14 +405,52 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     """keras.optimizers.LossScaleOptimizer whose finite check is global: the gradients count as finite
     only if they are finite on every rank (one 1-element allreduce per step), so every rank applies or
     skips a step together: the loss scale and iterations stay equal on every rank, and a skipped step
-    never reaches the DistributedOptimizer inside (its residuals and DGC momentum stay untouched)."""
+    leaves the DistributedOptimizer's residuals and DGC momentum untouched.
+
+    Around a DistributedOptimizer the aggregation does not wait for the check: every rank aggregates
+    its unscaled gradients (non-finite entries sent as 0) as soon as each bucket's exist, overlapped
+    with backprop as without loss scaling; the one allreduce then says whether any rank's gradients,
+    or the aggregated ones (an fp16 sum on the wire can overflow), were non-finite, and only a
+    finite step writes state (DistributedOptimizer.aggregate's commit) and updates the weights."""
 
     def check_finite(self, grads):
         distributed_optimizer(self)._finite_checked_globally = True
-        local = super().check_finite(grads)
-        overflowed = P.allreduce(tf.reshape(tf.cast(tf.logical_not(local), tf.float32), [1]),
+        return self._globally(super().check_finite(grads))
+
+    def _globally(self, finite):
+        overflowed = P.allreduce(tf.reshape(tf.cast(tf.logical_not(finite), tf.float32), [1]),
                                  current_topology().world)
         return tf.equal(overflowed[0], 0.0)
+
+    def apply(self, grads, trainable_variables=None):
+        inner = self.inner_optimizer
+        if not isinstance(inner, DistributedOptimizer):
+            return super().apply(grads, trainable_variables)
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+            self.built = True
+        inner._finite_checked_globally = True
+        inner._ensure_built(trainable_variables)
+        tvs = trainable_variables or self._trainable_variables
+        grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
+        local = keras.optimizers.LossScaleOptimizer.check_finite(self, grads)
+        scale = self.dynamic_scale
+        unscaled = [g if g is None or self._overwrite_variable_with_gradient(v)
+                    else tf.where(tf.math.is_finite(g), g, tf.zeros_like(g)) / tf.cast(scale, g.dtype)
+                    for g, v in zip(grads, tvs)]
+        update, commit = inner.aggregate(unscaled)
+        aggregated = keras.optimizers.LossScaleOptimizer.check_finite(self, update)
+        finite = self._globally(tf.logical_and(local, aggregated))
+
+        def step():
+            commit()
+            inner.inner_optimizer.apply(update, tvs)
+            grow = tf.equal(self.step_counter, self.dynamic_growth_steps - 1)
+            self.step_counter.assign(tf.where(grow, tf.zeros_like(self.step_counter), self.step_counter + 1))
+            self.dynamic_scale.assign(tf.where(grow, self.dynamic_scale * 2.0, self.dynamic_scale))
+
+        tf.cond(finite, step, self._stateful_handle_non_finite_grads)
 
 
 def distributed_optimizer(model_or_optimizer):
