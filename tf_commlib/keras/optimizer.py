@@ -283,6 +283,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def sparse_aggregators(self):
         return [agg for agg, _, sparse in self._groups if sparse]
 
+    def aggregators(self):
+        """[(GradientAggregator, indices of the variables it aggregates)], in the order a step runs
+        them (after build; the dense-layer group last): for profiling, e.g. twins with fresh state."""
+        return [(agg, list(idx)) for agg, idx, _ in self._groups]
+
     _epoch = 0
 
     def set_epoch(self, epoch):
