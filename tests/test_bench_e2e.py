@@ -97,3 +97,15 @@ def test_aggregator_twin_has_the_configuration_and_fresh_state():
     assert sorted(twin.residuals) == sorted(agg.residuals)
     for key, var in twin.residuals.items():
         assert var is not agg.residuals[key] and not np.any(var.numpy())
+
+
+def test_doc_commands_parse():
+    """Every `bench e2e` command the docs show parses with e2e's parser (its --configs are choices)."""
+    import shlex
+
+    from tests.test_docs import doc_commands
+
+    shown = [cmd for cmd, _ in doc_commands() if cmd.startswith("python -m tfc_apps.bench e2e")]
+    assert len(shown) >= 3
+    for cmd in shown:
+        e2e.parser().parse_args(shlex.split(cmd)[4:])

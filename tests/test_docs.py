@@ -84,6 +84,9 @@ FLAGS = {
     "python -m tfc_apps.bench datacache": "a benchmark (6000 JPEGs, several modes, 2 runs)",
     "python -m tfc_apps.bench pto": "a benchmark: jobs at P = 1, 2, 4",
     "python -m tfc_apps.bench e2e": "a benchmark: ResNet-50 on 4 ranks at 3 resolutions",
+    "python -m tfc_apps.bench e2e --model small --resolutions 32 --inter-mbit 100 --configs dense_fp32 dense_fp16 "
+    "2dtar_fp16 hitopk@0.01 hitopk@0.01_no_overlap powersgd":
+        "a benchmark: 6 configurations on 4 ranks of the emulated cluster (tests/test_bench_e2e.py tests its table)",
     "python -m datacache warm ROOT --size 224 --redis-url URL --shard I/N": "a template (ROOT, URL, I/N)",
     "python -m tfc_apps.cluster_launch --local 1 --np-per-node 4 -- python -m tfc_apps.train ...": "a template",
     "python -m tfc_apps.cluster_launch -- python -m tfc_apps.bench comm": "the comm benchmark, on every rank",
