@@ -109,3 +109,28 @@ def test_doc_commands_parse():
     assert len(shown) >= 3
     for cmd in shown:
         e2e.parser().parse_args(shlex.split(cmd)[4:])
+
+
+def test_default_threshold_splits_the_small_model_into_several_buckets():
+    """The default bucket size (chosen with bench e2e, docs/training.md) is the one of both entry
+    points, and the DAWNBench 'small' model (1.65 MB in its sparse group) gets several buckets at it,
+    so it can overlap; with 64 MB (the old default) it had one."""
+    import inspect
+
+    import tensorflow as tf
+
+    from tf_commlib import fusion
+    from tf_commlib.aggregator import GradientAggregator
+    from tf_commlib.keras import DistributedOptimizer
+    from tf_commlib.keras.policy import default_dense_layers
+    from tfc_apps.dawnbench import models
+
+    for entry in (GradientAggregator, DistributedOptimizer):
+        default = inspect.signature(entry.__init__).parameters["fusion_threshold_bytes"].default
+        assert default == fusion.DEFAULT_THRESHOLD_BYTES and type(default) is int
+    model = models.build("small", 1000)
+    specs = [tf.TensorSpec(v.shape, v.dtype) for v in model.trainable_variables if not default_dense_layers(v)]
+    assert len(fusion.plan(specs, 64 << 20)) == 1
+    buckets = fusion.plan(specs, fusion.DEFAULT_THRESHOLD_BYTES)
+    assert len(buckets) >= 3
+    assert all(sum(b.sizes) * 4 <= fusion.DEFAULT_THRESHOLD_BYTES or len(b.sizes) == 1 for b in buckets)

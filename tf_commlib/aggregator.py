@@ -77,8 +77,9 @@ class GradientAggregator:
     """
 
     def __init__(self, algorithm="hitopk", density=0.01, selector="mstopk", op="average",
-                 fusion_threshold_bytes=64 << 20, topology=None, seed=None, cost_params=None,
-                 check_consistency=True, variable_factory=None, algorithm_options=None, track_gain=False,
+                 fusion_threshold_bytes=fusion.DEFAULT_THRESHOLD_BYTES, topology=None, seed=None,
+                 cost_params=None, check_consistency=True, variable_factory=None, algorithm_options=None,
+                 track_gain=False,
                  compression="none", timeline=None, timeline_tag=0, overlap=True):
         for arg, value in (("check_consistency", check_consistency), ("overlap", overlap)):
             if not isinstance(value, bool):
