@@ -85,7 +85,8 @@ FLAGS = {
     "python -m tfc_apps.bench pto": "a benchmark: jobs at P = 1, 2, 4",
     "python -m tfc_apps.bench e2e": "a benchmark: ResNet-50 on 4 ranks at 3 resolutions",
     "python -m tfc_apps.bench e2e --model small --resolutions 32 --inter-mbit 100 --configs dense_fp32 dense_fp16 "
-    "2dtar_fp16 hitopk@0.01 hitopk@0.01_no_overlap powersgd":
+    "2dtar_fp16 hitopk@0.01 hitopk@0.01_no_overlap powersgd --fusion-threshold-bytes 1048576 --steps 4 --warmup 1 "
+    "--breakdown-steps 3":
         "a benchmark: 6 configurations on 4 ranks of the emulated cluster (tests/test_bench_e2e.py tests its table)",
     "python -m tfc_apps.bench e2e --model small --resolutions 32 --configs dense_fp16 --fusion-threshold-bytes "
     "262144 1048576 4194304 26214400 67108864 --steps 4 --warmup 1 --breakdown-steps 3 --inter-mbit 100":
