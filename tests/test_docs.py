@@ -87,6 +87,16 @@ FLAGS = {
     "python -m tfc_apps.bench pto": "a benchmark: jobs at P = 1, 2, 4",
     "python -m tfc_apps.bench e2e": "a benchmark: ResNet-50 on 4 ranks at 3 resolutions",
     "python -m tfc_apps.bench tta": "a benchmark: 18 four-rank trainings, under an hour",
+    "python -m tfc_apps.bench e2e --model small --resolutions 32 --inter-mbit 100 --configs dense_fp32 dense_fp16 "
+    "2dtar_fp16 hitopk@0.01 hitopk@0.01_no_overlap powersgd --fusion-threshold-bytes 1048576 --steps 4 --warmup 1 "
+    "--breakdown-steps 3":
+        "a benchmark: 6 configurations on 4 ranks of the emulated cluster (tests/test_bench_e2e.py tests its table)",
+    "python -m tfc_apps.bench e2e --model small --resolutions 32 --configs dense_fp16 --fusion-threshold-bytes "
+    "262144 1048576 4194304 26214400 67108864 --steps 4 --warmup 1 --breakdown-steps 3 --inter-mbit 100":
+        "a benchmark: the fusion-threshold sweep behind the default (4 ranks, minutes)",
+    "python -m tfc_apps.bench e2e --model small --resolutions 32 --configs dense_fp16 --fusion-threshold-bytes "
+    "1048576 67108864 1048576 67108864 1048576 67108864 --steps 4 --warmup 1 --breakdown-steps 3 --inter-mbit 100":
+        "a benchmark: repeats of the sweep's two leading thresholds (4 ranks, minutes)",
     "python -m datacache warm ROOT --size 224 --redis-url URL --shard I/N": "a template (ROOT, URL, I/N)",
     "python -m tfc_apps.cluster_launch --local 1 --np-per-node 4 -- python -m tfc_apps.train ...": "a template",
     "python -m tfc_apps.cluster_launch -- python -m tfc_apps.bench comm": "the comm benchmark, on every rank",

@@ -77,8 +77,9 @@ class GradientAggregator:
     """
 
     def __init__(self, algorithm="hitopk", density=0.01, selector="mstopk", op="average",
-                 fusion_threshold_bytes=64 << 20, topology=None, seed=None, cost_params=None,
-                 check_consistency=True, variable_factory=None, algorithm_options=None, track_gain=False,
+                 fusion_threshold_bytes=fusion.DEFAULT_THRESHOLD_BYTES, topology=None, seed=None,
+                 cost_params=None, check_consistency=True, variable_factory=None, algorithm_options=None,
+                 track_gain=False,
                  compression="none", timeline=None, timeline_tag=0, overlap=True):
         for arg, value in (("check_consistency", check_consistency), ("overlap", overlap)):
             if not isinstance(value, bool):
@@ -105,6 +106,7 @@ class GradientAggregator:
         """Creates the state for gradients of these (shape, dtype) (None for absent ones)."""
         if self.buckets is not None:
             return
+        self._shapes = list(shapes_dtypes)
         specs = [None if s is None else tf.TensorSpec(s[0], s[1]) for s in shapes_dtypes]
         self.buckets = fusion.plan(specs, self.fusion_threshold_bytes)
         with tf.init_scope():
@@ -129,6 +131,22 @@ class GradientAggregator:
     def variables(self):
         return ([self.step, self.density, self.active, self.owner]
                 + ([self.gain] if self.gain is not None else []) + self.residual_variables())
+
+    def twin(self, topology=None):
+        """A new aggregator with this one's configuration, its current algorithm and density, and
+        fresh state (residuals, step): to time aggregation apart (profiling) without touching the
+        state training uses. Call it eagerly, after build."""
+        other = GradientAggregator(self.candidates, self.initial_density, self.selector, self.op,
+                                   fusion_threshold_bytes=self.fusion_threshold_bytes,
+                                   topology=topology or self.topo, seed=self.seed, cost_params=self.cost_params,
+                                   check_consistency=self.check_consistency,
+                                   algorithm_options=self.algorithm_options, track_gain=self.track_gain,
+                                   overlap=self.overlap)
+        if self.buckets is not None:
+            other.build(self._shapes)
+            other.density.assign(self.density)
+            other.active.assign(self.active)
+        return other
 
     def reset_rank_state(self):
         """Zeroes the per-rank state (residuals): for a job that loaded another rank's state."""

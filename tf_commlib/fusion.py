@@ -7,6 +7,12 @@ import tensorflow as tf
 
 Bucket = collections.namedtuple("Bucket", "dtype positions shapes sizes")
 
+# The default bucket size of GradientAggregator and DistributedOptimizer, chosen by measurement
+# (docs/training.md, "Overlap with backprop": bench e2e, dense fp16 overlapped, emulated 2x2 at
+# 100 Mbit/s): buckets must be small enough that a model of a few MB forms several of them (one
+# bucket cannot overlap with backprop), large enough that per-bucket costs stay small.
+DEFAULT_THRESHOLD_BYTES = 1 << 20
+
 
 def plan(tensors, threshold_bytes, backprop_order=True):
     """Groups the non-None tensors into buckets; returns a list of Bucket (static sizes).

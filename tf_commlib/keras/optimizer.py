@@ -32,6 +32,7 @@ from tf_commlib import primitives as P
 from tf_commlib.aggregator import GradientAggregator, check_config, check_cost_params
 from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import with_compression
+from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
 from tf_commlib.overlap import after_all
 from tf_commlib.keras.policy import WARMUP_DENSITIES, check_candidates, default_dense_layers, parse_schedule
 from tf_commlib.topology import topology as current_topology
@@ -138,7 +139,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def __init__(self, optimizer, algorithm="hitopk", density=0.01, selector="mstopk",
                  momentum_correction=True, momentum=None, nesterov=False, local_clip_norm=None,
                  momentum_masking=True, warmup=None, dense_layers=None, schedule=None,
-                 dense_warmup_epochs=0, qrgc=False, fusion_threshold_bytes=64 << 20, seed=None,
+                 dense_warmup_epochs=0, qrgc=False, fusion_threshold_bytes=DEFAULT_THRESHOLD_BYTES,
+                 seed=None,
                  name=None, algorithm_options=None, candidates=None, compression="none", overlap=True,
                  cost_params=None):
         candidates, is_adaptive = check_candidates(density, candidates), density == "adaptive"
@@ -282,6 +284,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     def sparse_aggregators(self):
         return [agg for agg, _, sparse in self._groups if sparse]
+
+    def aggregators(self):
+        """[(GradientAggregator, indices of the variables it aggregates)], in the order a step runs
+        them (after build; the dense-layer group last): for profiling, e.g. twins with fresh state."""
+        return [(agg, list(idx)) for agg, idx, _ in self._groups]
 
     _epoch = 0
 

@@ -1,34 +1,63 @@
-"""End-to-end throughput (shi2021 Table 3 / Fig. 1 analogue): ResNet-50 on synthetic data through
-model.fit with DistributedOptimizer, images/s of Dense-SGD, 2DTAR-SGD and MSTopK-SGD (hitopk +
-mstopk) at several resolutions, with the per-step breakdown, on the emulated 2x2 cluster::
+"""End-to-end throughput and exposed communication (shi2021 Table 3 / Fig. 1 analogue): a model
+(ResNet-50 by default) on synthetic data through model.fit with DistributedOptimizer, images/s of
+each configuration at several resolutions, with the per-step breakdown, on the emulated 2x2 cluster::
 
     python -m tfc_apps.bench e2e [--resolutions 64 96 128] [--inter-mbit 500] [--json]
 
 Brings the emulated cluster up and down itself (as root; otherwise the same layout on 127.0.0.1,
-unshaped, and says so). One launch: every configuration runs in the same ranks, one after the
-other on the same model; a configuration's images/s is the median over its timed steps after
-warm-up steps (tracing), from rank 0's step clock (steps are synchronous across ranks).
+unshaped, and says so). One launch per resolution: every configuration (and fusion threshold) runs
+in the same ranks, one after the other, on a fresh model; a configuration's images/s is the median
+over its timed steps after warm-up steps (tracing), from rank 0's step clock (steps are synchronous
+across ranks).
+
+Exposed communication: after its timed steps, each configuration's phases are timed apart, in
+interleaved rounds on every rank (tf_commlib.timing.Timer, the slowest rank's time): compute_s =
+forward+backward (one GradientTape step, as fit's) + the update (DGC momentum and the wrapped
+optimizer's step, on copies), comm_s = the aggregation alone (twins of the optimizer's aggregators,
+same algorithm, compression, fusion threshold, with fresh state, on that step's gradients).
+exposed_comm_s = step_s - compute_s (what communication adds to the step; with perfect overlap
+max(0, comm_s - compute_s)), overlap_ratio = step_s / max(compute_s, comm_s) (1: the shorter one
+hidden entirely; the sum of both when nothing overlaps gives up to 2).
 """
 import argparse
+import io
 import json
 import os
 import sys
 import time
 
-CONFIGS = {"dense": ("dense", 1.0), "2dtar": ("2dtar", 1.0),
-           "hitopk@0.001": ("hitopk", 0.001), "hitopk@0.01": ("hitopk", 0.01)}
+from tfc_apps.bench.common import print_table
+
+# name -> (algorithm, density, compression, overlap); the first four are the original names
+CONFIGS = {"dense": ("dense", 1.0, "none", True), "2dtar": ("2dtar", 1.0, "none", True),
+           "hitopk@0.001": ("hitopk", 0.001, "none", True), "hitopk@0.01": ("hitopk", 0.01, "none", True),
+           "dense_fp32": ("dense", 1.0, "none", False),      # the old baseline: aggregation after backprop
+           "dense_fp16": ("dense", 1.0, "fp16", True),       # THE baseline: fp16 on the wire, overlapped
+           "2dtar_fp16": ("2dtar", 1.0, "fp16", True),
+           "hitopk@0.01_no_overlap": ("hitopk", 0.01, "none", False),
+           "powersgd": ("powersgd", 1.0, "none", True)}
+DEFAULT_CONFIGS = ["dense_fp32", "dense_fp16", "2dtar_fp16", "hitopk@0.001", "hitopk@0.01",
+                   "hitopk@0.01_no_overlap", "powersgd"]
+BASELINE, OLD_BASELINE = "dense_fp16", "dense_fp32"
 ROWS = "e2e_rows.jsonl"   # rank 0 appends one JSON object per configuration
-PHASES = ("input", "forward_backward", "selection", "communication", "optimizer")
+PHASES = ("input", "forward_backward", "optimizer", "aggregation")   # seconds per step, timed apart
+# the issue's target: dense fp16, overlapped, at 100 Mbit/s: step <= 1.15 x max(compute, communication)
+TARGET_MBIT, TARGET_RATIO = 100, 1.15
 
 
 def parser():
     p = argparse.ArgumentParser(prog="python -m tfc_apps.bench e2e", description=__doc__.split("\n")[0])
     p.add_argument("--resolutions", type=int, nargs="+", default=[64, 96, 128])
-    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, choices=list(CONFIGS),
+                   help=f"default: {' '.join(DEFAULT_CONFIGS)}")
+    p.add_argument("--fusion-threshold-bytes", type=int, nargs="+", default=None,
+                   help="bucket size(s) of DistributedOptimizer; several: each configuration at each "
+                        "(a sweep); default: the library's default")
     p.add_argument("--batch", type=int, default=8, help="images per rank per step")
     p.add_argument("--steps", type=int, default=4, help="timed steps per configuration")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (tracing)")
-    p.add_argument("--breakdown-steps", type=int, default=2, help="steps per phase in the breakdown (0: off)")
+    p.add_argument("--breakdown-steps", type=int, default=2,
+                   help="rounds per phase in the breakdown (0: off, no exposed communication)")
     p.add_argument("--model", choices=("resnet50", "small"), default="resnet50")
     p.add_argument("--layout", default="2x2", help="MxN: nodes x ranks per node")
     p.add_argument("--inter-mbit", type=int, default=500, help="shaped inter-node link")
@@ -38,14 +67,85 @@ def parser():
     return p
 
 
+def exposure(step_s, phases):
+    """The exposed-communication columns of a row from its step time and phases (seconds):
+    compute_s = forward_backward + optimizer, comm_s = aggregation, exposed_comm_s = step_s -
+    compute_s, overlap_ratio = step_s / max(compute_s, comm_s). NaN where a phase is missing."""
+    nan = float("nan")
+    compute = phases.get("forward_backward", nan) + phases.get("optimizer", nan)
+    comm = phases.get("aggregation", nan)
+    longer = max(compute, comm) if compute == compute and comm == comm else nan
+    return {"compute_s": compute, "comm_s": comm, "exposed_comm_s": step_s - compute,
+            "overlap_ratio": step_s / longer if longer > 0 else nan}
+
+
+def measure_phases(model, optimizer, dataset, loss_fn, topo, reps):
+    """Seconds per step of input, forward_backward, optimizer (DGC momentum + the wrapped optimizer's
+    step, on copies) and aggregation (twins of the optimizer's aggregators, fresh state), each timed
+    apart on every rank in interleaved rounds (the slowest rank's time, median over ``reps``). The
+    model's non-trainable state (BN statistics that a training pass updates) is put back afterwards."""
+    saved = [v.numpy() for v in model.non_trainable_variables]
+    try:
+        return _measure_phases(model, optimizer, dataset, loss_fn, topo, reps)
+    finally:
+        for v, value in zip(model.non_trainable_variables, saved):
+            v.assign(value)
+
+
+def _measure_phases(model, optimizer, dataset, loss_fn, topo, reps):
+    import keras
+    import tensorflow as tf
+
+    from tf_commlib.timing import Timer, ready
+
+    it = iter(dataset)
+    x, y = next(it)
+    t = time.perf_counter()
+    for _ in range(reps):
+        ready(next(it))
+    out = {"input": (time.perf_counter() - t) / reps}
+    variables = model.trainable_variables
+
+    @tf.function
+    def forward_backward():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        return tape.gradient(loss, variables)
+
+    grads = forward_backward()
+    inner = optimizer.inner_optimizer
+    clone = type(inner).from_config(inner.get_config())
+    copies = [keras.Variable(v.numpy(), name=v.name) for v in variables]   # names: for exclusions
+    velocities = [tf.Variable(tf.zeros_like(g)) for g in grads] if optimizer.momentum_correction else []
+    clone.build(copies)
+
+    @tf.function
+    def update(gs):
+        if velocities:   # DistributedOptimizer's DGC momentum (u <- m u + g), then the plain step
+            gs = [tf.convert_to_tensor(u.assign(optimizer.m * u + g)) for u, g in zip(velocities, gs)]
+        clone.apply(gs, copies)
+        return copies[0]
+
+    groups = [(agg.twin(topo), idx) for agg, idx in optimizer.aggregators()]
+
+    @tf.function
+    def aggregate(gs):
+        return [agg.aggregate([gs[i] for i in idx], sent="indices")[0] for agg, idx in groups]
+
+    fns = {"forward_backward": lambda: ready(forward_backward()), "optimizer": lambda: ready(update(grads)),
+           "aggregation": lambda: ready(aggregate(grads))}
+    out.update(Timer(topo).interleaved(fns, reps))
+    return out
+
+
 def worker(args):
-    """Runs on every rank: each resolution x configuration, timed; rank 0 writes out/e2e.json."""
+    """Runs on every rank: each resolution x threshold x configuration, timed; rank 0 appends rows."""
     import keras
     import numpy as np
     import tensorflow as tf
 
     import tf_commlib
-    from tfc_apps.dawnbench import breakdown, models
+    from tfc_apps.dawnbench import models
     from tf_commlib.keras import DistributedOptimizer, default_callbacks
 
     class StepClock(keras.callbacks.Callback):
@@ -66,44 +166,98 @@ def worker(args):
         x = (rng.random((args.batch, res, res, 3), np.float32) * 2 - 1)
         y = rng.integers(0, 1000, args.batch).astype(np.int32)
         ds = tf.data.Dataset.from_tensors((x, y)).repeat().prefetch(2)
-        for label in args.configs:
-            algorithm, density = CONFIGS[label]
-            # A fresh model per configuration, after dropping the last one's: each configuration's
-            # step functions, optimizer slots and residuals otherwise stay alive (the ranks reached
-            # 6 GB each after 7 ResNet-50 configurations and the OOM killer ended the run).
-            model = opt = None
-            keras.backend.clear_session()
-            model = models.build(args.model, 1000, seed=0)
-            opt = DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9), algorithm=algorithm,
-                                       density=density, selector="mstopk")
-            model.compile(opt, loss, jit_compile=False)
-            clock = StepClock()
-            model.fit(ds, steps_per_epoch=args.warmup + args.steps, epochs=1, verbose=0, shuffle=False,
-                      callbacks=default_callbacks() + [clock])
-            step_s = float(np.median(clock.steps[args.warmup:]))
-            phases = (breakdown.measure(model, opt, ds, loss, algorithm, density, "mstopk", topo,
-                                        args.breakdown_steps) if args.breakdown_steps else {})
-            row = {"resolution": res, "config": label, "algorithm": algorithm, "density": density,
-                   "step_s": step_s, "images_per_s": args.batch * topo.size / step_s,
-                   **{p: phases.get(p, float("nan")) for p in PHASES}}
-            if topo.rank == 0:
-                with open(os.path.join(args.out, ROWS), "a") as f:
-                    f.write(json.dumps(row) + "\n")
-                print(f"# {res}px {label}: {row['images_per_s']:.1f} images/s", file=sys.stderr, flush=True)
+        for threshold in args.fusion_threshold_bytes or [None]:
+            for label in args.configs:
+                algorithm, density, compression, overlap = CONFIGS[label]
+                # A fresh model per configuration, after dropping the last one's: each configuration's
+                # step functions, optimizer slots and residuals otherwise stay alive (the ranks reached
+                # 6 GB each after 7 ResNet-50 configurations and the OOM killer ended the run).
+                model = opt = None
+                keras.backend.clear_session()
+                model = models.build(args.model, 1000, seed=0)
+                opt = DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9), algorithm=algorithm,
+                                           density=density, selector="mstopk", compression=compression,
+                                           overlap=overlap,
+                                           **({} if threshold is None else {"fusion_threshold_bytes": threshold}))
+                model.compile(opt, loss, jit_compile=False)
+                clock = StepClock()
+                model.fit(ds, steps_per_epoch=args.warmup + args.steps, epochs=1, verbose=0, shuffle=False,
+                          callbacks=default_callbacks() + [clock])
+                step_s = float(np.median(clock.steps[args.warmup:]))
+                phases = (measure_phases(model, opt, ds, loss, topo, args.breakdown_steps)
+                          if args.breakdown_steps else {})
+                row = {"resolution": res, "config": label, "algorithm": algorithm, "density": density,
+                       "compression": compression, "overlap": overlap,
+                       "fusion_threshold_bytes": opt.fusion_threshold_bytes,
+                       "buckets": sum(len(agg.buckets) for agg, _ in opt.aggregators()),
+                       "step_s": step_s, "images_per_s": args.batch * topo.size / step_s,
+                       **{p: phases.get(p, float("nan")) for p in PHASES}, **exposure(step_s, phases)}
+                if topo.rank == 0:
+                    with open(os.path.join(args.out, ROWS), "a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    print(f"# {res}px {label} threshold {opt.fusion_threshold_bytes}: "
+                          f"{row['images_per_s']:.1f} images/s", file=sys.stderr, flush=True)
     return 0
 
 
-def table(result, link):
-    rows = result["rows"]
-    lines = [f"ResNet-50 end to end, {result['layout']} ranks, batch {result['batch']}/rank, {link}",
-             f"{'res':>4} {'config':>13} {'images/s':>9} {'vs dense':>8} {'vs 2dtar':>8}  "
-             + " ".join(f"{p[:12]:>12}" for p in PHASES) + "  (ms per step, phases timed apart)"]
+MODEL_NAMES = {"resnet50": "ResNet-50", "small": "the small residual network"}
+COLUMNS = [("resolution", "res", "{}"), ("threshold_mb", "fusion MB", "{:.3g}"), ("buckets", "buckets", "{}"),
+           ("config", "config", "{}"), ("images_per_s", "images/s", "{:.2f}"),
+           ("vs_old", f"vs {OLD_BASELINE}", "{:.2f}"), ("vs_base", f"vs {BASELINE}", "{:.2f}"),
+           ("step_ms", "step ms", "{:.1f}"), ("compute_ms", "compute ms", "{:.1f}"), ("comm_ms", "comm ms", "{:.1f}"),
+           ("exposed_ms", "exposed ms", "{:.1f}"), ("overlap_ratio", "step/max", "{:.2f}"),
+           ("forward_backward_ms", "fwd+bwd ms", "{:.1f}"), ("optimizer_ms", "update ms", "{:.1f}"),
+           ("input_ms", "input ms", "{:.1f}")]
+
+
+def table_rows(rows):
+    """The rows as the table shows them: ratios of images/s to dense_fp32 and to dense_fp16 at the
+    same resolution and fusion threshold (NaN where that configuration did not run), times in ms."""
+    out = []
     for r in rows:
-        same = {q["config"]: q["images_per_s"] for q in rows if q["resolution"] == r["resolution"]}
+        same = {q["config"]: q["images_per_s"] for q in rows if q["resolution"] == r["resolution"]
+                and q.get("fusion_threshold_bytes") == r.get("fusion_threshold_bytes")}
         ratio = lambda base: r["images_per_s"] / same[base] if base in same else float("nan")  # noqa: E731
-        lines.append(f"{r['resolution']:>4} {r['config']:>13} {r['images_per_s']:9.2f} {ratio('dense'):8.2f} "
-                     f"{ratio('2dtar'):8.2f}  " + " ".join(f"{r[p] * 1e3:12.1f}" for p in PHASES))
-    return "\n".join(lines)
+        ms = {f"{name}_ms": r.get(key, float("nan")) * 1e3
+              for name, key in (("step", "step_s"), ("compute", "compute_s"), ("comm", "comm_s"),
+                                ("exposed", "exposed_comm_s"), *((p, p) for p in PHASES))}
+        out.append({**r, **ms, "vs_old": ratio(OLD_BASELINE), "vs_base": ratio(BASELINE),
+                    "threshold_mb": r.get("fusion_threshold_bytes", float("nan")) / 2**20,
+                    "buckets": r.get("buckets", "?"), "overlap_ratio": r.get("overlap_ratio", float("nan"))})
+    return out
+
+
+def target_lines(rows, shaped_mbit):
+    """One line per dense_fp16 row: whether step <= 1.15 x max(compute, comm) (the issue's target,
+    stated at 100 Mbit/s; at another link the ratio is shown and the target not judged)."""
+    lines = []
+    for r in rows:
+        if r["config"] != BASELINE:
+            continue
+        ratio = r.get("overlap_ratio", float("nan"))
+        where = f"{r['resolution']}px, fusion {r.get('fusion_threshold_bytes', float('nan')) / 2**20:.3g} MB"
+        head = (f"target ({BASELINE} at {TARGET_MBIT} Mbit/s: step <= {TARGET_RATIO} x max(compute, comm)), "
+                f"{where}: step/max = {ratio:.3f}")
+        if ratio != ratio:
+            lines.append(f"{head}: not judged (no breakdown)")
+        elif shaped_mbit != TARGET_MBIT:
+            link = f"{shaped_mbit} Mbit/s" if shaped_mbit else "an unshaped link"
+            lines.append(f"{head}: not judged (this run: {link}; run with --inter-mbit {TARGET_MBIT})")
+        else:
+            lines.append(f"{head}: {'met' if ratio <= TARGET_RATIO else 'NOT met'}")
+    return lines
+
+
+def table(result, link):
+    buf = io.StringIO()
+    print(f"{MODEL_NAMES.get(result.get('model'), result.get('model', 'ResNet-50'))} end to end, "
+          f"{result['layout']} ranks, batch {result['batch']}/rank, {link}; ms per step; compute = fwd+bwd + "
+          "update, comm = aggregation alone (timed apart), exposed = step - compute, step/max = step / "
+          "max(compute, comm)", file=buf)
+    print_table(table_rows(result["rows"]), COLUMNS, buf)
+    for line in target_lines(result["rows"], result.get("shaped_mbit")):
+        print(line, file=buf)
+    return buf.getvalue().rstrip("\n")
 
 
 def plot(result, link, path):
@@ -113,16 +267,18 @@ def plot(result, link, path):
 
     rows = result["rows"]
     configs = list(dict.fromkeys(r["config"] for r in rows))
-    resolutions = list(dict.fromkeys(r["resolution"] for r in rows))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    groups = list(dict.fromkeys((r["resolution"], r.get("fusion_threshold_bytes")) for r in rows))
+    several = len({g[1] for g in groups}) > 1
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / len(configs)
     for j, c in enumerate(configs):
-        ys = [next((r["images_per_s"] for r in rows if r["config"] == c and r["resolution"] == res), 0)
-              for res in resolutions]
-        ax.bar([i + j * width for i in range(len(resolutions))], ys, width, label=c)
-    ax.set_xticks([i + width * (len(configs) - 1) / 2 for i in range(len(resolutions))],
-                  [f"{res}²" for res in resolutions])
-    ax.set(ylabel="images/s (all ranks)", title=f"ResNet-50, {link}")
+        ys = [next((r["images_per_s"] for r in rows if r["config"] == c
+                    and (r["resolution"], r.get("fusion_threshold_bytes")) == g), 0) for g in groups]
+        ax.bar([i + j * width for i in range(len(groups))], ys, width, label=c)
+    ax.set_xticks([i + width * (len(configs) - 1) / 2 for i in range(len(groups))],
+                  [f"{res}²" + (f"\n{thr / 2**20:.3g} MB" if several else "") for res, thr in groups])
+    name = MODEL_NAMES.get(result.get("model"), "ResNet-50")
+    ax.set(ylabel="images/s (all ranks)", title=f"{name}, {link}"[:90])
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -137,6 +293,8 @@ def main(argv):
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.warmup < 1 or args.breakdown_steps < 0 or min(args.resolutions) < 32:
         p.error("--warmup must be >= 1, --breakdown-steps >= 0, --resolutions >= 32")
+    if args.fusion_threshold_bytes is not None and min(args.fusion_threshold_bytes) < 0:
+        p.error(f"--fusion-threshold-bytes must be >= 0, got {args.fusion_threshold_bytes}")
     try:
         m, n = (int(v) for v in args.layout.lower().split("x"))
     except ValueError:
@@ -154,7 +312,9 @@ def main(argv):
         os.remove(rows_path)
     common = ["--configs", *args.configs, "--batch", str(args.batch), "--steps", str(args.steps),
               "--warmup", str(args.warmup), "--breakdown-steps", str(args.breakdown_steps), "--model", args.model,
-              "--layout", args.layout, "--out", args.out]
+              "--layout", args.layout, "--out", args.out,
+              *(["--fusion-threshold-bytes", *map(str, args.fusion_threshold_bytes)]
+                if args.fusion_threshold_bytes else [])]
     failed = []
     with emulated.launcher(m, n, args.inter_mbit) as (prefix, link):
         print(f"# {link}", file=sys.stderr, flush=True)
@@ -170,12 +330,16 @@ def main(argv):
             rows = [json.loads(line) for line in f if line.strip()]
     if not rows:
         return 1
-    result = {"layout": f"{m}x{n}", "batch": args.batch, "link": link, "rows": rows}
+    shaped = None if "NOT shaped" in link else args.inter_mbit
+    result = {"layout": f"{m}x{n}", "batch": args.batch, "model": args.model, "link": link,
+              "shaped_mbit": shaped, "rows": rows}
     with open(os.path.join(args.out, "e2e.json"), "w") as f:
         json.dump(result, f)
     if args.json:
         for r in result["rows"]:
             print(json.dumps({"layout": result["layout"], "link": link, **r}))
+        for line in target_lines(rows, shaped):
+            print(line, file=sys.stderr)
     else:
         print(table(result, link))
     plot(result, link, os.path.join(args.out, "e2e_throughput.png"))
