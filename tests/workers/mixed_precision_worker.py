@@ -130,6 +130,19 @@ def forms():
         out["plain_loss_scale"] = "applied"
     except ValueError as e:
         out["plain_loss_scale"] = f"{type(e).__name__}: {e}"
+    # fp16 on the wire: every rank's gradient is finite (7e4), their fp16 sum is not (the mean passes
+    # 65504): the aggregated check skips the step on every rank, twice; a small gradient then steps
+    from tf_commlib.keras import LossScaleOptimizer
+
+    var = keras.Variable(np.ones(4, np.float32))
+    wire = LossScaleOptimizer(DistributedOptimizer(keras.optimizers.SGD(1.0), algorithm="dense",
+                                                   compression="fp16"), initial_scale=2.0)
+    seen = []
+    for g in (7e4, 7e4, 1.0):
+        wire.apply([tf.fill([4], float(g) * float(wire.dynamic_scale.numpy()))], [var])
+        seen.append({"var": var.numpy().tolist(), "scale": float(wire.dynamic_scale.numpy()),
+                     "iterations": int(wire.iterations.numpy())})
+    out["fp16_sum_overflow"] = seen
     # mixed_bfloat16: no loss scaling, trains
     opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm="hitopk", density=0.05)
     model = model_with(opt, "mixed_bfloat16")

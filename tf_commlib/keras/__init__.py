@@ -2,8 +2,8 @@
 from tf_commlib.keras.callbacks import (BackupAndRestore, BroadcastGlobalVariables, CompressionScheduler, MetricAverage,
                                         average_variables, broadcast_variables, default_callbacks)
 from tf_commlib.keras.adaptive import AdaptiveDensity
-from tf_commlib.keras.optimizer import (DistributedOptimizer, LossScaleOptimizer, distributed_optimizer,
-                                        global_loss_scale)
+from tf_commlib.keras.optimizer import DistributedOptimizer, distributed_optimizer
+from tf_commlib.keras.loss_scale import LossScaleOptimizer, global_loss_scale
 
 __all__ = ["DistributedOptimizer", "LossScaleOptimizer", "distributed_optimizer", "global_loss_scale",
            "AdaptiveDensity", "BackupAndRestore", "BroadcastGlobalVariables", "CompressionScheduler",

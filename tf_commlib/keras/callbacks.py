@@ -8,7 +8,8 @@ import numpy as np
 import tensorflow as tf
 
 from tf_commlib import primitives as P
-from tf_commlib.keras.optimizer import distributed_optimizer, global_loss_scale
+from tf_commlib.keras.loss_scale import global_loss_scale
+from tf_commlib.keras.optimizer import distributed_optimizer
 from tf_commlib.topology import topology as current_topology
 
 

@@ -12,7 +12,7 @@ the aggregated update.
 
 Mixed precision (mixed_float16): loss scaling stays in a LossScaleOptimizer *around* the
 DistributedOptimizer, so the gradients are unscaled before they reach DGC momentum and the residuals.
-This module's LossScaleOptimizer makes its finite check global (one 1-element allreduce per step):
+tf_commlib.keras.loss_scale.LossScaleOptimizer makes its finite check global (one 1-element allreduce per step):
 every rank applies or skips a step together, so a step with an overflow on one rank is skipped
 everywhere (loss scale halved on every rank) and never touches residuals or momentum.
 ``DistributedOptimizer(keras.optimizers.LossScaleOptimizer(opt))`` builds
@@ -22,58 +22,19 @@ Keras' compile puts around a DistributedOptimizer is made global by ``global_los
 """
 import dataclasses
 import math
-import numbers
 
 import keras
 import tensorflow as tf
 
 from tf_commlib import link_bytes, ops
-from tf_commlib import primitives as P
 from tf_commlib.aggregator import GradientAggregator, check_config, check_cost_params
+from tf_commlib.keras.arguments import check_arguments, qrgc_options
 from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import with_compression
 from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
 from tf_commlib.overlap import after_all
 from tf_commlib.keras.policy import WARMUP_DENSITIES, check_candidates, default_dense_layers, parse_schedule
 from tf_commlib.topology import topology as current_topology
-
-
-def _is_int(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def check_arguments(optimizer, momentum_correction, momentum, nesterov, local_clip_norm,
-                    momentum_masking, warmup, dense_layers, dense_warmup_epochs, qrgc,
-                    fusion_threshold_bytes, seed, name):
-    """ValueError naming the first bad argument of DistributedOptimizer (the collective's own
-    arguments are checked by tf_commlib.aggregator.check_config)."""
-    if not isinstance(optimizer, keras.optimizers.Optimizer) or isinstance(optimizer, DistributedOptimizer):
-        raise ValueError(f"optimizer must be a Keras 3 optimizer (not a DistributedOptimizer), got {optimizer!r}")
-    if getattr(optimizer, "_tf_commlib_wrapped", False):
-        raise ValueError("optimizer is already wrapped by a DistributedOptimizer (which took over its "
-                         "momentum); wrap a new instance, e.g. type(opt).from_config(opt.get_config())")
-    for arg, value in (("momentum_correction", momentum_correction), ("nesterov", nesterov),
-                       ("momentum_masking", momentum_masking), ("qrgc", qrgc)):
-        if not isinstance(value, bool):
-            raise ValueError(f"{arg} must be True or False, got {value!r}")
-    if momentum is not None and (isinstance(momentum, bool) or not isinstance(momentum, numbers.Real)
-                                 or not 0.0 <= momentum < 1.0):
-        raise ValueError(f"momentum must be a number in [0, 1), got {momentum!r}")
-    if local_clip_norm is not None and (isinstance(local_clip_norm, bool) or not isinstance(local_clip_norm, numbers.Real)
-                                        or not 0.0 < local_clip_norm < math.inf):
-        raise ValueError(f"local_clip_norm must be a positive finite number, got {local_clip_norm!r}")
-    if warmup is not None and (not _is_int(warmup) or warmup < 0):
-        raise ValueError(f"warmup must be a number of epochs >= 0, got {warmup!r}")
-    if dense_layers is not None and not callable(dense_layers):
-        raise ValueError(f"dense_layers must be a predicate variable -> bool, got {dense_layers!r}")
-    if not _is_int(dense_warmup_epochs) or dense_warmup_epochs < 0:
-        raise ValueError(f"dense_warmup_epochs must be an int >= 0, got {dense_warmup_epochs!r}")
-    if not _is_int(fusion_threshold_bytes) or fusion_threshold_bytes < 0:
-        raise ValueError(f"fusion_threshold_bytes must be an int >= 0, got {fusion_threshold_bytes!r}")
-    if seed is not None and not _is_int(seed):
-        raise ValueError(f"seed must be None or an int, got {seed!r}")
-    if name is not None and not isinstance(name, str):
-        raise ValueError(f"name must be None or a string, got {name!r}")
 
 
 def _zero_at(variable, flat_indices):
@@ -126,15 +87,18 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     dynamic_growth_steps (this module's LossScaleOptimizer, whose finite check is global).
     """
 
+    # tf_commlib.keras.loss_scale.LossScaleOptimizer, set by that module (tf_commlib.keras imports it)
+    loss_scale_class = None
+
     def __new__(cls, optimizer=None, *args, **kwargs):
         if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
             return super().__new__(cls)
         if optimizer.built:
             raise ValueError("optimizer is a LossScaleOptimizer that has already been built (it has taken "
                              "steps); wrap a new one")
-        return LossScaleOptimizer(cls(optimizer.inner_optimizer, *args, **kwargs), name=optimizer.name,
-                                  initial_scale=optimizer.initial_scale,
-                                  dynamic_growth_steps=optimizer.dynamic_growth_steps)
+        return cls.loss_scale_class(cls(optimizer.inner_optimizer, *args, **kwargs), name=optimizer.name,
+                                    initial_scale=optimizer.initial_scale,
+                                    dynamic_growth_steps=optimizer.dynamic_growth_steps)
 
     def __init__(self, optimizer, algorithm="hitopk", density=0.01, selector="mstopk",
                  momentum_correction=True, momentum=None, nesterov=False, local_clip_norm=None,
@@ -147,6 +111,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         density = candidates[0] if is_adaptive else density
         check_config(algorithm, density, selector, algorithm_options=algorithm_options)
         with_compression(algorithm_options, compression)   # ValueError naming a bad compression
+        if isinstance(optimizer, DistributedOptimizer):
+            raise ValueError(f"optimizer must be a Keras 3 optimizer (not a DistributedOptimizer), got {optimizer!r}")
         check_arguments(optimizer, momentum_correction, momentum, nesterov, local_clip_norm,
                         momentum_masking, warmup, dense_layers, dense_warmup_epochs, qrgc,
                         fusion_threshold_bytes, seed, name)
@@ -407,59 +373,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         return cls(**config)
 
 
-@keras.saving.register_keras_serializable(package="tf_commlib")
-class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
-    """keras.optimizers.LossScaleOptimizer whose finite check is global: the gradients count as finite
-    only if they are finite on every rank (one 1-element allreduce per step), so every rank applies or
-    skips a step together: the loss scale and iterations stay equal on every rank, and a skipped step
-    leaves the DistributedOptimizer's residuals and DGC momentum untouched.
-
-    Around a DistributedOptimizer the aggregation does not wait for the check: every rank aggregates
-    its unscaled gradients (non-finite entries sent as 0) as soon as each bucket's exist, overlapped
-    with backprop as without loss scaling; the one allreduce then says whether any rank's gradients,
-    or the aggregated ones (an fp16 sum on the wire can overflow), were non-finite, and only a
-    finite step writes state (DistributedOptimizer.aggregate's commit) and updates the weights."""
-
-    def check_finite(self, grads):
-        distributed_optimizer(self)._finite_checked_globally = True
-        return self._globally(super().check_finite(grads))
-
-    def _globally(self, finite):
-        overflowed = P.allreduce(tf.reshape(tf.cast(tf.logical_not(finite), tf.float32), [1]),
-                                 current_topology().world)
-        return tf.equal(overflowed[0], 0.0)
-
-    def apply(self, grads, trainable_variables=None):
-        inner = self.inner_optimizer
-        if not isinstance(inner, DistributedOptimizer):
-            return super().apply(grads, trainable_variables)
-        if not self.built:
-            with keras.name_scope(self.name, caller=self):
-                self.build(trainable_variables)
-            self.built = True
-        inner._finite_checked_globally = True
-        inner._ensure_built(trainable_variables)
-        tvs = trainable_variables or self._trainable_variables
-        grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
-        local = keras.optimizers.LossScaleOptimizer.check_finite(self, grads)
-        scale = self.dynamic_scale
-        unscaled = [g if g is None or self._overwrite_variable_with_gradient(v)
-                    else tf.where(tf.math.is_finite(g), g, tf.zeros_like(g)) / tf.cast(scale, g.dtype)
-                    for g, v in zip(grads, tvs)]
-        update, commit = inner.aggregate(unscaled)
-        aggregated = keras.optimizers.LossScaleOptimizer.check_finite(self, update)
-        finite = self._globally(tf.logical_and(local, aggregated))
-
-        def step():
-            commit()
-            inner.inner_optimizer.apply(update, tvs)
-            grow = tf.equal(self.step_counter, self.dynamic_growth_steps - 1)
-            self.step_counter.assign(tf.where(grow, tf.zeros_like(self.step_counter), self.step_counter + 1))
-            self.dynamic_scale.assign(tf.where(grow, self.dynamic_scale * 2.0, self.dynamic_scale))
-
-        tf.cond(finite, step, self._stateful_handle_non_finite_grads)
-
-
 def distributed_optimizer(model_or_optimizer):
     """The DistributedOptimizer of a Keras model (its ``optimizer``) or of an optimizer, found through
     wrappers' ``inner_optimizer`` (e.g. the LossScaleOptimizer that compile adds under mixed_float16)."""
@@ -469,32 +382,3 @@ def distributed_optimizer(model_or_optimizer):
             raise ValueError(f"model_or_optimizer has no DistributedOptimizer: {model_or_optimizer!r}")
         opt = opt.inner_optimizer
     return opt
-
-
-def global_loss_scale(model):
-    """Makes the finite check of the keras.optimizers.LossScaleOptimizer that model.compile puts around a
-    DistributedOptimizer under mixed_float16 global: the instance (its state kept) becomes a
-    tf_commlib.keras.LossScaleOptimizer, which only overrides check_finite. Call it before the first
-    step; CompressionScheduler (default_callbacks()) calls it when model.fit starts."""
-    opt = model.optimizer
-    distributed_optimizer(model)   # ValueError if there is none
-    while not isinstance(opt, DistributedOptimizer):
-        if type(opt) is keras.optimizers.LossScaleOptimizer:
-            opt.__class__ = LossScaleOptimizer
-        opt = opt.inner_optimizer
-
-
-def qrgc_options(algorithm_options):
-    """algorithm_options for the qRGC group: value_codec "mean" added for every registered
-    algorithm that takes it and where algorithm_options does not set value_codec."""
-    from tf_commlib.collectives import ALGORITHMS
-
-    out = {name: dict(opts) for name, opts in (algorithm_options or {}).items()}
-    for name, coll in ALGORITHMS.items():
-        if "value_codec" in coll.options and "value_codec" not in out.get(name, {}):
-            try:
-                coll.resolve_options({**out.get(name, {}), "value_codec": "mean"})
-            except ValueError:   # the algorithm refuses "mean" (SparCML's merged streams)
-                continue
-            out.setdefault(name, {})["value_codec"] = "mean"
-    return out

@@ -1,0 +1,77 @@
+"""Loss scaling (mixed_float16) with a finite check over every rank, around a DistributedOptimizer
+whose aggregation it does not hold back (docs/mixed_precision.md)."""
+import keras
+import tensorflow as tf
+
+from tf_commlib import primitives as P
+from tf_commlib.keras.optimizer import DistributedOptimizer, distributed_optimizer
+from tf_commlib.topology import topology as current_topology
+
+
+@keras.saving.register_keras_serializable(package="tf_commlib")
+class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """keras.optimizers.LossScaleOptimizer whose finite check is global: the gradients count as finite
+    only if they are finite on every rank (one 1-element allreduce per step), so every rank applies or
+    skips a step together: the loss scale and iterations stay equal on every rank, and a skipped step
+    leaves the DistributedOptimizer's residuals and DGC momentum untouched.
+
+    Around a DistributedOptimizer the aggregation does not wait for the check: every rank aggregates
+    its unscaled gradients (non-finite entries sent as 0) as soon as each bucket's exist, overlapped
+    with backprop as without loss scaling; the one allreduce then says whether any rank's gradients,
+    or the aggregated ones (an fp16 sum on the wire can overflow), were non-finite, and only a
+    finite step writes state (DistributedOptimizer.aggregate's commit) and updates the weights."""
+
+    def check_finite(self, grads):
+        distributed_optimizer(self)._finite_checked_globally = True
+        return self._globally(super().check_finite(grads))
+
+    def _globally(self, finite):
+        overflowed = P.allreduce(tf.reshape(tf.cast(tf.logical_not(finite), tf.float32), [1]),
+                                 current_topology().world)
+        return tf.equal(overflowed[0], 0.0)
+
+    def apply(self, grads, trainable_variables=None):
+        inner = self.inner_optimizer
+        if not isinstance(inner, DistributedOptimizer):
+            return super().apply(grads, trainable_variables)
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+            self.built = True
+        inner._finite_checked_globally = True
+        inner._ensure_built(trainable_variables)
+        tvs = trainable_variables or self._trainable_variables
+        grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
+        local = keras.optimizers.LossScaleOptimizer.check_finite(self, grads)
+        scale = self.dynamic_scale
+        unscaled = [g if g is None or self._overwrite_variable_with_gradient(v)
+                    else tf.where(tf.math.is_finite(g), g, tf.zeros_like(g)) / tf.cast(scale, g.dtype)
+                    for g, v in zip(grads, tvs)]
+        update, commit = inner.aggregate(unscaled)
+        aggregated = keras.optimizers.LossScaleOptimizer.check_finite(self, update)
+        finite = self._globally(tf.logical_and(local, aggregated))
+
+        def step():
+            commit()
+            inner.inner_optimizer.apply(update, tvs)
+            grow = tf.equal(self.step_counter, self.dynamic_growth_steps - 1)
+            self.step_counter.assign(tf.where(grow, tf.zeros_like(self.step_counter), self.step_counter + 1))
+            self.dynamic_scale.assign(tf.where(grow, self.dynamic_scale * 2.0, self.dynamic_scale))
+
+        tf.cond(finite, step, self._stateful_handle_non_finite_grads)
+
+
+def global_loss_scale(model):
+    """Makes the finite check of the keras.optimizers.LossScaleOptimizer that model.compile puts around a
+    DistributedOptimizer under mixed_float16 global: the instance (its state kept) becomes a
+    tf_commlib.keras.LossScaleOptimizer, which only overrides check_finite. Call it before the first
+    step; CompressionScheduler (default_callbacks()) calls it when model.fit starts."""
+    opt = model.optimizer
+    distributed_optimizer(model)   # ValueError if there is none
+    while not isinstance(opt, DistributedOptimizer):
+        if type(opt) is keras.optimizers.LossScaleOptimizer:
+            opt.__class__ = LossScaleOptimizer
+        opt = opt.inner_optimizer
+
+
+DistributedOptimizer.loss_scale_class = LossScaleOptimizer
