@@ -8,6 +8,10 @@ from tf_commlib.aggregator import GradientAggregator
 
 def test_aggregator_under_horovod(tmp_path):
     reports = hvdrun.run("aggregator_worker.py", 4, tmp_path, topology="2x2")
+    from tf_commlib.collectives import ALGORITHMS
+
+    bucketed = {n.removeprefix("bucketed_") for n in reports[0]["cases"] if n.startswith("bucketed_")}
+    assert bucketed == set(ALGORITHMS) - {"powersgd"}   # every collective, in several buckets
     for name in reports[0]["cases"]:
         ins = [r["cases"][name]["inputs"] for r in reports]
         divisor = 1 if name.endswith("_sum") else 4

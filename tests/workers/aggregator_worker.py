@@ -5,6 +5,7 @@ import tensorflow as tf
 import tf_commlib
 from tests.workers._report import report
 from tf_commlib.aggregator import GradientAggregator
+from tf_commlib.collectives import ALGORITHMS
 
 topo = tf_commlib.init()
 rng = np.random.default_rng(7 + topo.rank)
@@ -15,12 +16,18 @@ def grads():
     return [None if s is None else tf.constant(rng.integers(-8, 9, s[0]).astype(s[1])) for s in SHAPES]
 
 
+# Every registered collective in buckets of at most 64 bytes (4 buckets here), at density 1: the
+# exact sum of the integer-valued inputs, bucket by bucket (powersgd is a low-rank approximation:
+# tests/test_powersgd.py checks it per bucket against numpy).
+BUCKETED = {f"bucketed_{name}": dict(algorithm=name, density=1.0, fusion_threshold_bytes=64)
+            for name in sorted(ALGORITHMS) if name != "powersgd"}
 out = {"rank": topo.rank, "cases": {}}
 for name, kw in {
     "dense": dict(algorithm="dense"),
     "2dtar_small_buckets": dict(algorithm="2dtar", fusion_threshold_bytes=64),
     "hitopk_full": dict(algorithm="hitopk", density=1.0, fusion_threshold_bytes=1000),
     "naive_ag_full_sum": dict(algorithm="naive_ag", density=1.0, op="sum"),
+    **BUCKETED,
 }.items():
     g = grads()
     res = GradientAggregator(**kw)(g)
