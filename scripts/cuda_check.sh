@@ -9,6 +9,7 @@
 #      TensorFlow ships the same Eigen headers, so this compiles but is never linked here), and
 #      the CPU *.cc that register GPU kernels find every GpuDevice functor symbol they need.
 # Warnings in our code are errors. Exits 0 with "skipped: nvcc not found" when nvcc is absent.
+# The compiles run CUDA_CHECK_JOBS at a time (default: the number of CPUs); results print in order.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,22 +21,40 @@ fi
 ARCHS=(sm_80 sm_90)
 COMMON=(-std=c++17 -O2 -Iops -Xcompiler -Wall,-ffp-contract=off)
 STRICT=(--Werror all-warnings)
+JOBS=${CUDA_CHECK_JOBS:-$(nproc)}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0
+labels=()
+cmds=()
 
-# run LABEL CMD...: runs a compile, prints ok/FAIL and the compiler output on failure.
+# run LABEL CMD...: starts a compile in the background (at most JOBS at once); its output goes to
+# $tmp/log.<i>, its exit status to $tmp/rc.<i>, and `report` prints ok/FAIL in the order queued.
 run() {
-  local label=$1
+  local i=${#labels[@]}
+  labels+=("$1")
   shift
-  if "$@" >"$tmp/log" 2>&1; then
-    echo "ok    $label"
-  else
-    echo "FAIL  $label"
-    echo "      $*"
-    sed 's/^/      | /' "$tmp/log"
-    failures=$((failures + 1))
-  fi
+  cmds+=("$*")
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+  ( "$@" >"$tmp/log.$i" 2>&1; echo $? >"$tmp/rc.$i" ) &
+}
+
+# report: waits for the queued compiles and prints each one's result, with its output on failure.
+report() {
+  wait
+  local i
+  for i in "${!labels[@]}"; do
+    if [ "$(cat "$tmp/rc.$i" 2>/dev/null)" = 0 ]; then
+      echo "ok    ${labels[$i]}"
+    else
+      echo "FAIL  ${labels[$i]}"
+      echo "      ${cmds[$i]}"
+      sed 's/^/      | /' "$tmp/log.$i"
+      failures=$((failures + 1))
+    fi
+  done
+  labels=()
+  cmds=()
 }
 
 echo "cuda_check: $("$NVCC" --version | tail -n 2 | head -n 1)"
@@ -44,12 +63,13 @@ if [ "${#headers[@]}" -eq 0 ]; then
   echo "FAIL  no ops/**/*.cu.h found"
   exit 1
 fi
+gencode=()
+for arch in "${ARCHS[@]}"; do gencode+=(-gencode "arch=compute_${arch#sm_},code=$arch"); done
+# one nvcc call per header builds device code for every arch (one host pass instead of one per arch)
 for h in "${headers[@]}"; do
   tu="$tmp/$(echo "${h#ops/}" | tr '/.' '__').cu"
   printf '#include "%s"\n#include "%s"  // include guard\n' "${h#ops/}" "${h#ops/}" >"$tu"
-  for arch in "${ARCHS[@]}"; do
-    run "$h ($arch)" "$NVCC" "${COMMON[@]}" "${STRICT[@]}" -arch="$arch" -c "$tu" -o "$tmp/tu.o"
-  done
+  run "$h (${ARCHS[*]})" "$NVCC" "${COMMON[@]}" "${STRICT[@]}" "${gencode[@]}" -c "$tu" -o "${tu%.cu}.o"
 done
 
 # The headers end up in several translation units of one library: two TUs including all of them
@@ -59,8 +79,6 @@ for h in "${headers[@]}"; do printf '#include "%s"\n' "${h#ops/}"; done >"$tmp/o
 run "every *.cu.h in two linked translation units (sm_80)" \
   "$NVCC" "${COMMON[@]}" "${STRICT[@]}" -arch=sm_80 "$tmp/odr_a.cu" "$tmp/odr_b.cu" -o "$tmp/odr"
 
-gencode=()
-for arch in "${ARCHS[@]}"; do gencode+=(-gencode "arch=compute_${arch#sm_},code=$arch"); done
 run "scripts/cuda_harness/harness.cu -> libtfc_harness.so (${ARCHS[*]})" \
   "$NVCC" "${COMMON[@]}" "${STRICT[@]}" -Xcompiler -fPIC "${gencode[@]}" -shared \
   scripts/cuda_harness/harness.cu -o "$tmp/libtfc_harness.so"
@@ -71,29 +89,49 @@ if tfflags=$("$PY" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_
     2>/dev/null); then
   # --std=c++17 from TF is fine for nvcc; Eigen's own deprecation warnings are not ours.
   read -ra tfflags <<<"$tfflags"
-  : >"$tmp/gpu_defined"
   for src in $(find ops -name '*.cu.cc' | sort); do
+    obj="$tmp/tf_$(echo "$src" | tr '/.' '__').o"
     run "$src (TensorFlow headers, -DGOOGLE_CUDA=1, sm_80)" \
       "$NVCC" "${tfflags[@]}" -Iops -DGOOGLE_CUDA=1 -x cu -Xcompiler -fPIC,-ffp-contract=off \
-      -Wno-deprecated-declarations -O2 --expt-relaxed-constexpr -arch=sm_80 -c "$src" \
-      -o "$tmp/tf.o" && nm --defined-only "$tmp/tf.o" | awk '{print $NF}' >>"$tmp/gpu_defined"
+      -Wno-deprecated-declarations -O2 --expt-relaxed-constexpr -arch=sm_80 -c "$src" -o "$obj"
+  done
+fi
+report   # every nvcc compile above has finished (the GPU functor symbols below come from them)
+
+# cpu_functors SRC OUT: compiles a CPU file that registers GPU kernels under GOOGLE_CUDA and writes
+# to OUT its result line (ok, FAIL with the functors no *.cu.cc instantiates, or skip).
+cpu_functors() {
+  local src=$1 out=$2 obj="$tmp/cpu_$(echo "$1" | tr '/.' '__').o" missing
+  if g++ "${tfflags[@]}" -Iops -DGOOGLE_CUDA=1 -fPIC -O1 -Wno-deprecated-declarations -c "$src" \
+      -o "$obj" >"$out.log" 2>&1; then
+    missing=$(nm -u "$obj" | awk '{print $NF}' | grep tf_commlib | grep GpuDevice | grep -vxFf "$tmp/gpu_defined")
+    if [ -z "$missing" ]; then
+      echo "ok    $src: its GPU functors are instantiated by the *.cu.cc files" >"$out"
+    else
+      { echo "FAIL  $src uses GPU functors no *.cu.cc instantiates:"
+        echo "$missing" | c++filt | sed 's/^/      | /'; } >"$out"
+    fi
+  else
+    echo "skip  $src with -DGOOGLE_CUDA=1 does not compile against this (CPU) TensorFlow" >"$out"
+  fi
+}
+
+if [ -n "${tfflags[*]:-}" ]; then
+  : >"$tmp/gpu_defined"
+  for obj in "$tmp"/tf_*.o; do
+    [ -e "$obj" ] && nm --defined-only "$obj" | awk '{print $NF}' >>"$tmp/gpu_defined"
   done
   # The CPU files that register GPU kernels under GOOGLE_CUDA must find every GpuDevice functor
   # they use among the instantiations above.
-  for src in $(grep -l 'GOOGLE_CUDA' $(find ops -name '*.cc' ! -name '*.cu.cc') | sort); do
-    if g++ "${tfflags[@]}" -Iops -DGOOGLE_CUDA=1 -fPIC -O1 -Wno-deprecated-declarations -c "$src" \
-        -o "$tmp/cpu.o" >"$tmp/log" 2>&1; then
-      missing=$(nm -u "$tmp/cpu.o" | awk '{print $NF}' | grep tf_commlib | grep GpuDevice | grep -vxFf "$tmp/gpu_defined")
-      if [ -z "$missing" ]; then
-        echo "ok    $src: its GPU functors are instantiated by the *.cu.cc files"
-      else
-        echo "FAIL  $src uses GPU functors no *.cu.cc instantiates:"
-        echo "$missing" | c++filt | sed 's/^/      | /'
-        failures=$((failures + 1))
-      fi
-    else
-      echo "skip  $src with -DGOOGLE_CUDA=1 does not compile against this (CPU) TensorFlow"
-    fi
+  cpu_srcs=($(grep -l 'GOOGLE_CUDA' $(find ops -name '*.cc' ! -name '*.cu.cc') | sort))
+  for i in "${!cpu_srcs[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+    cpu_functors "${cpu_srcs[$i]}" "$tmp/cpu_result.$i" &
+  done
+  wait
+  for i in "${!cpu_srcs[@]}"; do
+    cat "$tmp/cpu_result.$i"
+    grep -q '^FAIL' "$tmp/cpu_result.$i" && failures=$((failures + 1))
   done
 else
   echo "skip  ops/**/*.cu.cc: no importable TensorFlow for its include flags"
