@@ -4,6 +4,7 @@ cut in its network namespace, a rank's checkpoint directory on a tmpfs that fill
 size limit on the rank), the embedded redis-server of a node."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -84,20 +85,58 @@ def shm_names():
         return set()
 
 
-def left_over(run_id, shm_before):
-    """What job run_id left on this machine: its processes (found by MARK in their environment;
-    killed after being counted), the redis-servers among them with their keys, and the names new
-    in /dev/shm (tf_commlib's tfcl_* segments and multiprocessing's sem.mp-* semaphores among
-    them are removed after being counted)."""
-    procs = [p for p in psutil.process_iter() if _env(p).get(MARK) == run_id]
-    servers = [p for p in procs if "redis" in _name(p)]
-    keys = sum(_redis_keys(p) for p in servers)
-    names = sorted(p.name() if not _gone(p) else "?" for p in procs)
-    for p in procs:
+def _owner(p):
+    """The pid that made an embedded redis-server's directory (datacache/server.py's owner file,
+    in the server's working directory), or None. redis-server overwrites its command line and
+    environment with its title, so neither MARK nor the configuration file can be read there."""
+    try:
+        with open(os.path.join(p.cwd(), "owner")) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError, psutil.Error):
+        return None
+
+
+def _job_servers(run_id, rank_pids):
+    """The redis-servers of job run_id: started by one of its ranks (their parent carries MARK) or
+    made by one of rank_pids (a server its rank's death left behind)."""
+    found = []
+    for p in psutil.process_iter():
+        if "redis" not in _name(p):
+            continue
         try:
-            p.kill()
+            parent = p.parent()
         except psutil.Error:
-            pass
+            continue
+        if (parent is not None and _env(parent).get(MARK) == run_id) or _owner(p) in rank_pids:
+            found.append(p)
+    return found
+
+
+def left_over(run_id, shm_before, rank_pids=()):
+    """What job run_id left on this machine: its processes (MARK in their environment) and
+    redis-servers (_job_servers), killed after being counted, with the keys those servers held;
+    embedded-Redis directories made by rank_pids; the names new in /dev/shm (tf_commlib's tfcl_*
+    segments and multiprocessing's sem.mp-* semaphores among them are removed after being counted)."""
+    import tempfile
+
+    servers = _job_servers(run_id, set(rank_pids))
+    procs = [p for p in psutil.process_iter() if _env(p).get(MARK) == run_id and p not in servers] + servers
+    keys = sum(_redis_keys(p) for p in servers)
+    names = sorted(_name(p) or "?" for p in procs)
+    for p in procs:
+        kill(p)
+    dirs = []
+    parent = tempfile.gettempdir()
+    for name in os.listdir(parent):
+        path = os.path.join(parent, name, "owner")
+        if name.startswith("datacache-redis-") and os.path.exists(path):
+            try:
+                if int(open(path).read().split()[0]) in set(rank_pids):
+                    dirs.append(name)
+                    if not psutil.pid_exists(int(open(path).read().split()[0])):   # its owner is gone
+                        shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            except (OSError, ValueError, IndexError):
+                pass
     new_shm = sorted(shm_names() - shm_before)
     for name in new_shm:
         if name.startswith(("tfcl_", "sem.mp-")):
@@ -106,16 +145,18 @@ def left_over(run_id, shm_before):
             except OSError:
                 pass
     return {"processes_left": names, "shm_left": new_shm, "redis_servers_left": len(servers),
-            "redis_keys_left": keys}
+            "redis_keys_left": keys, "redis_dirs_left": dirs}
 
 
 def _redis_keys(p):
-    """DBSIZE of a left-over embedded redis-server (its configuration file holds the address and
-    password); -1 when it cannot be asked."""
+    """DBSIZE of a left-over embedded redis-server (the configuration file in its working directory
+    holds the address and password); -1 when it cannot be asked."""
     try:
+        import glob
+
         import redis
 
-        conf = next(a for a in p.cmdline() if a.endswith(".conf"))
+        conf = glob.glob(os.path.join(p.cwd(), "redis-*.conf"))[0]
         settings = dict(line.split(" ", 1) for line in open(conf).read().splitlines() if " " in line)
         where = ({"unix_socket_path": settings["unixsocket"]} if "unixsocket" in settings
                  else {"host": "127.0.0.1", "port": int(settings["port"])})
@@ -169,15 +210,17 @@ def link_is_up(ns, iface):
     return " UP " in f" {out} " or "UNKNOWN" in out
 
 
-def redis_servers(run_id, node=None):
-    """The embedded redis-servers of job run_id (of one node: HOROVOD_CROSS_RANK of the rank that
-    started it, which the server inherits)."""
+def redis_servers(run_id, node):
+    """The embedded redis-servers that the ranks of node (HOROVOD_CROSS_RANK) of job run_id started."""
     found = []
     for p in psutil.process_iter():
         if "redis" not in _name(p):
             continue
-        env = _env(p)
-        if env.get(MARK) == run_id and (node is None or env.get("HOROVOD_CROSS_RANK") == str(node)):
+        try:
+            env = _env(p.parent())
+        except (psutil.Error, AttributeError):
+            continue
+        if env.get(MARK) == run_id and env.get("HOROVOD_CROSS_RANK") == str(node):
             found.append(p)
     return found
 

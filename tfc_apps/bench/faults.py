@@ -29,6 +29,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import sys
 import time
 import uuid
@@ -41,7 +42,8 @@ def parser():
     p = argparse.ArgumentParser(prog="python -m tfc_apps.bench faults", description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=2, help="runs of each case")
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
-    p.add_argument("--quick", action="store_true", help="one run of each case, 3 epochs, a 5 s link cut")
+    p.add_argument("--quick", action="store_true",
+                   help="one run of each case, at most 3 epochs, a link cut of at most 5 s")
     p.add_argument("--epochs", type=int, default=4, help="epochs of every job")
     p.add_argument("--link-down-s", type=float, default=10.0, help="how long a cut link stays down")
     p.add_argument("--inter-mbit", type=int, default=25, help="shaped inter-node link")
@@ -64,7 +66,7 @@ def train_steps(size):
 
 class Bench:
     def __init__(self, args, prefix, link, shaped):
-        self.args, self.prefix, self.link, self.shaped = args, prefix, link, shaped
+        self.args, self.prefix, self.link_desc, self.shaped = args, prefix, link, shaped
         self.m, self.n = 2, 2
         self.size = self.m * self.n
         self.rng = random.Random(args.seed)
@@ -102,7 +104,7 @@ class Bench:
         if thread:
             thread.join(timeout=self.args.link_down_s + 30)
         return {"rc": rc, "log": log, "wall_s": end - t0, "first_death": watcher.first_death, "end": end,
-                **ft.left_over(run_id, shm_before), "fault": found}
+                **ft.left_over(run_id, shm_before, list(watcher.ranks)), "fault": found}
 
     def train_argv(self, tag, extra=()):
         d = os.path.join(self.jobs, tag)
@@ -169,11 +171,15 @@ class Bench:
                 "delay_s": None if r["rc"] != 0 else r["wall_s"] - ref_wall,
                 "wall_s": r["wall_s"], "processes_left": r["processes_left"], "shm_left": r["shm_left"],
                 "redis_servers_left": r["redis_servers_left"], "redis_keys_left": r["redis_keys_left"],
+                "redis_dirs_left": r["redis_dirs_left"],
                 "resume_epoch": resume_epoch, "digest": digest, "reference_digest": ref_digest,
                 "equal": digest is not None and digest == ref_digest, "detail": detail}
 
     def resume(self, d, argv):
         """Runs the same job again on the checkpoints the faulted one left; (sha256, epoch it resumed at)."""
+        summary = os.path.join(d, "summary.json")
+        if os.path.exists(summary):   # rank 0 may have finished the faulted job: only the resumed run's counts
+            os.remove(summary)
         r = self.job(argv)
         digest, first = self.train_digest(d)
         if r["rc"] != 0:
@@ -201,7 +207,7 @@ class Bench:
         secs = self.args.link_down_s
         fault = f"link of node {node} down {secs:g} s after epoch {after}"
         if not self.shaped:
-            return {"case": "link", "run": run, "fault": fault, "outcome": f"not run: {self.link}"}
+            return {"case": "link", "run": run, "fault": fault, "outcome": f"not run: {self.link_desc}"}
         ns, iface = ft.node_link(node)
         d, argv = self.train_argv(f"link{run}")
         ckpt = os.path.join(d, "ckpt")
@@ -259,7 +265,8 @@ class Bench:
     def disk(self, run):
         from tfc_apps.bench import fault_tools as ft
 
-        rank, after = self.rng.randrange(self.size), self.rng.randint(1, self.args.epochs - 1)
+        # not at the last epoch's checkpoint: the other ranks would finish and delete their backups
+        rank, after = self.rng.randrange(self.size), self.rng.randint(1, self.args.epochs - 2)
         how = "tmpfs" if os.geteuid() == 0 and shutil.which("mount") else "rlimit"
         fault = (f"rank {rank}'s checkpoint disk full after epoch {after} "
                  + ("(tmpfs shrunk: ENOSPC)" if how == "tmpfs" else "(RLIMIT_FSIZE: EFBIG)"))
@@ -313,13 +320,17 @@ def main(argv):
     p = parser()
     args = p.parse_args(argv)
     if args.quick:
-        args.runs, args.epochs, args.link_down_s = 1, 3, min(args.link_down_s, 5.0)
-    if args.runs < 1 or args.epochs < 2:
-        p.error("--runs must be >= 1 and --epochs >= 2 (a fault after epoch 1, before the last)")
+        args.runs, args.epochs, args.link_down_s = 1, min(args.epochs, 3), min(args.link_down_s, 5.0)
+    if args.runs < 1 or args.epochs < 3:
+        p.error("--runs must be >= 1 and --epochs >= 3 (a fault after epoch 1, a checkpoint before the last)")
     if not 0 < args.link_down_s <= 120 or args.exit_timeout <= 0 or args.job_timeout <= 0 or args.inter_mbit < 1:
         p.error("--link-down-s must be in (0, 120], --exit-timeout, --job-timeout and --inter-mbit positive")
     from tfc_apps import emulated
 
+    def stop(signum, frame):   # SIGTERM (timeout(1), a CI runner): unwind, so the ranks die, the link
+        raise SystemExit(128 + signum)   # comes up, the tmpfs goes and the emulated cluster comes down
+
+    signal.signal(signal.SIGTERM, stop)
     os.makedirs(args.out, exist_ok=True)
     rows = []
     with emulated.launcher(2, 2, args.inter_mbit) as (prefix, link):
@@ -331,7 +342,8 @@ def main(argv):
             for case in args.cases:
                 row = getattr(bench, case)(run)
                 rows.append(row)
-                print(f"# {case} {run}: {row['fault']}: {row['outcome']}", file=sys.stderr, flush=True)
+                print(f"# {case} {run}: {row['fault']}: {row['outcome']} ({json.dumps(cells(row)[4:])}, "
+                      f"{row.get('detail', '')})", file=sys.stderr, flush=True)
     result = {"link": link, "seed": args.seed, "epochs": args.epochs, "exit_timeout_s": args.exit_timeout,
               "reference": {k: {"sha256": v[0], "wall_s": v[1]} for k, v in bench.reference.items()}, "runs": rows}
     with open(os.path.join(args.out, "faults.json"), "w") as f:
@@ -344,6 +356,7 @@ def main(argv):
         print(table(rows))
     bad = [r for r in rows if "wall_s" in r and not (
         r["equal"] and not r["shm_left"] and not r["processes_left"] and not r["redis_servers_left"]
+        and not r["redis_dirs_left"]
         and (r["exit_s"] is None or r["exit_s"] <= args.exit_timeout))]
     if bad:
         print(f"bench faults: {len(bad)} run(s) broke an invariant (weights = uninterrupted, nothing left, "
