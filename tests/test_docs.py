@@ -84,6 +84,8 @@ FLAGS = {
     "python -m tfc_apps.bench datacache": "a benchmark (6000 JPEGs, several modes, 2 runs)",
     "python -m tfc_apps.bench pto": "a benchmark: jobs at P = 1, 2, 4",
     "python -m tfc_apps.bench e2e": "a benchmark: ResNet-50 on 4 ranks at 3 resolutions",
+    "python -m tfc_apps.bench faults": "a benchmark: 2 runs of 4 faults, each with its resumed run (10-15 min); "
+                                       "tests/test_faults.py runs --quick",
     "python -m datacache warm ROOT --size 224 --redis-url URL --shard I/N": "a template (ROOT, URL, I/N)",
     "python -m tfc_apps.cluster_launch --local 1 --np-per-node 4 -- python -m tfc_apps.train ...": "a template",
     "python -m tfc_apps.cluster_launch -- python -m tfc_apps.bench comm": "the comm benchmark, on every rank",
