@@ -111,17 +111,24 @@ class Log:
 
 
 class Evaluator:
-    """The validation pass on a copy of the model, in a background thread: ``start`` copies the
-    weights (every rank holds the same ones) and returns at once; ``local_counts`` waits for this
-    rank's (top-1 hits, top-5 hits, images)."""
+    """The validation pass on a copy of the model, in a background thread: ``start`` takes a
+    snapshot of the weights (every rank holds the same ones; one traced read) and returns at once;
+    the thread builds the copy (once), the validation set (``val()``, once per stage) and counts;
+    ``local_counts`` waits for this rank's (top-1 hits, top-5 hits, images)."""
 
     def __init__(self, model):
-        self.model = model
-        self.copy = keras.models.clone_model(model)
-        if [v.shape for v in self.copy.variables] != [v.shape for v in model.variables]:
-            raise RuntimeError(f"the evaluation copy of {model.name} does not have its variables")
+        self.model, self.copy, self.counts = model, None, None
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dawnbench-eval")
         self.future = None
+        self.snapshot = tf.function(lambda: [tf.identity(v) for v in model.variables])
+
+    def start(self, val):
+        self.future = self.pool.submit(self._run, self.snapshot(), val)
+
+    def _build(self):
+        self.copy = keras.models.clone_model(self.model)
+        if [v.shape for v in self.copy.variables] != [v.shape for v in self.model.variables]:
+            raise RuntimeError(f"the evaluation copy of {self.model.name} does not have its variables")
 
         @tf.function
         def counts(x, y):   # traced once per resolution, by the first evaluation
@@ -132,14 +139,13 @@ class Evaluator:
                              tf.cast(tf.size(y), tf.float32)])
         self.counts = counts
 
-    def start(self, dataset):
-        for c, v in zip(self.copy.variables, self.model.variables):
+    def _run(self, values, val):
+        if self.copy is None:
+            self._build()
+        for c, v in zip(self.copy.variables, values):
             c.assign(v)
-        self.future = self.pool.submit(self._run, dataset)
-
-    def _run(self, dataset):
         total = np.zeros(3, np.float64)
-        for x, y in dataset:
+        for x, y in val():
             total += self.counts(x, y).numpy()
         return total
 
@@ -242,6 +248,8 @@ class EpochReport(keras.callbacks.Callback):
     checkpoint callback: the checkpoint then holds the averaged BN statistics."""
 
     def __init__(self, reporter, val, stage, steps):
+        """val: a function that returns the stage's validation set (called in the evaluation
+        thread, so that its set-up overlaps training too), or None (no validation set)."""
         super().__init__()
         self.reporter, self.val, self.stage, self.steps = reporter, val, stage, steps
         self.step_s = None

@@ -3,6 +3,7 @@
 
   horovodrun -np 4 -H localhost:4 --gloo python scripts/dawnbench_resnet50.py --synthetic
 """
+import functools
 import json
 import os
 
@@ -108,7 +109,8 @@ def train(args, topo, data):
     stages = args.stage_list
     reporter = Reporter(log, model, topo, last_epoch=stages[-1].first_epoch + stages[-1].epochs - 1)
     if log.resume_unscored is not None:   # the restored model's evaluation, cut by the interruption
-        reporter.resume_val = data.val(next(s for s in stages if s.first_epoch < start <= s.first_epoch + s.epochs))
+        reporter.resume_val = functools.partial(
+            data.val, next(s for s in stages if s.first_epoch < start <= s.first_epoch + s.epochs))
     try:
         for stage in stages:
             first, end = max(stage.first_epoch, start), stage.first_epoch + stage.epochs
@@ -119,7 +121,8 @@ def train(args, topo, data):
             # differently, and a resumed run would then not end where an uninterrupted one ends
             model.make_train_function(force=True)
             # one fit for the stage's epochs, over one data set (no per-epoch fit and pipeline start-up)
-            report = EpochReport(reporter, data.val(stage), stage, data.steps(stage))
+            val = None if args.synthetic else functools.partial(data.val, stage)   # built by the eval thread
+            report = EpochReport(reporter, val, stage, data.steps(stage))
             callbacks = common + [report]
             if args.ckpt_dir:
                 callbacks.append(BackupAndRestore(args.ckpt_dir, delete_checkpoint=False))
