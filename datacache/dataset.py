@@ -176,7 +176,7 @@ class _Plan:
 
 def cached_dataset(source, preprocess, cache=None, shard=None, shuffle=True, seed=None, *,
                    augment=None, preprocess_key=None, num_parallel_calls=AUTOTUNE, shard_seed=0,
-                   global_shuffle=False, samples_per_epoch=None):
+                   global_shuffle=False, samples_per_epoch=None, first_epoch=1):
     """A tf.data.Dataset of ``(preprocess(encoded file), label)`` over this process' shard.
 
     source: a datacache.Source (ImageFolderSource, TfdsSource, or any object with its members), a
@@ -190,6 +190,10 @@ def cached_dataset(source, preprocess, cache=None, shard=None, shuffle=True, see
         (``shard_indices`` with the source's labels and ``shard_seed``, the same on every
         process), fixed across epochs, so node i caches only its ranks' part.
     shuffle, seed: a new permutation of the shard every epoch, reproducible with ``seed``.
+    first_epoch: the number (1, 2, ...) of the epoch the data set's first iteration yields; each
+        further iteration (``repeat``, a new iterator) yields the next. The order (and with
+        global_shuffle the shard) of epoch e follows from (seed, e), so a data set built with
+        first_epoch=e to resume a run yields what the uninterrupted run's e-th iteration yielded.
     shard_seed: the seed of the shards (every process must pass the same); None cuts the source's
         own order into contiguous shards (a source already in random order).
     samples_per_epoch: yield only the first samples_per_epoch of each epoch's order (e.g. the same
@@ -211,6 +215,8 @@ def cached_dataset(source, preprocess, cache=None, shard=None, shuffle=True, see
     if augment is not None and not callable(augment):
         raise TypeError(f"augment must be callable or None, got {type(augment).__name__}")
     index, count = resolve_shard(shard, len(source))
+    if isinstance(first_epoch, bool) or not isinstance(first_epoch, (int, np.integer)) or first_epoch < 1:
+        raise ValueError(f"first_epoch must be an int >= 1, got {first_epoch!r}")
     if not isinstance(global_shuffle, bool):
         raise ValueError(f"global_shuffle must be True or False, got {global_shuffle!r}")
     shard = _Shard(len(source), index, count, shard_seed, global_shuffle, shuffle, seed, source.labels,
@@ -220,9 +226,9 @@ def cached_dataset(source, preprocess, cache=None, shard=None, shuffle=True, see
     elif cache is not False and not isinstance(cache, DataCache):
         raise TypeError(f"cache must be a DataCache, None or False, got {type(cache).__name__}")
     if cache is False:
-        ds = _uncached(source, preprocess, shard, num_parallel_calls)
+        ds = _uncached(source, preprocess, shard, num_parallel_calls, int(first_epoch))
     else:
-        ds = _cached(source, preprocess, cache, shard, preprocess_key, num_parallel_calls)
+        ds = _cached(source, preprocess, cache, shard, preprocess_key, num_parallel_calls, int(first_epoch))
     # Static shapes for model code: a scalar label, and (cached) the preprocessed value's shape.
     if ds.element_spec[1].shape.rank != 0:
         ds = ds.map(lambda x, y: (x, tf.ensure_shape(y, [])))
@@ -231,12 +237,12 @@ def cached_dataset(source, preprocess, cache=None, shard=None, shuffle=True, see
     return ds.apply(tf.data.experimental.assert_cardinality(shard.size))
 
 
-def _uncached(source, preprocess, shard, parallel):
+def _uncached(source, preprocess, shard, parallel, first_epoch):
     """Every epoch's order as in _cached, each sample read and pre-processed anew."""
     table = np.arange(len(source)) if shard.every_epoch else shard.fixed   # the samples it may read
     paths = tf.constant([source.path(int(i)) for i in table])
     labels = tf.constant(source.labels[table])
-    epoch = [0]
+    epoch = [first_epoch - 1]
 
     def positions():
         epoch[0] += 1
@@ -289,7 +295,7 @@ def _misses_fn(preprocess, key):
     return preprocess_misses
 
 
-def _cached(source, preprocess, cache, shard, preprocess_key, parallel):
+def _cached(source, preprocess, cache, shard, preprocess_key, parallel, first_epoch):
     probe = int(shard.indices(1)[0])
     first = cache.read(source, probe)
     source.check(probe, first)
@@ -299,6 +305,7 @@ def _cached(source, preprocess, cache, shard, preprocess_key, parallel):
                       dtype.name, repr(shape)])
     plan = _Plan(source, shard, cache, codec, f"dc:{hashlib.sha256(key.encode()).hexdigest()[:24]}:",
                  _misses_fn(preprocess, (id(preprocess), dtype.name, shape, cache.read_batch)))
+    plan.epoch = first_epoch - 1
 
     def load(idx, epoch):
         """One MGET for the batch; only the misses go through preprocess (in parallel)."""

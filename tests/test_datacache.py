@@ -449,6 +449,18 @@ def test_pipeline_shards_fixed_or_drawn_every_epoch(source, ref16):
         cached_dataset(source, DecodeResize(8), False, shard_seed=None, global_shuffle=True)
     with pytest.raises(ValueError, match="global_shuffle"):
         cached_dataset(source, DecodeResize(8), False, global_shuffle="yes")
+    # first_epoch: a data set built to start at epoch 2 (a resumed run's) yields what one built at
+    # epoch 1 yielded second, cached or not, fixed or drawn shards
+    with DataCache(redis_url=False, progress=False, read_batch=8) as cache:
+        assert ref16.epoch(cached_dataset(source, DecodeResize(16), cache, shard=(0, count), seed=0,
+                                          first_epoch=2)) == epochs_fixed[1][0]
+        assert ref16.epoch(cached_dataset(source, DecodeResize(16), cache, shard=(2, count), seed=2,
+                                          global_shuffle=True, first_epoch=2)) == epochs_drawn[1][2]
+    assert ref16.epoch(cached_dataset(source, DecodeResize(16), False, shard=(1, count), seed=1,
+                                      first_epoch=2)) == epochs_fixed[1][1]
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="first_epoch"):
+            cached_dataset(source, DecodeResize(8), False, first_epoch=bad)
     # samples_per_epoch: the first of each epoch's order, from the shard, other ones every epoch
     part = set(sorted(epochs_fixed[0][0]))
     with DataCache(redis_url=False, progress=False, read_batch=4) as cache:

@@ -162,3 +162,32 @@ def test_tfds_path_shards_are_random_samples(tmp_path):
         assert len(set(got)) == 10   # every class on every rank
         shards.append(want)
     assert sorted(np.concatenate(shards).tolist()) == list(range(n))
+
+
+def test_stage_data_set_resumes_where_the_uninterrupted_one_is(digits):
+    """Data.train gives a stage's epochs as one data set (one model.fit per stage); one built to
+    resume at epoch 1 yields, batch for batch, what the uninterrupted one yields from epoch 1 on
+    (order and augmentation follow from (seed, epoch, rank) alone), and another rank's differ."""
+    import types
+
+    import numpy as np
+
+    from tfc_apps.dawnbench import config
+    from tfc_apps.dawnbench.data import Data
+
+    args = config.parse(["--data", digits, "--no-datacache", "--stages", "32:3:64", "--steps-per-epoch", "2"])
+    stage = args.stage_list[0]
+
+    def batches(rank, epoch, epochs):
+        data = Data(args, types.SimpleNamespace(rank=rank, size=4))
+        return [(x.numpy(), y.numpy()) for x, y in data.train(stage, epoch, epochs)]
+
+    full, resumed, other = batches(0, 0, 3), batches(0, 1, 2), batches(1, 0, 3)
+    assert len(full) == 6 and len(resumed) == 4
+    for (x, y), (x2, y2) in zip(full[2:], resumed):
+        np.testing.assert_array_equal(x, x2)
+        np.testing.assert_array_equal(y, y2)
+    assert not np.array_equal(full[0][0], full[2][0])   # another order and augmentation each epoch
+    assert not np.array_equal(full[0][0], other[0][0])
+    with pytest.raises(ValueError, match="epochs"):
+        Data(args, types.SimpleNamespace(rank=0, size=4)).train(stage, 0, 0)

@@ -1,6 +1,7 @@
 """Input pipelines of the DAWNBench script: an ImageNet-layout folder through DataCache (the
 deterministic decode + resize is cached, augmentation runs after it, anew every epoch), a tfds
 builder with a manual download, or synthetic data. Every rank runs the same number of steps."""
+import functools
 import sys
 
 import numpy as np
@@ -24,19 +25,21 @@ def normalize(x):
     return tf.cast(x, tf.float32) / 127.5 - 1.0
 
 
-def augment(x):
-    """Random horizontal flip and a random crop of the image padded by 1/8 (uint8 in, float out)."""
+def augment(x, seed):
+    """Random horizontal flip and a random crop of the image padded by 1/8 (uint8 in, float out),
+    stateless: drawn from seed (shape [2]) alone, so any run that gives a sample the same seed (a
+    resumed one too) augments it the same way."""
     size = tf.shape(x)[:2]
     pad = size[0] // 8
-    x = tf.image.random_flip_left_right(x)
+    flip, crop = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    x = tf.image.stateless_random_flip_left_right(x, flip)
     x = tf.pad(x, [[pad, pad], [pad, pad], [0, 0]], mode="REFLECT")
-    x = tf.image.random_crop(x, tf.concat([size, tf.shape(x)[2:]], 0))
+    x = tf.image.stateless_random_crop(x, tf.concat([size, tf.shape(x)[2:]], 0), crop)
     return normalize(x)
 
 
 class Data:
-    """Datasets for one run; ``train(stage, epoch)`` is rebuilt each epoch with a seed derived from
-    the epoch, so a resumed run sees the same order and augmentation as an uninterrupted one."""
+    """Datasets for one run (or several: nothing in it depends on the model)."""
 
     def __init__(self, args, topo):
         self.args, self.topo = args, topo
@@ -76,28 +79,46 @@ class Data:
     def _onehot(self, x, y):
         return x, tf.one_hot(tf.reshape(tf.cast(y, tf.int32), []), self.num_classes)
 
-    def train(self, stage, epoch):
-        seed = self.args.seed * 100003 + epoch
-        tf.random.set_seed(seed * 1009 + self.topo.rank)   # augmentation: another random stream per rank
-        res = stage.resolution
+    def train(self, stage, epoch, epochs=1):
+        """Epochs epoch .. epoch + epochs - 1 of a stage as one data set of epochs * steps(stage)
+        batches, for one model.fit over them (one iterator: no data set, iterator and pipeline
+        start-up per epoch). Epoch k's order and augmentation follow from (--seed, k, rank) alone,
+        so a run resumed at epoch k sees what an uninterrupted one sees there."""
+        if epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {epochs!r}")
+        res, steps = stage.resolution, self.steps(stage)
+        per_epoch = steps * stage.batch
         if self.args.synthetic:
-            ds = self._synthetic(res, stage.batch * self.args.steps_per_epoch, seed)
+            ds = self._synthetic(res, per_epoch).repeat(epochs)
         elif self.args.data:
             import datacache
 
             ds = datacache.cached_dataset(
                 self.train_src, self.preprocess(res), False if self.cache is None else self.cache,
-                shard=(self.topo.rank, self.topo.size), shuffle=True, seed=seed, augment=augment,
-                shard_seed=self.shard_seed(seed), samples_per_epoch=self.steps(stage) * stage.batch)
+                shard=(self.topo.rank, self.topo.size), shuffle=True, seed=self.args.seed,
+                first_epoch=epoch + 1, global_shuffle=self.args.global_shuffle, shard_seed=self.args.seed,
+                samples_per_epoch=per_epoch).repeat(epochs)
         else:
-            ds = self._tfds("train", res, seed).map(lambda x, y: (augment(x), y), AUTOTUNE)
+            ds = functools.reduce(lambda a, b: a.concatenate(b), [
+                self._tfds("train", res, self.args.seed * 100003 + k).take(per_epoch)
+                for k in range(epoch, epoch + epochs)])
+        if not self.args.synthetic:
+            # the sample's seed: (--seed, rank) -- another random stream per rank -- folded with its
+            # epoch and its position in the epoch
+            stream = tf.constant([self.args.seed, self.topo.rank], tf.int64)
+
+            def augmented(p, xy):
+                seed = tf.random.experimental.stateless_fold_in(stream, epoch + p // per_epoch)
+                return augment(xy[0], tf.random.experimental.stateless_fold_in(seed, p % per_epoch)), xy[1]
+
+            ds = ds.enumerate().map(augmented, AUTOTUNE)
         ds = ds.map(lambda x, y: self._onehot(tf.ensure_shape(x, [res, res, 3]), y), AUTOTUNE)
         ds = ds.batch(stage.batch, drop_remainder=True)
-        return without_autotune_thread(ds.take(self.steps(stage)).prefetch(AUTOTUNE))
+        return without_autotune_thread(ds.prefetch(AUTOTUNE))
 
     def shard_seed(self, epoch_seed):
-        """The rank's shard is fixed (drawn from --seed) or, with --global-shuffle, drawn anew from
-        the epoch's seed (the data set is rebuilt every epoch)."""
+        """The tfds path's shard: fixed (drawn from --seed) or, with --global-shuffle, drawn anew from
+        the epoch's seed (one data set per epoch, concatenated)."""
         return epoch_seed if self.args.global_shuffle and epoch_seed is not None else self.args.seed
 
     def preprocess(self, res):
@@ -127,7 +148,7 @@ class Data:
             self._val[res] = without_autotune_thread(ds.batch(batch).prefetch(AUTOTUNE))
         return self._val[res]
 
-    def _synthetic(self, res, n, seed):
+    def _synthetic(self, res, n):
         rng = np.random.default_rng([self.args.seed, self.topo.rank])
         x = rng.integers(0, 256, (min(n, 64), res, res, 3), dtype=np.uint8)
         y = rng.integers(0, self.num_classes, min(n, 64)).astype(np.int32)

@@ -3,6 +3,7 @@
 
   horovodrun -np 4 -H localhost:4 --gloo python scripts/dawnbench_resnet50.py --synthetic
 """
+import functools
 import json
 import os
 
@@ -14,9 +15,10 @@ import tf_commlib
 from tf_commlib import primitives as P
 from tfc_apps.dawnbench import breakdown, config, models
 from tfc_apps.dawnbench.data import Data
-from tfc_apps.dawnbench.report import EpochReport, Log
+from tfc_apps.dawnbench.report import EpochReport, Log, Reporter
 from tfc_apps.dawnbench.schedule import PEAK_PER_256, StagedLinear
 from tf_commlib.keras import BackupAndRestore, DistributedOptimizer, default_callbacks, distributed_optimizer
+from tf_commlib.keras.callbacks import MetricAverage
 
 
 # Biases and batch normalisation: no weight decay, no layer adaptation (variable paths).
@@ -101,32 +103,42 @@ def train(args, topo, data):
         print(f"dawnbench: {args.model}, {topo.m}x{topo.n} ranks, stages "
               f"{[(s.resolution, s.epochs, s.batch) for s in args.stage_list]}, optimizer {args.optimizer}"
               + (f", resuming at epoch {start}" if start else ""), flush=True)
-    common = default_callbacks()   # one set for the run: the model is broadcast once, not every epoch
-    for stage in args.stage_list:
-        report = None
-        # a step function traced for this stage's shapes, in an uninterrupted run as in a resumed one:
-        # Keras would reuse one traced with relaxed shapes from an earlier stage, whose kernels round
-        # differently, and a resumed run would then not end where an uninterrupted one ends
-        model.make_train_function(force=True)
-        for epoch in range(stage.first_epoch, stage.first_epoch + stage.epochs):
-            if epoch < start:
+    # one set for the run: the model is broadcast once, not every stage; the loss is averaged in
+    # the report's one allreduce per epoch, with the BN statistics (not by MetricAverage's own)
+    common = [c for c in default_callbacks() if not isinstance(c, MetricAverage)]
+    stages = args.stage_list
+    reporter = Reporter(log, model, topo, last_epoch=stages[-1].first_epoch + stages[-1].epochs - 1)
+    if log.resume_unscored is not None:   # the restored model's evaluation, cut by the interruption
+        reporter.resume_val = functools.partial(
+            data.val, next(s for s in stages if s.first_epoch < start <= s.first_epoch + s.epochs))
+    try:
+        for stage in stages:
+            first, end = max(stage.first_epoch, start), stage.first_epoch + stage.epochs
+            if first >= end:
                 continue
-            report = EpochReport(log, data.val(stage), stage, data.steps(stage), topo)
+            # a step function traced for this stage's shapes, in an uninterrupted run as in a resumed one:
+            # Keras would reuse one traced with relaxed shapes from an earlier stage, whose kernels round
+            # differently, and a resumed run would then not end where an uninterrupted one ends
+            model.make_train_function(force=True)
+            # one fit for the stage's epochs, over one data set (no per-epoch fit and pipeline start-up)
+            val = None if args.synthetic else functools.partial(data.val, stage)   # built by the eval thread
+            report = EpochReport(reporter, val, stage, data.steps(stage))
             callbacks = common + [report]
             if args.ckpt_dir:
                 callbacks.append(BackupAndRestore(args.ckpt_dir, delete_checkpoint=False))
-            model.fit(data.train(stage, epoch), initial_epoch=epoch, epochs=epoch + 1, verbose=0, shuffle=False,
-                      callbacks=callbacks)
-        if report is not None and args.breakdown_steps:
-            algorithm = opt.algorithm_at(stage.first_epoch + stage.epochs - 1)
-            phases = breakdown.measure(model, opt, data.train(stage, stage.first_epoch), loss, algorithm,
-                                       opt.density_at(stage.first_epoch + stage.epochs - 1),
-                                       args.selector, topo, args.breakdown_steps)
-            if topo.rank == 0:
-                print(breakdown.table(stage, phases, report.step_s), flush=True)
-                with open(os.path.join(args.log_dir, "breakdown.jsonl"), "a") as f:
-                    f.write(json.dumps({"resolution": stage.resolution, "algorithm": algorithm,
-                                        "step_s": report.step_s, **phases}) + "\n")
+            model.fit(data.train(stage, first, end - first), initial_epoch=first, epochs=end,
+                      steps_per_epoch=data.steps(stage), verbose=0, shuffle=False, callbacks=callbacks)
+            if args.breakdown_steps:
+                algorithm = opt.algorithm_at(end - 1)
+                phases = breakdown.measure(model, opt, data.train(stage, stage.first_epoch), loss, algorithm,
+                                           opt.density_at(end - 1), args.selector, topo, args.breakdown_steps)
+                if topo.rank == 0:
+                    print(breakdown.table(stage, phases, report.step_s), flush=True)
+                    with open(os.path.join(args.log_dir, "breakdown.jsonl"), "a") as f:
+                        f.write(json.dumps({"resolution": stage.resolution, "algorithm": algorithm,
+                                            "step_s": report.step_s, **phases}) + "\n")
+    finally:
+        reporter.close()
     digest = weights_digest(model, topo)
     cache_line = data.stats_line()
     if topo.rank == 0:
