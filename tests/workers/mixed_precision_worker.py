@@ -137,11 +137,11 @@ def forms():
     var = keras.Variable(np.ones(4, np.float32))
     wire = LossScaleOptimizer(DistributedOptimizer(keras.optimizers.SGD(1.0), algorithm="dense",
                                                    compression="fp16"), initial_scale=2.0)
-    seen = []
+    seen, scale = [], 2.0   # the scale the gradients are multiplied by (the initial one, then the wrapper's)
     for g in (7e4, 7e4, 1.0):
-        wire.apply([tf.fill([4], float(g) * float(wire.dynamic_scale.numpy()))], [var])
-        seen.append({"var": var.numpy().tolist(), "scale": float(wire.dynamic_scale.numpy()),
-                     "iterations": int(wire.iterations.numpy())})
+        wire.apply([tf.fill([4], float(g) * scale)], [var])
+        scale = float(wire.dynamic_scale.numpy())
+        seen.append({"var": var.numpy().tolist(), "scale": scale, "iterations": int(wire.iterations.numpy())})
     out["fp16_sum_overflow"] = seen
     # mixed_bfloat16: no loss scaling, trains
     opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm="hitopk", density=0.05)
