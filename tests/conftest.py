@@ -9,9 +9,9 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 # Markers (pytest.ini) that follow from what a module starts, so that no test can forget them:
 # `pytest -m "not slow"` is the quick loop, `-m "not multiprocess"` runs no horovodrun job, and
 # `-m "not root"` leaves out what needs root (network namespaces, Slurm's daemons, a second uid).
-ROOT_MODULES = {"test_emulated_cluster", "test_slurm", "test_slurm_dawnbench", "test_shm_security"}
-SLOW_MODULES = {"test_bench_tta", "test_convergence", "test_dawnbench", "test_emulated_cluster", "test_fidelity", "test_slurm",
-                "test_slurm_dawnbench", "test_demo"}
+ROOT_MODULES = {"test_emulated_cluster", "test_slurm", "test_slurm_dawnbench", "test_shm_security", "test_faults"}
+SLOW_MODULES = {"test_bench_tta", "test_convergence", "test_dawnbench", "test_emulated_cluster", "test_fidelity",
+                "test_slurm", "test_slurm_dawnbench", "test_demo", "test_faults"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -97,6 +97,8 @@ FLAGS = {
     "python -m tfc_apps.bench e2e --model small --resolutions 32 --configs dense_fp16 --fusion-threshold-bytes "
     "1048576 67108864 1048576 67108864 1048576 67108864 --steps 4 --warmup 1 --breakdown-steps 3 --inter-mbit 100":
         "a benchmark: repeats of the sweep's two leading thresholds (4 ranks, minutes)",
+    "python -m tfc_apps.bench faults": "a benchmark: 2 runs of 4 faults, each with its resumed run (10-15 min); "
+                                       "tests/test_faults.py runs --quick",
     "python -m datacache warm ROOT --size 224 --redis-url URL --shard I/N": "a template (ROOT, URL, I/N)",
     "python -m tfc_apps.cluster_launch --local 1 --np-per-node 4 -- python -m tfc_apps.train ...": "a template",
     "python -m tfc_apps.cluster_launch -- python -m tfc_apps.bench comm": "the comm benchmark, on every rank",

@@ -59,22 +59,40 @@ def parser():
     p.add_argument("--json", default=None, help="rank 0 writes the per-epoch summary here")
     p.add_argument("--ckpt-dir", default=None,
                    help="back up each rank's state here after every epoch and resume from it")
+    p.add_argument("--deterministic", action="store_true",
+                   help="TF op determinism (a resumed run ends bit for bit where an uninterrupted one does)")
     return p
 
 
 class FailAt(keras.callbacks.Callback):
     """Test hook: TF_COMMLIB_TEST_FAIL_AT=RANK:EPOCH:CODE makes that rank exit with CODE as the
-    1-based EPOCH begins; a negative CODE kills it with that signal (-9: a rank that dies)."""
+    1-based EPOCH begins; RANK:EPOCH:CODE:BATCH as the 0-based BATCH of that epoch begins (the
+    fault benchmark's kill at a step). A negative CODE kills it with that signal (-9: a rank that
+    dies). The message it prints first carries the time (``at t=<time.time()>``)."""
 
     def __init__(self, rank, spec):
         super().__init__()
         self.rank = rank
-        self.at_rank, self.at_epoch, self.code = (int(v) for v in spec.split(":"))
+        fields = [int(v) for v in spec.split(":")]
+        if len(fields) not in (3, 4):
+            raise ValueError(f"TF_COMMLIB_TEST_FAIL_AT must be RANK:EPOCH:CODE[:BATCH], got {spec!r}")
+        self.at_rank, self.at_epoch, self.code = fields[:3]
+        self.at_batch = fields[3] if len(fields) == 4 else None
+        self.epoch = None
 
     def on_epoch_begin(self, epoch, logs=None):
-        if self.rank == self.at_rank and epoch + 1 == self.at_epoch:
-            print(f"rank {self.rank}: exiting with {self.code} at epoch {epoch + 1} (TF_COMMLIB_TEST_FAIL_AT)",
-                  file=sys.stderr, flush=True)
+        self.epoch = epoch
+        if self.at_batch is None:
+            self._fail(f"epoch {epoch + 1}")
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.at_batch is not None and batch == self.at_batch:
+            self._fail(f"epoch {self.epoch + 1} batch {batch}")
+
+    def _fail(self, where):
+        if self.rank == self.at_rank and self.epoch + 1 == self.at_epoch:
+            print(f"rank {self.rank}: exiting with {self.code} at {where} (TF_COMMLIB_TEST_FAIL_AT) "
+                  f"at t={time.time():.3f}", file=sys.stderr, flush=True)
             if self.code < 0:
                 os.kill(os.getpid(), -self.code)
             raise SystemExit(self.code)
@@ -111,8 +129,24 @@ class EpochReport(keras.callbacks.Callback):
                   f"inter {sent['inter'] / 1e3:8.1f}", flush=True)
 
 
+def weights_sha256(model):
+    """sha256 of the model's weights: each variable's path, dtype, shape and raw bytes, in order."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for v in model.weights:
+        a = np.ascontiguousarray(v.numpy())
+        h.update(f"{v.path}:{a.dtype.str}:{a.shape};".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
 def main(argv=None):
     args = parser().parse_args(argv)
+    if args.deterministic:
+        import tensorflow as tf
+
+        tf.config.experimental.enable_op_determinism()
     topo = tf_commlib.init(args.topology)
     (x, y), test = digits.load(topo.rank, topo.size, args.seed)
     model = digits.small_cnn(args.seed)
@@ -144,7 +178,8 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"label": label, "args": vars(args), "epochs": report.rows,
                        "weights": {"count": int(w.size), "sum": float(w.sum()),
-                                   "l2": float(np.sqrt((w * w).sum()))}}, f, indent=1)
+                                   "l2": float(np.sqrt((w * w).sum())), "sha256": weights_sha256(model)}},
+                      f, indent=1)
     return report.rows
 
 

@@ -113,8 +113,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
       epoch ahead: on restore (a collective: every rank's fit starts together) those go back to
       their previous backup, so that all ranks resume at one epoch; ranks further apart, or an
       ahead rank without its previous backup, raise RuntimeError on every rank.
-    * delete_checkpoint=True removes the rank's backup when fit ends; False keeps it (for a loop
-      that calls fit once per epoch, which resume_epoch() tells where to start).
+    * delete_checkpoint=True removes the rank's backup when fit ends on every rank (one allreduce
+      first: where a rank failed, e.g. in its last save, the others keep theirs); False keeps it
+      (for a loop that calls fit once per epoch, which resume_epoch() tells where to start).
 
     Backups are per epoch (no save_freq): a common resume epoch needs epoch-aligned saves.
     """
@@ -135,6 +136,13 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         A collective: call it on every rank."""
         rank_dir = cls.rank_dir_of(backup_dir)
         return _common_epoch(rank_dir, _saved_epoch(rank_dir), _saved_epoch(rank_dir, previous=True))
+
+    def on_train_end(self, logs=None):
+        # a collective before the backup goes: a rank whose last save failed (a full disk) never
+        # reaches it, the others then fail here too and keep their backups, so the job can resume
+        if self.delete_checkpoint:
+            P.allreduce(tf.ones([1]), current_topology().world)
+        super().on_train_end(logs)
 
     # -- restore ---------------------------------------------------------------------------
     def on_train_begin(self, logs=None):

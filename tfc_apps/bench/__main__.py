@@ -1,7 +1,7 @@
 import importlib
 import sys
 
-BENCHMARKS = ("topk", "comm", "convergence", "e2e", "datacache", "pto", "tta")
+BENCHMARKS = ("topk", "comm", "convergence", "e2e", "datacache", "pto", "tta", "faults")
 USAGE = f"usage: python -m tfc_apps.bench {{{','.join(BENCHMARKS)}}} [options]  (-h after the name for its options)"
 
 
