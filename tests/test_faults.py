@@ -53,7 +53,10 @@ def test_quick_fault_runs_keep_the_invariants(tmp_path):
     # a 5 s link cut is survived (Gloo's 30 s timeout), and a dead Redis costs only fallbacks to the source
     assert by["link"]["outcome"] == "recovered" and by["link"]["delay_s"] is not None, by["link"]
     assert by["redis"]["outcome"] == "recovered", by["redis"]
-    assert "1 server(s) killed" in by["redis"]["detail"] and " fallbacks 0," not in by["redis"]["detail"], by["redis"]
+    assert "1 server(s) killed" in by["redis"]["detail"], by["redis"]
+    # the dead server was seen: reads fell back to the source until the retry restarted it, and the
+    # restarted (empty) server missed what it had held; still nothing lost (the sha256 above)
+    assert by["redis"]["fallbacks"] + by["redis"]["extra_misses"] > 0, by["redis"]
     # the benchmark cleaned up: the emulated cluster is down, no /dev/shm name of ours is left
     assert "tfc-" not in _cluster_namespaces()
     assert not [n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith(("tfcl_", "sem.mp-"))]

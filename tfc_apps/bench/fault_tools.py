@@ -148,9 +148,9 @@ def left_over(run_id, shm_before, rank_pids=()):
             "redis_keys_left": keys, "redis_dirs_left": dirs}
 
 
-def _redis_keys(p):
-    """DBSIZE of a left-over embedded redis-server (the configuration file in its working directory
-    holds the address and password); -1 when it cannot be asked."""
+def redis_client(p):
+    """A redis-py client of embedded redis-server p (its address and password are in the
+    configuration file in its working directory), or None when it cannot be read."""
     try:
         import glob
 
@@ -160,9 +160,26 @@ def _redis_keys(p):
         settings = dict(line.split(" ", 1) for line in open(conf).read().splitlines() if " " in line)
         where = ({"unix_socket_path": settings["unixsocket"]} if "unixsocket" in settings
                  else {"host": "127.0.0.1", "port": int(settings["port"])})
-        return int(redis.Redis(**where, password=settings["requirepass"], socket_timeout=2).dbsize())
+        return redis.Redis(**where, password=settings["requirepass"], socket_timeout=2)
+    except Exception:
+        return None
+
+
+def _redis_keys(p):
+    """DBSIZE of a left-over embedded redis-server; -1 when it cannot be asked."""
+    try:
+        return int(redis_client(p).dbsize())
     except Exception:
         return -1
+
+
+def redis_reads(client):
+    """(keys held, keys read so far: keyspace hits + misses) of a server, or None."""
+    try:
+        stats = client.info("stats")
+        return int(client.dbsize()), int(stats["keyspace_hits"]) + int(stats["keyspace_misses"])
+    except Exception:
+        return None
 
 
 def saved_epochs(ckpt_dir, ranks):

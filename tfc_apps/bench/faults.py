@@ -71,6 +71,7 @@ class Bench:
         self.size = self.m * self.n
         self.rng = random.Random(args.seed)
         self.reference = {}   # workload -> (sha256, wall s)
+        self.reference_stats = {}   # the uninterrupted DAWNBench run's DataCache counters
         self.out = os.path.abspath(args.out)
         self.jobs = os.path.join(self.out, "faults_jobs")
         os.makedirs(self.jobs, exist_ok=True)
@@ -151,6 +152,7 @@ class Bench:
             d, argv = self.dawn_argv("reference_dawnbench")
             r = self.job(argv)
             self.reference["dawnbench"] = (self.dawn_digest(r["log"]), r["wall_s"])
+            self.reference_stats = _datacache_stats(r["log"])
             self._check_reference("dawnbench", r)
 
     def _check_reference(self, name, r):
@@ -237,30 +239,45 @@ class Bench:
     def redis(self, run):
         from tfc_apps.bench import fault_tools as ft
 
-        node, epoch, into = self.rng.randrange(self.m), self.rng.randint(2, self.args.epochs), self.rng.uniform(0, 1)
-        fault = f"SIGKILL redis-server of node {node} {into:.2f} s into epoch {epoch}"
+        node, epoch, frac = self.rng.randrange(self.m), self.rng.randint(2, self.args.epochs), self.rng.uniform(0.1, 0.5)
+        fault = f"SIGKILL redis-server of node {node} after {frac:.0%} of its epoch-{epoch} reads"
         d, argv = self.dawn_argv(f"redis{run}")
-        metrics = os.path.join(d, "metrics.jsonl")
-
-        def rows():
-            try:
-                with open(metrics) as f:
-                    return sum(1 for line in f if line.strip())
-            except OSError:
-                return 0
 
         def kill(proc, watcher, run_id):
-            if not ft.wait_for(lambda: rows() >= epoch - 1, proc, self.args.job_timeout):
+            # The input pipeline runs ahead of training (one repeated dataset, prefetched), so the kill
+            # is timed by the reads the server has served, not by the epochs trained: epoch 1 misses
+            # and fills it with K keys; from epoch 2 on every read is a hit, about K per epoch.
+            client = None
+
+            def due():
+                nonlocal client
+                if client is None:
+                    servers = ft.redis_servers(run_id, node)
+                    client = ft.redis_client(servers[0]) if servers else None
+                    return False
+                state = ft.redis_reads(client)
+                if state is None:
+                    return False
+                keys, reads = state
+                return reads > keys > 0 and reads >= (epoch - 1 + frac) * keys
+
+            if not ft.wait_for(due, proc, self.args.job_timeout, period=0.005):
                 return {"killed": 0}
-            time.sleep(into)
-            servers = ft.redis_servers(run_id, node)
-            return {"killed": sum(ft.kill(p) for p in servers), "epochs_done": rows()}
+            keys, reads = ft.redis_reads(client) or (0, 0)
+            killed = sum(ft.kill(p) for p in ft.redis_servers(run_id, node))
+            return {"killed": killed, "keys": keys, "reads": reads}
 
         r = self.job(argv, fault=kill)
-        stats = re.search(r"datacache \(all ranks\): (.*)", r["log"])
-        detail = (f"{r['fault'].get('killed', 0)} server(s) killed after {r['fault'].get('epochs_done', '?')} "
-                  f"epochs; " + (stats.group(1) if stats else "no datacache stats"))
-        return self.row("redis", run, fault, r, "dawnbench", digest=self.dawn_digest(r["log"]), detail=detail)
+        stats, ref = _datacache_stats(r["log"]), self.reference_stats
+        f = r["fault"]
+        detail = (f"{f.get('killed', 0)} server(s) killed after {f.get('reads', '?')} reads of {f.get('keys', '?')} "
+                  f"keys; " + (", ".join(f"{k} {v}" for k, v in stats.items()) if stats else "no datacache stats"))
+        row = self.row("redis", run, fault, r, "dawnbench", digest=self.dawn_digest(r["log"]), detail=detail)
+        # what the dead server cost: reads that fell back to the source while it was down, and the
+        # misses of the restarted (empty) server beyond the uninterrupted run's
+        row["fallbacks"] = stats.get("fallbacks")
+        row["extra_misses"] = (stats["misses"] - ref["misses"]) if "misses" in stats and "misses" in ref else None
+        return row
 
     def disk(self, run):
         from tfc_apps.bench import fault_tools as ft
@@ -293,6 +310,12 @@ class Bench:
         detail = error.group(0)[:120] if error else "no ENOSPC/EFBIG in the log"
         digest, resume_epoch = self.resume(d, argv)
         return self.row("disk", run, fault, r, "train", resumed=digest, resume_epoch=resume_epoch, detail=detail)
+
+
+def _datacache_stats(log):
+    """{counter: value} of the DAWNBench script's 'datacache (all ranks): ...' line, or {}."""
+    found = re.findall(r"datacache \(all ranks\): (.*)", log)
+    return {k: int(v) for k, v in re.findall(r"(\w+) (-?\d+)", found[-1])} if found else {}
 
 
 COLUMNS = ("case", "run", "fault", "outcome", "exit s", "delay s", "procs left", "/dev/shm left",
