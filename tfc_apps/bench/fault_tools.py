@@ -85,6 +85,28 @@ def shm_names():
         return set()
 
 
+def shm_in_use():
+    """The /dev/shm names some live process has mapped or open (after a job's processes are dead,
+    those belong to other jobs on the machine, not to its leftovers)."""
+    used = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    at = line.find(SHM + "/")
+                    if at >= 0:
+                        used.add(line[at + len(SHM) + 1:].split()[0])
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(SHM + "/"):
+                    used.add(target[len(SHM) + 1:].split()[0])
+        except OSError:
+            continue
+    return used
+
+
 def _owner(p):
     """The pid that made an embedded redis-server's directory (datacache/server.py's owner file,
     in the server's working directory), or None. redis-server overwrites its command line and
@@ -115,8 +137,9 @@ def _job_servers(run_id, rank_pids):
 def left_over(run_id, shm_before, rank_pids=()):
     """What job run_id left on this machine: its processes (MARK in their environment) and
     redis-servers (_job_servers), killed after being counted, with the keys those servers held;
-    embedded-Redis directories made by rank_pids; the names new in /dev/shm (tf_commlib's tfcl_*
-    segments and multiprocessing's sem.mp-* semaphores among them are removed after being counted)."""
+    embedded-Redis directories made by rank_pids; the names new in /dev/shm that no live process has
+    mapped or open (tf_commlib's tfcl_* segments and multiprocessing's sem.mp-* semaphores among them are
+    removed after being counted)."""
     import tempfile
 
     servers = _job_servers(run_id, set(rank_pids))
@@ -137,7 +160,7 @@ def left_over(run_id, shm_before, rank_pids=()):
                         shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
             except (OSError, ValueError, IndexError):
                 pass
-    new_shm = sorted(shm_names() - shm_before)
+    new_shm = sorted(shm_names() - shm_before - shm_in_use())   # a live process's: another job's
     for name in new_shm:
         if name.startswith(("tfcl_", "sem.mp-")):
             try:
