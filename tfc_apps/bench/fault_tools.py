@@ -197,10 +197,11 @@ def _redis_keys(p):
 
 
 def redis_reads(client):
-    """(keys held, keys read so far: keyspace hits + misses) of a server, or None."""
+    """(keys held, keys read so far, of them hits) of a server: keyspace hits + misses; or None."""
     try:
         stats = client.info("stats")
-        return int(client.dbsize()), int(stats["keyspace_hits"]) + int(stats["keyspace_misses"])
+        hits = int(stats["keyspace_hits"])
+        return int(client.dbsize()), hits + int(stats["keyspace_misses"]), hits
     except Exception:
         return None
 

@@ -258,12 +258,12 @@ class Bench:
                 state = ft.redis_reads(client)
                 if state is None:
                     return False
-                keys, reads = state
-                return reads > keys > 0 and reads >= (epoch - 1 + frac) * keys
+                keys, reads, hits = state   # hits begin with epoch 2, when epoch 1's writes are all in
+                return hits > 0 and reads >= (epoch - 1 + frac) * keys
 
             if not ft.wait_for(due, proc, self.args.job_timeout, period=0.005):
                 return {"killed": 0}
-            keys, reads = ft.redis_reads(client) or (0, 0)
+            keys, reads, _ = ft.redis_reads(client) or (0, 0, 0)
             killed = sum(ft.kill(p) for p in ft.redis_servers(run_id, node))
             return {"killed": killed, "keys": keys, "reads": reads}
 
