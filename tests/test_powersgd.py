@@ -13,7 +13,12 @@ from tf_commlib.aggregator import GradientAggregator
 from tf_commlib.collectives import ALGORITHMS, powersgd, with_compression
 from tf_commlib.keras import DistributedOptimizer
 
-D, STEPS, RANK = 1500, 3, 3
+# tests/workers/powersgd_worker.py's bucket: (shape, matrix rows x cols if compressed) by hand
+SHAPES = [(3, 3, 4, 8), (30,), (20, 30), (4, 5), (2, 100)]
+MATRICES = {0: (36, 8), 2: (20, 30)}   # the bias is a vector, (4, 5) < 64 entries, (2, 100): 306 > 200
+SIZES = [int(np.prod(s)) for s in SHAPES]
+OFFSETS = np.cumsum([0] + SIZES)
+D, STEPS, RANK = sum(SIZES), 3, 3
 
 
 def gram_schmidt(p):
@@ -26,19 +31,40 @@ def gram_schmidt(p):
     return p
 
 
-def powersgd_ref(inputs, q0, rank=RANK):
-    """inputs[step][rank] -> per step (P̂, Q, result, residuals per rank), in float64."""
-    rows, cols = powersgd.shape(D)
-    size = len(inputs[0])
-    res, q, steps = [np.zeros(D) for _ in range(size)], np.array(q0, np.float64), []
+def ref_step(xs, res, qs):
+    """One call on every rank: (result, residual per rank, Q per compressed tensor), float64; the
+    uncompressed tensors summed exactly (zero residual), each matrix by one power step from qs[t]."""
+    ms = [x + r for x, r in zip(xs, res)]
+    result, left, q_new = np.sum(ms, axis=0), [np.zeros(D) for _ in xs], {}
+    for t, (rows, cols) in MATRICES.items():
+        part = slice(OFFSETS[t], OFFSETS[t + 1])
+        mats = [m[part].reshape(rows, cols) for m in ms]
+        p = gram_schmidt(sum(mat @ qs[t] for mat in mats))
+        q_mine = [mat.T @ p for mat in mats]
+        q_new[t] = sum(q_mine)
+        result[part] = (p @ q_new[t].T).ravel()
+        for w, (mat, qw) in enumerate(zip(mats, q_mine)):
+            left[w][part] = (mat - p @ qw.T).ravel()
+    return result, left, q_new
+
+
+def powersgd_ref(inputs, q0, warm=True):
+    """inputs[step][rank] -> per step (Q of each compressed tensor, result, residuals per rank);
+    warm=False starts every step from q0 (what the warm start must differ from)."""
+    res, qs, steps = [np.zeros(D) for _ in inputs[0]], dict(q0), []
     for xs in inputs:
-        ms = [np.pad(x + r, (0, rows * cols - D)).reshape(rows, cols) for x, r in zip(xs, res)]
-        p = gram_schmidt(sum(m @ q for m in ms))
-        qs = [m.T @ p for m in ms]
-        q = sum(qs)
-        res = [(m - p @ qw.T).ravel()[:D] for m, qw in zip(ms, qs)]
-        steps.append((p, q, (p @ q.T).ravel()[:D], res))
+        result, res, q_new = ref_step(xs, res, qs if warm else q0)
+        qs = q_new
+        steps.append((q_new, result, res))
     return steps
+
+
+def q0_of(report, bucket):
+    return {int(t): np.array(q, np.float64) for t, q in report["q0"][str(bucket)].items()}
+
+
+def flat_q(qs):
+    return np.concatenate([qs[t].ravel() for t in sorted(MATRICES)])
 
 
 @pytest.fixture(scope="module", params=["2x2", "1x4"])
@@ -56,49 +82,73 @@ def close(got, want, what):
 def test_powersgd_matches_numpy_and_replicas_are_identical(run):
     (m, n), reports = run
     inputs = [[np.array(r["inputs"][s], np.float64) for r in reports] for s in range(STEPS)]
-    ref = powersgd_ref(inputs, reports[0]["q0"]["3"])
+    assert [tuple(t) for t in reports[0]["layout"]] == [(i, int(OFFSETS[i]), SIZES[i], *(MATRICES.get(i) or ((s[0], s[1]) if len(s) == 2 else (0, 0))),
+          i in MATRICES) for i, s in enumerate(SHAPES)]
+    q0 = q0_of(reports[0], 3)
+    assert sorted(q0) == sorted(MATRICES) and all(q0[t].shape == (MATRICES[t][1], RANK) for t in q0)
+    assert not np.allclose(q0[0], q0[2][:8])   # each tensor draws its own Q
+    ref = powersgd_ref(inputs, q0)
     for r in reports:
         assert r["q0"] == reports[0]["q0"]   # the starting Q is the same on every rank
-        for s, (p, q, result, res) in enumerate(ref):
+        for s, (q, result, res) in enumerate(ref):
             got = r["powersgd"][s]
             assert got["result"] == reports[0]["powersgd"][s]["result"]   # bit-identical
             assert got["q"] == reports[0]["powersgd"][s]["q"]
             close(got["result"], result, f"result step {s} rank {r['rank']}")
-            close(np.reshape(got["q"], q.shape), q, f"Q step {s}")
+            close(got["q"], flat_q(q), f"Q step {s}")
             close(got["residual"], res[r["rank"]], f"residual step {s} rank {r['rank']}")
+            for t in set(range(len(SHAPES))) - set(MATRICES):   # summed exactly: no residual
+                assert not np.any(got["residual"][OFFSETS[t]:OFFSETS[t + 1]]), (s, t)
             assert got["sent"] == 0
+    # warm start: each step starts from the last Q, which differs from restarting at q0
+    cold = powersgd_ref(inputs, q0, warm=False)
+    assert np.max(np.abs(cold[-1][1] - ref[-1][1])) > 1e-3 * np.max(np.abs(ref[-1][1]))
+    # Q zeroed (reset, flush): drawn again from the seed, residual kept
+    again = ref_step(inputs[0], ref[-1][2], q0)
+    for r in reports:
+        close(r["restart"]["result"], again[0], "restart result")
+        close(r["restart"]["residual"], again[1][r["rank"]], "restart residual")
     # error feedback conserves mass; the approximation is not the exact sum
     total = sum(np.sum(xs, axis=0) for xs in inputs)
     approx = sum(np.array(reports[0]["powersgd"][s]["result"]) for s in range(STEPS))
     left = sum(np.array(r["powersgd"][-1]["residual"]) for r in reports)
     close(approx + left, total, "mass")
     assert np.linalg.norm(left) > 0.1 * np.linalg.norm(total)
-    # the bytes moved: two allreduces of rows·rank and cols·rank floats (2dtar on 2x2, dense on 1x4)
-    formula = ALGORITHMS["powersgd"].sent_bytes(D, m, n, 0.01, {"rank": RANK})
-    rows, cols = powersgd.shape(D)
+    # the bytes moved: one allreduce of the 250 uncompressed entries, one of all P's ((36 + 20)·3),
+    # one of all Q's ((8 + 30)·3): 2dtar on 2x2, dense on 1x4
+    options = {"rank": RANK, "min_compression_size": 64}
+    formula = ALGORITHMS["powersgd"].sent_bytes(D, m, n, 0.01, options, SHAPES)
     inner = ALGORITHMS["2dtar" if m > 1 else "dense"]
-    assert formula == L.add(inner.sent_bytes(rows * RANK, m, n, 1), inner.sent_bytes(cols * RANK, m, n, 1))
+    assert formula == L.add(*[inner.sent_bytes(k, m, n, 1) for k in (250, 56 * RANK, 38 * RANK)])
     for s in range(STEPS):
         counted = {link: sum(r["powersgd"][s]["bytes"][link] for r in reports) for link in L.LINKS}
         assert counted == pytest.approx({k: 4 * v for k, v in formula.items()}, rel=1e-12)
-    # below min_compression_size: the exact sum, the dense bytes, a zero state
-    for r in reports:
-        close(r["powersgd_dense"]["result"], np.sum(inputs[0], axis=0), "dense path")
-        assert not np.any(r["powersgd_dense"]["state"])
-    counted = {link: sum(r["powersgd_dense"]["bytes"][link] for r in reports) for link in L.LINKS}
-    assert counted == pytest.approx({k: 4 * v for k, v in inner.sent_bytes(D, m, n, 1).items()}, rel=1e-12)
+    # no tensor compressed (all under min_compression_size, or no shapes: one flat vector): the
+    # exact sum, the dense bytes, a zero state
+    for name, options in (("small", {**options, "min_compression_size": 2 * D}), ("flat", options)):
+        shapes = SHAPES if name == "small" else None
+        for r in reports:
+            close(r[f"powersgd_{name}"]["result"], np.sum(inputs[0], axis=0), f"{name}: the exact sum")
+            assert not np.any(r[f"powersgd_{name}"]["state"])
+            assert len(r[f"powersgd_{name}"]["state"]) == D
+        counted = {link: sum(r[f"powersgd_{name}"]["bytes"][link] for r in reports) for link in L.LINKS}
+        assert ALGORITHMS["powersgd"].sent_bytes(D, m, n, 0.01, options, shapes) == inner.sent_bytes(D, m, n, 1)
+        assert counted == pytest.approx({k: 4 * v for k, v in inner.sent_bytes(D, m, n, 1).items()}, rel=1e-12)
 
 
 def test_powersgd_through_the_aggregator(run):
     (m, n), reports = run
     inputs = [[np.array(r["inputs"][s], np.float64) for r in reports] for s in range(STEPS)]
-    ref = powersgd_ref(inputs, reports[0]["q0"]["0"])
+    ref = powersgd_ref(inputs, q0_of(reports[0], 0))
+    assert reports[0]["graph_buckets"] == 1
     for r in reports:
-        for s, (_, q, result, res) in enumerate(ref):
+        for s, (_, result, res) in enumerate(ref):
             assert r["graph"][s]["result"] == reports[0]["graph"][s]["result"]
             close(r["graph"][s]["result"], result, f"aggregator step {s}")
-        close(r["graph_state"][:D], ref[-1][3][r["rank"]], "aggregator residual")
-        close(np.reshape(r["graph_state"][D:], ref[-1][1].shape), ref[-1][1], "aggregator Q")
+        close(r["graph_state"][:D], ref[-1][2][r["rank"]], "aggregator residual")
+        close(r["graph_state"][D:], flat_q(ref[-1][0]), "aggregator Q")
+    assert reports[0]["graph_formula"] == ALGORITHMS["powersgd"].sent_bytes(
+        D, m, n, 0.01, {"rank": RANK, "min_compression_size": 64}, SHAPES)
     for s in range(STEPS):
         counted = {link: sum(r["graph"][s]["bytes"][link] for r in reports) for link in L.LINKS}
         assert counted == pytest.approx({k: 4 * v for k, v in reports[0]["graph_formula"].items()}, rel=1e-12)
@@ -156,17 +206,36 @@ def test_compression_by_hand():
 
 
 def test_powersgd_formulas_by_hand():
-    # d = 1M: a 1000 x 1000 matrix, rank 4: two allreduces of 4000 floats (2dtar on 2x2)
-    got = ALGORITHMS["powersgd"].sent_bytes(1_000_000, 2, 2, 0.01)
-    assert got == L.add(*[ALGORITHMS["2dtar"].sent_bytes(4000, 2, 2, 1)] * 2) == {"intra": 32_000, "inter": 16_000}
-    assert ALGORITHMS["powersgd"].sent_bytes(1000, 1, 4, 0.01) == ALGORITHMS["dense"].sent_bytes(1000, 1, 4, 1)
-    assert powersgd.shape(1500) == (39, 39) and powersgd.shape(1_000_000) == (1000, 1000)
-    assert powersgd.residual_size(1_000_000, None) == 1_000_000 + 4 * 1000
-    assert powersgd.residual_size(100, None) == 100   # too small: no Q
+    # a 1000 x 1000 kernel and a bias of 1000, rank 4: allreduces of the bias and of 4000 floats
+    # for P and for Q (2dtar on 2x2)
+    two_d, shapes = ALGORITHMS["2dtar"], [(1000, 1000), (1000,)]
+    got = ALGORITHMS["powersgd"].sent_bytes(1_001_000, 2, 2, 0.01, shapes=shapes)
+    assert got == L.add(two_d.sent_bytes(1000, 2, 2, 1), *[two_d.sent_bytes(4000, 2, 2, 1)] * 2) == \
+        {"intra": 36_000, "inter": 18_000}
+    # no bias: the P and Q allreduces only; a conv kernel is (kh·kw·in) x out
+    assert ALGORITHMS["powersgd"].sent_bytes(1_000_000, 2, 2, 0.01, shapes=[(1000, 1000)]) == \
+        {"intra": 32_000, "inter": 16_000}
+    conv = [(3, 3, 64, 128)]   # 576 x 128: P of 576·4, Q of 128·4
+    assert ALGORITHMS["powersgd"].sent_bytes(73728, 1, 4, 0.01, shapes=conv) == \
+        L.add(ALGORITHMS["dense"].sent_bytes(576 * 4, 1, 4, 1), ALGORITHMS["dense"].sent_bytes(128 * 4, 1, 4, 1))
+    assert powersgd.matrix_shape((3, 3, 64, 128)) == (576, 128) and powersgd.matrix_shape((7,)) is None
+    # without shapes a bucket is one vector: summed exactly, no Q
+    assert ALGORITHMS["powersgd"].sent_bytes(1_000_000, 2, 2, 0.01) == two_d.sent_bytes(1_000_000, 2, 2, 1)
+    resolved = ALGORITHMS["powersgd"].formula_options
+    assert powersgd.residual_size(1_000_000, None) == 1_000_000
+    assert powersgd.residual_size(1_001_000, None, resolved(None, shapes, 1_001_000)) == 1_001_000 + 4 * 1000
+    assert powersgd.residual_size(100, None, resolved(None, [(10, 10)], 100)) == 100   # too small: no Q
     # rank 600 would send more than the matrix: dense
-    assert not powersgd.compressed(1_000_000, {"rank": 600, "min_compression_size": 1})
-    # auto weighs it: on a 10 Mbit/s inter link at 25M entries the factors beat 1 % top-k; at
-    # the default 10 Gbit/s its four passes of rank multiply-adds do not
-    slow = alphabeta.LinkParams(beta_inter=8 / 0.01e9)
-    assert collectives.choose(25_000_000, 2, 2, 0.01, slow) == "powersgd"
-    assert collectives.choose(25_000_000, 2, 2, 0.01) != "powersgd"
+    assert powersgd.residual_size(1_000_000, None, resolved({"rank": 600, "min_compression_size": 1},
+                                                            [(1000, 1000)], 1_000_000)) == 1_000_000
+    with pytest.raises(ValueError, match="^shapes must be"):
+        ALGORITHMS["powersgd"].sent_bytes(1000, 2, 2, 0.01, shapes=[(10, 10)])
+    with pytest.raises(ValueError, match="^shapes must be"):
+        ALGORITHMS["powersgd"].breakdown(100, 2, 2, 0.01, shapes=[(10, -10)])
+    # auto weighs it: on a 10 Mbit/s inter link, a bucket of five 2236 x 2236 kernels (25M entries)
+    # is cheapest as PowerSGD's factors; at the default 10 Gbit/s its four passes of rank
+    # multiply-adds do not pay; a flat vector never compresses
+    slow, kernels = alphabeta.LinkParams(beta_inter=8 / 0.01e9), [(2236, 2236)] * 5
+    assert collectives.choose(5 * 2236 ** 2, 2, 2, 0.01, slow, shapes=kernels) == "powersgd"
+    assert collectives.choose(5 * 2236 ** 2, 2, 2, 0.01, shapes=kernels) != "powersgd"
+    assert collectives.choose(25_000_000, 2, 2, 0.01, slow) != "powersgd"

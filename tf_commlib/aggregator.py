@@ -121,10 +121,11 @@ class GradientAggregator:
             self.owner = make((), tf.int64, "aggregator_state_owner")
             for i, bucket in enumerate(self.buckets):
                 d = sum(bucket.sizes)
-                for name in sorted({self._resolve(c, d) for c in self.candidates}):
+                for name in sorted({self._resolve(c, d, bucket.shapes) for c in self.candidates}):
                     coll = ALGORITHMS[name]
                     if coll.sparse:
-                        size = coll.residual_size(d, self.topo, coll.resolve_options(self.algorithm_options.get(name)))
+                        options = coll.formula_options(self.algorithm_options.get(name), bucket.shapes, d)
+                        size = coll.residual_size(d, self.topo, options)
                         self.residuals[(i, name)] = make([size],
                                                          bucket.dtype, f"residual_{i}_{name}")
 
@@ -161,11 +162,12 @@ class GradientAggregator:
         self.density.assign(density)
 
     # -- helpers ---------------------------------------------------------------------------
-    def _resolve(self, name, d):
+    def _resolve(self, name, d, shapes=None):
+        """name, or for "auto" the cheapest collective for a bucket of d entries (of these shapes)."""
         if name != "auto":
             return name
         return choose(d, self.topo.m, self.topo.n, self.initial_density, self.cost_params,
-                      options=self.algorithm_options)
+                      options=self.algorithm_options, shapes=shapes)
 
     def _select(self, seed):
         return ops.bound_selector(self.selector, seed=seed, step=self.step)
@@ -223,7 +225,8 @@ class GradientAggregator:
                 new[other] = tf.zeros(var.shape, var.dtype)
         coll = ALGORITHMS[name]
         common = None if self.seed is None else self.seed + self.step * 1_000_003 + i * 7919
-        ctx = coll.context(tf.convert_to_tensor(self.step), common, self.algorithm_options.get(name), i)
+        ctx = coll.context(tf.convert_to_tensor(self.step), common, self.algorithm_options.get(name), i,
+                           self.buckets[i].shapes)
         gain = None if self.gain is None else tf.zeros([2], tf.float64)
         if not coll.sparse:
             agg, indices = coll.fn(flat, self.topo, ctx=ctx), tf.zeros([0], tf.int64)
@@ -276,7 +279,7 @@ class GradientAggregator:
             flat = fusion.flatten(grads, bucket)
             if self.timeline is not None:
                 flat = self.timeline.stamp(("bucket", self.timeline_tag, i), flat)
-            names = [self._resolve(c, flat.shape[0]) for c in self.candidates]
+            names = [self._resolve(c, flat.shape[0], bucket.shapes) for c in self.candidates]
             if len(names) == 1:
                 agg, indices, residuals, gain = self._run(i, names[0], flat)
             else:
@@ -313,9 +316,9 @@ class GradientAggregator:
         per_bucket = []
         for bucket in self.buckets or []:
             d = sum(bucket.sizes)
-            name = self._resolve(algorithm or self.candidates[0], d)
+            name = self._resolve(algorithm or self.candidates[0], d, bucket.shapes)
             per_bucket.append(ALGORITHMS[name].sent_bytes(d, self.topo.m, self.topo.n, density or self.initial_density,
-                                                          self.algorithm_options.get(name)))
+                                                          self.algorithm_options.get(name), bucket.shapes))
         return link_bytes.add(*per_bucket)
 
     def residual_variables(self):

@@ -69,26 +69,28 @@ def with_compression(algorithm_options, compression):
     return out
 
 
-def breakdown(algorithm, d, m, n, density, params=None, options=None):
+def breakdown(algorithm, d, m, n, density, params=None, options=None, shapes=None):
     """Predicted seconds per step of one call of a registered collective: {step: seconds}
-    (params: alphabeta.LinkParams, default LinkParams())."""
+    (params: alphabeta.LinkParams, default LinkParams(); shapes: the bucket's tensor shapes, see
+    interface.Context, None = one flat vector)."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {list(ALGORITHMS)}")
-    return ALGORITHMS[algorithm].breakdown(d, m, n, density, params, options)
+    return ALGORITHMS[algorithm].breakdown(d, m, n, density, params, options, shapes)
 
 
-def predict(algorithm, d, m, n, density, params=None, options=None):
+def predict(algorithm, d, m, n, density, params=None, options=None, shapes=None):
     """Predicted seconds of one call of `algorithm` on d float32 elements over m x n ranks
-    (its module's time formula, with `options` for it)."""
-    return float(sum(breakdown(algorithm, d, m, n, density, params, options).values()))
+    (its module's time formula, with `options` for it; shapes as in breakdown)."""
+    return float(sum(breakdown(algorithm, d, m, n, density, params, options, shapes).values()))
 
 
-def choose(d, m, n, density, params=None, candidates=None, options=None):
+def choose(d, m, n, density, params=None, candidates=None, options=None, shapes=None):
     """The candidate (default: every registered collective) with the smallest predicted time, ties
-    going to the earlier one; options = {algorithm: {option: value}} (algorithm_options)."""
+    going to the earlier one; options = {algorithm: {option: value}} (algorithm_options); shapes:
+    the bucket's tensor shapes (None: one flat vector of d)."""
     options = options or {}
     candidates = list(ALGORITHMS) if candidates is None else list(candidates)
-    return min(candidates, key=lambda a: predict(a, d, m, n, density, params, options.get(a)))
+    return min(candidates, key=lambda a: predict(a, d, m, n, density, params, options.get(a), shapes))
 
 
 def _discover():

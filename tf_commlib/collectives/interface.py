@@ -2,6 +2,7 @@
 each call (Context). A module under tf_commlib.collectives that defines ``COLLECTIVE = Collective(...)``
 is registered under its name; see the package docstring for an example."""
 import dataclasses
+import math
 import types
 from typing import Callable, Mapping, Optional
 
@@ -13,16 +14,37 @@ class Context:
     """What a collective gets besides its tensor. ``step``: the aggregator's step (an int64 tensor,
     the same on every rank; 0 when called directly). ``seed``: None, or an int64 tensor that is the
     same on every rank and differs by step and bucket (mix in topo.rank for a per-rank stream).
-    ``options``: the algorithm's options, defaults filled in. ``bucket``: the fused bucket's index."""
+    ``options``: the algorithm's options, defaults filled in. ``bucket``: the fused bucket's index.
+    ``shapes``: the shapes of the bucket's tensors, in their order in the flat bucket (a tuple of
+    tuples whose sizes sum to d; GradientAggregator passes them), or None: one flat vector of d
+    (a direct call). Only a collective whose work depends on the layers (powersgd) reads it."""
     step: object = 0
     seed: object = None
     options: Mapping = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
     bucket: int = 0
+    shapes: Optional[tuple] = None
 
 
 def check_layout(d, m, n, density):
     if min(d, m, n) < 1 or not 0 < density <= 1:
         raise ValueError(f"need d, m, n >= 1 and 0 < density <= 1, got {d}, {m}, {n}, {density}")
+
+
+def check_shapes(shapes, d):
+    """shapes (None, or a sequence of tensor shapes whose sizes sum to d) as a tuple of tuples of
+    ints (None stays None); ValueError naming shapes otherwise."""
+    if shapes is None:
+        return None
+    try:
+        out = tuple(tuple(int(k) for k in shape) for shape in shapes)
+        ok = all(k >= 0 for shape in out for k in shape) and \
+            all(int(k) == k for shape in shapes for k in shape)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok or sum(math.prod(shape) for shape in out) != d:
+        raise ValueError(f"shapes must be None or a list of tensor shapes (non-negative ints) whose "
+                         f"sizes sum to d = {d}, got {shapes!r}")
+    return out
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -46,6 +68,11 @@ class Collective:
             ``bytes`` gives, computed from index_sets[r], the indices rank r selected (numpy); its
             ``bytes`` is then the expectation for independent uniformly random indices.
     A layout the algorithm cannot run on gets time {"unsupported": math.inf}, so `auto` skips it.
+    shapes: breakdown, sent_bytes, sent_bytes_for and context take ``shapes=`` (see Context; None:
+            one flat vector of d). The formulas (time, bytes, actual_bytes, residual_size) keep
+            their signatures and get the shapes as ``options["shapes"]`` where the caller knows them
+            (``formula_options``; GradientAggregator always passes its buckets'); the key is absent
+            otherwise, so a formula that depends on the layers reads ``options.get("shapes")``.
     """
     name: str
     fn: Callable
@@ -75,23 +102,32 @@ class Collective:
             self.check_options(merged)
         return merged
 
-    def context(self, step=0, seed=None, options=None, bucket=0):
-        return Context(step, seed, types.MappingProxyType(self.resolve_options(options)), bucket)
+    def formula_options(self, options=None, shapes=None, d=None):
+        """What the formulas get: resolve_options(options), plus "shapes" (checked against d) where
+        shapes is not None."""
+        resolved = self.resolve_options(options)
+        if shapes is None:
+            return resolved
+        return {**resolved, "shapes": check_shapes(shapes, d)}
 
-    def breakdown(self, d, m, n, density, params=None, options=None):
+    def context(self, step=0, seed=None, options=None, bucket=0, shapes=None):
+        return Context(step, seed, types.MappingProxyType(self.resolve_options(options)), bucket,
+                       None if shapes is None else tuple(tuple(s) for s in shapes))
+
+    def breakdown(self, d, m, n, density, params=None, options=None, shapes=None):
         """Predicted seconds per step of one call."""
         check_layout(d, m, n, density)
-        return self.time(d, m, n, density, params or LinkParams(), self.resolve_options(options))
+        return self.time(d, m, n, density, params or LinkParams(), self.formula_options(options, shapes, d))
 
-    def sent_bytes(self, d, m, n, density, options=None):
+    def sent_bytes(self, d, m, n, density, options=None, shapes=None):
         """{"intra": B, "inter": B} one call sends, averaged over the ranks."""
         check_layout(d, m, n, density)
-        return self.bytes(d, m, n, density, self.resolve_options(options))
+        return self.bytes(d, m, n, density, self.formula_options(options, shapes, d))
 
-    def sent_bytes_for(self, index_sets, d, m, n, density, options=None):
+    def sent_bytes_for(self, index_sets, d, m, n, density, options=None, shapes=None):
         """sent_bytes for the ranks' actual selections (index_sets[r]: rank r's indices), exact
         for a data-dependent collective (actual_bytes), else sent_bytes."""
         if self.actual_bytes is None:
-            return self.sent_bytes(d, m, n, density, options)
+            return self.sent_bytes(d, m, n, density, options, shapes)
         check_layout(d, m, n, density)
-        return self.actual_bytes(index_sets, d, m, n, self.resolve_options(options))
+        return self.actual_bytes(index_sets, d, m, n, self.formula_options(options, shapes, d))
