@@ -245,8 +245,10 @@ class Bench:
 
         def kill(proc, watcher, run_id):
             # The input pipeline runs ahead of training (one repeated dataset, prefetched), so the kill
-            # is timed by the reads the server has served, not by the epochs trained: epoch 1 misses
-            # and fills it with K keys; from epoch 2 on every read is a hit, about K per epoch.
+            # is timed by the reads the server has served, not by the epochs trained. Epoch 1 misses
+            # (and fills the server); from epoch 2 on each epoch's training reads are hits, about
+            # `per_epoch` of them on a node (the uninterrupted run's hits per epoch and node).
+            per_epoch = self.reference_stats.get("hits", 0) / max(self.args.epochs - 1, 1) / self.m
             client = None
 
             def due():
@@ -256,22 +258,20 @@ class Bench:
                     client = ft.redis_client(servers[0]) if servers else None
                     return False
                 state = ft.redis_reads(client)
-                if state is None:
-                    return False
-                keys, reads, hits = state   # hits begin with epoch 2, when epoch 1's writes are all in
-                return hits > 0 and reads >= (epoch - 1 + frac) * keys
+                return state is not None and state[2] > 0 and state[2] >= (epoch - 2 + frac) * per_epoch
 
             if not ft.wait_for(due, proc, self.args.job_timeout, period=0.005):
                 return {"killed": 0}
-            keys, reads, _ = ft.redis_reads(client) or (0, 0, 0)
+            keys, reads, hits = ft.redis_reads(client) or (0, 0, 0)
             killed = sum(ft.kill(p) for p in ft.redis_servers(run_id, node))
-            return {"killed": killed, "keys": keys, "reads": reads}
+            return {"killed": killed, "keys": keys, "reads": reads, "hits": hits, "per_epoch": round(per_epoch)}
 
         r = self.job(argv, fault=kill)
         stats, ref = _datacache_stats(r["log"]), self.reference_stats
         f = r["fault"]
-        detail = (f"{f.get('killed', 0)} server(s) killed after {f.get('reads', '?')} reads of {f.get('keys', '?')} "
-                  f"keys; " + (", ".join(f"{k} {v}" for k, v in stats.items()) if stats else "no datacache stats"))
+        detail = (f"{f.get('killed', 0)} server(s) killed after {f.get('hits', '?')} hits ({f.get('per_epoch', '?')} "
+                  f"per epoch) and {f.get('reads', '?')} reads of {f.get('keys', '?')} keys; "
+                  + (", ".join(f"{k} {v}" for k, v in stats.items()) if stats else "no datacache stats"))
         row = self.row("redis", run, fault, r, "dawnbench", digest=self.dawn_digest(r["log"]), detail=detail)
         # what the dead server cost: reads that fell back to the source while it was down, and the
         # misses of the restarted (empty) server beyond the uninterrupted run's
