@@ -93,4 +93,43 @@ elif mode == "compression":
                             "three": train("lars", False, True, "2dtar", compression, grads)[2]}
     out["exact_one"] = train("lars", False, False, "2dtar", "none", grads, 1)[2]
     out["grads"] = [[g.tolist() for g in s] for s in grads]
+elif mode in ("fit", "load_elsewhere"):
+    # model.fit with sharded LARS (2dtar) and BackupAndRestore: a run interrupted after epoch STOP
+    # and resumed ends with the bits of an uninterrupted one; the backups refuse another layout
+    from tests.workers import _fit
+    from tfc_apps import digits
+    from tf_commlib.keras import BackupAndRestore
+
+    backup = sys.argv[2]
+    (x, y), _ = digits.load(topo.rank, topo.size)
+    x, y = x[:96], y[:96]
+
+    def build():
+        model = digits.small_cnn(seed=1)
+        opt = DistributedOptimizer(pto.LARS(1.0, weight_decay_rate=1e-4, exclude_from_weight_decay=["bias"]),
+                                   algorithm="2dtar", shard_optimizer=True)
+        model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+        return model
+
+    if mode == "fit":
+        full = build()
+        _fit.fit(full, x, y, 3)
+        first = build()
+        try:
+            _fit.fit(first, x, y, 3, extra=[BackupAndRestore(backup, delete_checkpoint=False), _fit.Interrupt(2)])
+        except RuntimeError:
+            pass
+        resumed = build()
+        _fit.fit(resumed, x, y, 3, extra=[BackupAndRestore(backup, delete_checkpoint=False)])
+        dist = full.optimizer
+        out.update(full=digest(full.weights), resumed=digest(resumed.weights),
+                   interrupted=digest(first.weights), state_bytes=dist._sharded.state_bytes(),
+                   weights_bytes=sum(int(np.prod(v.shape)) * 4 for v in full.trainable_variables),
+                   iterations=int(dist.iterations.numpy()), loss=full.history.history["loss"])
+    else:
+        try:
+            _fit.fit(build(), x, y, 3, extra=[BackupAndRestore(backup, delete_checkpoint=False)])
+            out["error"] = None
+        except ValueError as e:
+            out["error"] = str(e)
 report(topo.rank, out)
