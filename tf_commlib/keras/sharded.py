@@ -143,7 +143,9 @@ class SliceView:
     def layer_norms(self, *xs):
         """The L2 norm of each x's whole layer, per element: one allreduce of the partial sums."""
         partial = tf.stack([tf.math.unsorted_segment_sum(tf.square(x), self.layer, self._num + 1) for x in xs], 1)
-        total = P.allreduce(tf.reshape(partial, [-1]), self._topo.world)
+        # named: Horovod would name it after its input, whose graph name differs by rank (a rank's
+        # slice touches its own number of variables, so its trace has its own number of ops)
+        total = P.allreduce(tf.reshape(partial, [-1]), self._topo.world, name="sharded_layer_norms")
         norms = tf.sqrt(tf.reshape(total, [self._num + 1, len(xs)]))
         return [tf.gather(norms[:, j], self.layer) for j in range(len(xs))]
 
