@@ -183,7 +183,7 @@ class ShardedUpdate:
             # (m, n, rank, slice length): checked when a checkpoint is loaded (check_layout)
             self.layout = owner.add_variable(shape=[4], initializer="zeros", dtype="int64", aggregation="none",
                                              name="shard_layout")
-        self.layout.assign(self.expected_layout())
+            self.layout.assign(self.expected_layout())   # eagerly: build may run inside a trace
 
     def expected_layout(self):
         return np.array([self.topo.m, self.topo.n, self.topo.rank, self.size], np.int64)
