@@ -5,11 +5,15 @@ import tensorflow as tf
 from pto.layerwise import LayerwiseTrust, check_learning_rate, check_non_negative, norm, serializable, trust_ratio
 
 
-def lamb_trust(element):
+def lamb_ratio(w_norm, r_norm):
     """||w|| / ||r|| for the Adam direction r; 1 where a norm is 0 (as keras.optimizers.Lamb)."""
-    w, r = element
-    w_norm, r_norm = norm(w), norm(r)
     return trust_ratio(w_norm, r_norm, w_norm, r_norm)
+
+
+def lamb_trust(element):
+    """lamb_ratio of one layer's (w, r)."""
+    w, r = element
+    return lamb_ratio(norm(w), norm(r))
 
 
 @serializable
@@ -37,16 +41,29 @@ class LAMB(LayerwiseTrust, keras.optimizers.Lamb):
 
     def _prepare(self, gradient, variable):
         """keras.optimizers.Lamb.update_step up to the direction r = m_hat / (sqrt(v_hat) + eps)."""
-        g = tf.cast(gradient, variable.dtype)
-        step = tf.cast(self.iterations + 1, variable.dtype)
-        beta_1_power = tf.pow(tf.cast(self.beta_1, variable.dtype), step)
-        beta_2_power = tf.pow(tf.cast(self.beta_2, variable.dtype), step)
         i = self._get_variable_index(variable)
-        m, v = self._momentums[i], self._velocities[i]
+        r = self._direction(tf.cast(gradient, variable.dtype), self._momentums[i], self._velocities[i],
+                            tf.cast(self.iterations + 1, variable.dtype))
+        return r, (tf.convert_to_tensor(variable), r)
+
+    def _direction(self, g, m, v, step):
+        """Updates the moments m, v (variables) with g; returns r = m_hat / (sqrt(v_hat) + eps)."""
+        beta_1_power = tf.pow(tf.cast(self.beta_1, g.dtype), step)
+        beta_2_power = tf.pow(tf.cast(self.beta_2, g.dtype), step)
         self.assign_add(m, (g - m) * (1 - self.beta_1))
         self.assign_add(v, (tf.square(g) - v) * (1 - self.beta_2))
-        r = (m / (1.0 - beta_1_power)) / (tf.sqrt(v / (1.0 - beta_2_power)) + self.epsilon)
-        return r, (tf.convert_to_tensor(variable), r)
+        return (m / (1.0 - beta_1_power)) / (tf.sqrt(v / (1.0 - beta_2_power)) + self.epsilon)
+
+    # the slice-wise form for DistributedOptimizer(shard_optimizer=True) (tf_commlib.keras.sharded)
+    def sharded_build(self, var_list):
+        return ("momentum", "velocity"), 2
+
+    def sharded_update(self, view, learning_rate):
+        """This step on a slice of the flat weights (after Keras' weight decay), norms exchanged."""
+        w = view.w
+        r = self._direction(tf.cast(view.g, w.dtype), view.slot("momentum"), view.slot("velocity"), view.step)
+        w_norm, r_norm = view.layer_norms(w, r)
+        return w - lamb_ratio(w_norm, r_norm) * tf.cast(learning_rate, w.dtype) * r
 
     def _finish(self, variable, r, ratio, learning_rate):
         self.assign_sub(variable, ratio * tf.cast(learning_rate, variable.dtype) * r)

@@ -8,11 +8,15 @@ from pto.layerwise import (LayerwiseTrust, check_exclusions, check_learning_rate
                            check_patterns_match, is_excluded, norm, serializable, trust_ratio)
 
 
-def lars_trust(element, eeta):
+def lars_ratio(w_norm, g_norm, decay, eeta):
     """eq. (11) without the learning rate: eeta ||w|| / (||g|| + decay ||w||); 1 where a norm is 0."""
-    w, g, decay = element
-    w_norm, g_norm = norm(w), norm(g)
     return trust_ratio(w_norm, g_norm, eeta * w_norm, g_norm + decay * w_norm)
+
+
+def lars_trust(element, eeta):
+    """lars_ratio of one layer's (w, g, decay)."""
+    w, g, decay = element
+    return lars_ratio(norm(w), norm(g), decay, eeta)
 
 
 @serializable
@@ -62,13 +66,36 @@ class LARS(LayerwiseTrust, keras.optimizers.Optimizer):
     def build(self, var_list):
         if self.built:
             return
-        check_patterns_match(self.decay_exclusions, "exclude_from_weight_decay", var_list)
-        check_patterns_match(self.adaptation_exclusions, "exclude_from_layer_adaptation", var_list)
+        self._layer_constants(var_list)
         super().build(var_list)
         self.velocities = self.add_optimizer_variables(var_list, "velocity") if self.momentum else []
+
+    def _layer_constants(self, var_list):
+        check_patterns_match(self.decay_exclusions, "exclude_from_weight_decay", var_list)
+        check_patterns_match(self.adaptation_exclusions, "exclude_from_layer_adaptation", var_list)
         self._decays = [0.0 if is_excluded(self.decay_exclusions, v) else self.weight_decay_rate
                         for v in var_list]
         self._adapted = [not is_excluded(self.adaptation_exclusions, v) for v in var_list]
+
+    # the slice-wise form for DistributedOptimizer(shard_optimizer=True) (tf_commlib.keras.sharded)
+    def sharded_build(self, var_list):
+        self._layer_constants(var_list)
+        return ("velocity",) if self.momentum else (), 2
+
+    def sharded_update(self, view, learning_rate):
+        """This step on a slice of the flat weights: the same formulas, per-layer norms exchanged."""
+        w, g = view.w, tf.cast(view.g, view.w.dtype)
+        decay = view.per_layer(self._decays)
+        w_norm, g_norm = view.layer_norms(w, g)
+        ratio = tf.where(view.per_layer(self._adapted) > 0, lars_ratio(w_norm, g_norm, decay, self.eeta),
+                         tf.ones_like(w))
+        step = tf.cast(learning_rate, w.dtype) * ratio * (g + decay * w)
+        if not self.momentum:
+            return w - step
+        v = view.slot("velocity")
+        new = v * tf.cast(self.momentum, w.dtype) + step
+        v.assign(new)
+        return w - (step + new * tf.cast(self.momentum, w.dtype)) if self.nesterov else w - new
 
     def _prepare(self, gradient, variable):
         i = self._get_variable_index(variable)

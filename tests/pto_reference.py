@@ -21,14 +21,15 @@ def lars(weights, grads_by_step, lr, momentum=0.9, weight_decay_rate=0.0, eeta=0
     return ws
 
 
-def lamb(weights, grads_by_step, lr, beta_1=0.9, beta_2=0.999, epsilon=1e-7, weight_decay=None):
+def lamb(weights, grads_by_step, lr, beta_1=0.9, beta_2=0.999, epsilon=1e-7, weight_decay=None, decayed=None):
     ws = [np.asarray(w, np.float64).copy() for w in weights]
+    decayed = decayed or [True] * len(ws)
     ms = [np.zeros_like(w) for w in ws]
     vs = [np.zeros_like(w) for w in ws]
     for t, grads in enumerate(grads_by_step, start=1):
         for i, g in enumerate(grads):
             g = np.asarray(g, np.float64)
-            if weight_decay:
+            if weight_decay and decayed[i]:
                 ws[i] = ws[i] - ws[i] * weight_decay * lr   # Keras's decoupled decay, before the step
             ms[i] = beta_1 * ms[i] + (1 - beta_1) * g
             vs[i] = beta_2 * vs[i] + (1 - beta_2) * g * g
@@ -60,3 +61,60 @@ def dgc_lars(grads_by_rank, weights, lr, momentum, weight_decay_rate, eeta):
             us[r] = [momentum * u + np.asarray(g, np.float64) for u, g in zip(us[r], grads_by_rank[r][step])]
         agg.append([np.mean([us[r][i] for r in range(p)], axis=0) for i in range(len(weights))])
     return lars(weights, agg, lr, momentum=0.0, weight_decay_rate=weight_decay_rate, eeta=eeta)
+
+
+def sgd(weights, grads_by_step, lr, momentum=0.0, nesterov=False):
+    """keras.optimizers.SGD: m <- momentum m - lr g; w <- w + m (Nesterov: w + momentum m - lr g)."""
+    ws = [np.asarray(w, np.float64).copy() for w in weights]
+    ms = [np.zeros_like(w) for w in ws]
+    for grads in grads_by_step:
+        for i, g in enumerate(grads):
+            g = np.asarray(g, np.float64)
+            ms[i] = momentum * ms[i] - lr * g
+            ws[i] = ws[i] + (momentum * ms[i] - lr * g if nesterov else ms[i])
+    return ws
+
+
+def adam(weights, grads_by_step, lr, beta_1=0.9, beta_2=0.999, epsilon=1e-7, weight_decay=None, decayed=None):
+    """keras.optimizers.Adam / AdamW (Keras's decoupled weight_decay before the step, where decayed)."""
+    ws = [np.asarray(w, np.float64).copy() for w in weights]
+    ms, vs = [np.zeros_like(w) for w in ws], [np.zeros_like(w) for w in ws]
+    decayed = decayed or [True] * len(ws)
+    for t, grads in enumerate(grads_by_step, start=1):
+        alpha = lr * np.sqrt(1 - beta_2 ** t) / (1 - beta_1 ** t)
+        for i, g in enumerate(grads):
+            g = np.asarray(g, np.float64)
+            if weight_decay and decayed[i]:
+                ws[i] = ws[i] - ws[i] * weight_decay * lr
+            ms[i] = beta_1 * ms[i] + (1 - beta_1) * g
+            vs[i] = beta_2 * vs[i] + (1 - beta_2) * g * g
+            ws[i] = ws[i] - ms[i] * alpha / (np.sqrt(vs[i]) + epsilon)
+    return ws
+
+
+def dgc_average(grads_by_rank, momentum):
+    """The per-step update DistributedOptimizer aggregates: with DGC momentum correction (momentum
+    > 0) each rank's u <- m u + g, averaged over the ranks; else the average of the gradients.
+    grads_by_rank[r][t][i]."""
+    p, us = len(grads_by_rank), None
+    out = []
+    for t in range(len(grads_by_rank[0])):
+        gs = [[np.asarray(g, np.float64) for g in grads_by_rank[r][t]] for r in range(p)]
+        us = gs if us is None else [[momentum * u + g for u, g in zip(us[r], gs[r])] for r in range(p)]
+        out.append([np.mean([us[r][i] for r in range(p)], axis=0) for i in range(len(gs[0]))])
+    return out
+
+
+# the layout of tests/workers/zero_worker.py: variables that straddle the slices at P = 4 (the two
+# large ones, not dense layers, form one group of 2256 entries, slices of 564: the first spans
+# slices 0-2 (larger than any slice), the second 2-3; the small ones, dense layers, another of 79
+# entries padded to 80, slices of 20: (30,) and (32,) straddle two, (3,) is smaller than a slice)
+ZERO_SHAPES = [(40, 30), (30,), (3,), (33, 32), (32,), (7, 2)]
+
+
+def zero_inputs(rank, steps, shapes=ZERO_SHAPES):
+    """(initial weights, the same on every rank; rank's gradients per step)."""
+    rng = np.random.default_rng(7)
+    weights = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    rng = np.random.default_rng(100 + rank)
+    return weights, [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(steps)]

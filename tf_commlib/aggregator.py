@@ -307,6 +307,68 @@ class GradientAggregator:
 
         return out, masks, commit
 
+    # -- the sharded halves (DistributedOptimizer(shard_optimizer=True)) ---------------------------
+    def _sharding(self):
+        names = {self._resolve(c, 1) for c in self.candidates}
+        coll = ALGORITHMS[names.pop()] if len(names) == 1 else None
+        if coll is None or coll.sharding is None:
+            raise ValueError(f"a sharded update needs one algorithm with a reduce-scatter + all-gather "
+                             f"form (dense, 2dtar); this aggregator runs {self.candidates}")
+        return coll
+
+    def shard_slices(self):
+        """Per bucket, (padded length, start, length) of the slice this rank owns (after build)."""
+        coll, p = self._sharding(), self.topo.size
+        out = []
+        for bucket in self.buckets:
+            dp = -(-sum(bucket.sizes) // p) * p
+            s = dp // p
+            out.append((dp, coll.sharding.slot(self.topo) * s, s))
+        return out
+
+    def reduce_scatter_deferred(self, grads, step=None):
+        """(this rank's slice of every bucket's average (or sum) over the ranks, commit): the first
+        half of the collective (Sharding.reduce_scatter), with the consistency check; commit()
+        counts the step. No gradient may be None."""
+        coll = self._sharding()
+        if any(g is None for g in grads):
+            raise ValueError("grads: a sharded update needs a gradient for every variable (got None)")
+        grads = [tf.convert_to_tensor(g) for g in grads]
+        self.build([(g.shape, g.dtype) for g in grads])
+        if self.topo.size > 1:
+            since = overlap.op_count()
+            grads = self._check(grads, step)
+            overlap.run_independently(since)
+        if not self.overlap:
+            grads = overlap.after_all(grads)
+        pieces = []
+        for i, bucket in enumerate(self.buckets):
+            since = overlap.op_count()
+            flat = fusion.flatten(grads, bucket)
+            if self.timeline is not None:
+                flat = self.timeline.stamp(("bucket", self.timeline_tag, i), flat)
+            ctx = coll.context(tf.convert_to_tensor(self.step), None, self.algorithm_options.get(coll.name), i)
+            piece = coll.sharding.reduce_scatter(flat, self.topo, ctx)
+            if self.op == "average":
+                piece = piece / tf.cast(self.topo.size, piece.dtype)
+            pieces.append(piece)
+            overlap.run_independently(since)
+        return pieces, lambda: self.step.assign_add(1)
+
+    def all_gather(self, pieces):
+        """Every bucket's slices from every rank (the second half, Sharding.all_gather): per bucket
+        the flat vector of its d entries (in the pieces' dtype)."""
+        coll = self._sharding()
+        return [coll.sharding.all_gather(piece, self.topo)[:sum(bucket.sizes)]
+                for piece, bucket in zip(pieces, self.buckets)]
+
+    def sharded_bytes(self):
+        """{"intra": B, "inter": B} per rank of reduce_scatter_deferred + all_gather (the formulas)."""
+        coll = self._sharding()
+        return link_bytes.add(*(coll.sharded_bytes(sum(b.sizes), self.topo.m, self.topo.n,
+                                                   self.algorithm_options.get(coll.name))
+                                for b in self.buckets or []))
+
     def __call__(self, grads, step=None):
         return self.aggregate(grads, step)[0]
 

@@ -3,7 +3,8 @@ compression ("none", "fp16", "bf16") sends 16-bit values (wire.py)."""
 from tf_commlib import alphabeta as C
 from tf_commlib.collectives import codec as K
 from tf_commlib.collectives import wire as W
-from tf_commlib.collectives.interface import Collective
+from tf_commlib import link_bytes as L
+from tf_commlib.collectives.interface import Collective, Sharding
 
 
 def dense(x, topo, ctx=None):
@@ -32,5 +33,24 @@ def check_options(options):
     W.check(options["compression"], "dense")
 
 
+# sharded (ZeRO-1): a world reduce-scatter (rank r keeps slice r) and a world all-gather
+def _reduce_scatter(x, topo, ctx=None):
+    compression = (ctx or COLLECTIVE.context()).options["compression"]
+    return W.reduce_scatter_sharded(x, topo, compression, [topo.world])
+
+
+def _all_gather(piece, topo):
+    return W.all_gather_sharded(piece, [topo.world])
+
+
+def _sharded_bytes(d, m, n, options):
+    p, codec = m * n, K.get(options.get("compression", "none"))
+    dp = W.padded(d, p)
+    return L.add(L.per_rank("reducescatter", codec.bytes(dp), "world", m, n),
+                 L.per_rank("allgather", codec.bytes(dp // p), "world", m, n))
+
+
+SHARDING = Sharding(slot=lambda topo: topo.rank, reduce_scatter=_reduce_scatter, all_gather=_all_gather,
+                    bytes=_sharded_bytes)
 COLLECTIVE = Collective("dense", dense, time, sent_bytes, options={"compression": "none"},
-                        check_options=check_options)
+                        check_options=check_options, sharding=SHARDING)

@@ -47,6 +47,26 @@ def check_shapes(shapes, d):
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Sharding:
+    """The two halves of a dense collective that is a reduce-scatter followed by an all-gather, for
+    a sharded optimizer update between them (DistributedOptimizer(shard_optimizer=True), ZeRO-1).
+    The flat input of d entries is padded to a multiple of the world size P and cut into P equal
+    slices in the collective's own decomposition, so the halves send what the collective sends.
+
+    slot(topo): which of the P slices this rank owns (slice k covers [k*s, (k+1)*s), s = padded/P).
+    reduce_scatter(x, topo, ctx): the sum over all ranks of this rank's slice of x (x's dtype; the
+            option compression sends 16-bit values as the collective does).
+    all_gather(piece, topo): every rank's slice (any dtype, e.g. 16-bit weight deltas), concatenated
+            into the padded flat vector in slice order.
+    bytes(d, m, n, options): {"intra": B, "inter": B} per rank of both halves (link_bytes).
+    """
+    slot: Callable
+    reduce_scatter: Callable
+    all_gather: Callable
+    bytes: Callable
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Collective:
     """Everything about one aggregation algorithm.
@@ -67,6 +87,8 @@ class Collective:
             fill-in of SparCML's streams): actual_bytes(index_sets, d, m, n, options) -> what
             ``bytes`` gives, computed from index_sets[r], the indices rank r selected (numpy); its
             ``bytes`` is then the expectation for independent uniformly random indices.
+    sharding: a Sharding where the collective is a reduce-scatter + all-gather that a sharded
+            optimizer update may split (dense, 2dtar); None otherwise.
     A layout the algorithm cannot run on gets time {"unsupported": math.inf}, so `auto` skips it.
     shapes: breakdown, sent_bytes, sent_bytes_for and context take ``shapes=`` (see Context; None:
             one flat vector of d). The formulas (time, bytes, actual_bytes, residual_size) keep
@@ -84,6 +106,7 @@ class Collective:
     options: Mapping = dataclasses.field(default_factory=dict)
     check_options: Optional[Callable] = None
     actual_bytes: Optional[Callable] = None
+    sharding: Optional[Sharding] = None
 
     def __post_init__(self):
         if self.sparse and not (self.residual_size and self.residual_to_input):
@@ -123,6 +146,13 @@ class Collective:
         """{"intra": B, "inter": B} one call sends, averaged over the ranks."""
         check_layout(d, m, n, density)
         return self.bytes(d, m, n, density, self.formula_options(options, shapes, d))
+
+    def sharded_bytes(self, d, m, n, options=None):
+        """{"intra": B, "inter": B} of the sharding's reduce-scatter + all-gather of d entries."""
+        check_layout(d, m, n, 1.0)
+        if self.sharding is None:
+            raise ValueError(f"{self.name} has no sharded form (reduce-scatter + all-gather)")
+        return self.sharding.bytes(d, m, n, self.resolve_options(options))
 
     def sent_bytes_for(self, index_sets, d, m, n, density, options=None, shapes=None):
         """sent_bytes for the ranks' actual selections (index_sets[r]: rank r's indices), exact

@@ -9,7 +9,7 @@ from tf_commlib import link_bytes as L
 from tf_commlib import primitives as P
 from tf_commlib.collectives import codec as K
 from tf_commlib.collectives import wire as W
-from tf_commlib.collectives.interface import Collective
+from tf_commlib.collectives.interface import Collective, Sharding
 
 
 def two_d_tar(x, topo, ctx=None):
@@ -49,5 +49,28 @@ def check_options(options):
     W.check(options["compression"], "2dtar")
 
 
+# sharded (ZeRO-1): intra reduce-scatter (local rank l keeps chunk l of d/n), inter reduce-scatter of
+# the chunk (node i keeps its sub-chunk i), then the inter and intra all-gathers: rank (i, l) owns
+# slice l*m + i, and the bytes are those of 2dtar (its inter allreduce is the inter halves)
+def _reduce_scatter(x, topo, ctx=None):
+    compression = (ctx or COLLECTIVE.context()).options["compression"]
+    return W.reduce_scatter_sharded(x, topo, compression, [topo.intra, topo.inter])
+
+
+def _all_gather(piece, topo):
+    return W.all_gather_sharded(piece, [topo.intra, topo.inter])
+
+
+def _sharded_bytes(d, m, n, options):
+    codec = K.get(options.get("compression", "none"))
+    dp = W.padded(d, m * n)
+    return L.add(L.per_rank("reducescatter", codec.bytes(dp), "intra", m, n),
+                 L.per_rank("reducescatter", codec.bytes(dp // n), "inter", m, n),
+                 L.per_rank("allgather", codec.bytes(dp // (m * n)), "inter", m, n),
+                 L.per_rank("allgather", codec.bytes(dp // n), "intra", m, n))
+
+
+SHARDING = Sharding(slot=lambda topo: topo.local * topo.m + topo.node, reduce_scatter=_reduce_scatter,
+                    all_gather=_all_gather, bytes=_sharded_bytes)
 COLLECTIVE = Collective("2dtar", two_d_tar, time, sent_bytes, options={"compression": "none"},
-                        check_options=check_options)
+                        check_options=check_options, sharding=SHARDING)

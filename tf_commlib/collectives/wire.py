@@ -75,3 +75,28 @@ def allreduce_time(d, compression, p, alpha, beta):
 def cast_cost(d, compression, params):
     """The casts to and from the wire type (two passes over d)."""
     return 0.0 if K.get(compression).exact else 2 * C.copy_cost(d, params)
+
+
+def padded(d, p):
+    """d rounded up to a multiple of p (the sharded halves' flat length)."""
+    return -(-d // p) * p
+
+
+def reduce_scatter_sharded(x, topo, compression, sets):
+    """Sum over all ranks of x (flat, padded to a multiple of topo.size), reduce-scattered over each
+    set of ``sets`` in turn (each keeps its set rank's slice of the previous one's), in the wire
+    type of ``compression``; returned in x's dtype."""
+    wire = to_wire(x, topo.size, compression)
+    wire = tf.pad(wire, [[0, (-tf.shape(wire)[0]) % topo.size]])
+    if x.shape[0] is not None:
+        wire.set_shape([padded(x.shape[0], topo.size)])
+    for process_set in sets:
+        wire = P.reducescatter(wire, process_set)
+    return from_wire(wire, x.dtype, topo.size, compression)
+
+
+def all_gather_sharded(piece, sets):
+    """The inverse order of reduce_scatter_sharded's sets: all-gathers of the slices."""
+    for process_set in reversed(sets):
+        piece = P.allgather(piece, process_set)
+    return piece

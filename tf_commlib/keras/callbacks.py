@@ -157,6 +157,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def _load_model(self):
         super()._load_model()
+        opt = _distributed_or_none(self.model)
+        if opt is not None and opt._sharded is not None:   # a sharded state: this rank's slices
+            opt._sharded.check_layout()
         if os.path.exists(self._training_metadata_path):
             with open(self._training_metadata_path) as f:
                 state = json.load(f).get("tf_commlib")

@@ -53,7 +53,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
         def step():
             commit()
-            inner.inner_optimizer.apply(update, tvs)
+            inner.apply_update(update, tvs)
             grow = tf.equal(self.step_counter, self.dynamic_growth_steps - 1)
             self.step_counter.assign(tf.where(grow, tf.zeros_like(self.step_counter), self.step_counter + 1))
             self.dynamic_scale.assign(tf.where(grow, self.dynamic_scale * 2.0, self.dynamic_scale))

@@ -34,6 +34,7 @@ from tf_commlib.collectives import with_compression
 from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
 from tf_commlib.overlap import after_all
 from tf_commlib.keras.policy import WARMUP_DENSITIES, check_candidates, default_dense_layers, parse_schedule
+from tf_commlib.keras.sharded import ShardedUpdate, check_shardable
 from tf_commlib.topology import topology as current_topology
 
 
@@ -75,6 +76,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
       fusion_threshold_bytes, seed, algorithm_options, compression: passed to the GradientAggregators
         (algorithm_options = {algorithm: {option: value}}, see tf_commlib.collectives; compression
         "fp16" or "bf16" sends 16-bit values in dense and 2dtar, the dense-layer group included).
+      shard_optimizer: True shards the wrapped optimizer's update and state over the ranks (ZeRO-1,
+        tf_commlib.keras.sharded): dense / 2dtar only; SGD, Adam(W), pto.LARS, pto.LAMB.
     Inside model.fit each bucket is aggregated as soon as its gradients exist, while backprop goes
     on (tf_commlib.overlap; buckets are packed from the last layer). Setting ``timeline`` to a
     tf_commlib.overlap.Timeline before the first step records when each gradient reaches apply() and
@@ -106,7 +109,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                  dense_warmup_epochs=0, qrgc=False, fusion_threshold_bytes=DEFAULT_THRESHOLD_BYTES,
                  seed=None,
                  name=None, algorithm_options=None, candidates=None, compression="none", overlap=True,
-                 cost_params=None):
+                 cost_params=None, shard_optimizer=False):
         candidates, is_adaptive = check_candidates(density, candidates), density == "adaptive"
         density = candidates[0] if is_adaptive else density
         check_config(algorithm, density, selector, algorithm_options=algorithm_options)
@@ -116,10 +119,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         check_arguments(optimizer, momentum_correction, momentum, nesterov, local_clip_norm,
                         momentum_masking, warmup, dense_layers, dense_warmup_epochs, qrgc,
                         fusion_threshold_bytes, seed, name)
-        if not isinstance(overlap, bool):
-            raise ValueError(f"overlap must be True or False, got {overlap!r}")
+        for arg, value in (("overlap", overlap), ("shard_optimizer", shard_optimizer)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{arg} must be True or False, got {value!r}")
         check_cost_params(cost_params)
         schedule = parse_schedule(schedule, algorithm, dense_warmup_epochs)
+        if shard_optimizer:
+            check_shardable(optimizer, schedule)
         m = 0.0
         if momentum_correction:
             if isinstance(optimizer, keras.optimizers.SGD) or getattr(optimizer, "movable_momentum", False):
@@ -143,7 +149,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.fusion_threshold_bytes, self.seed, self.qrgc = fusion_threshold_bytes, seed, qrgc
         self.algorithm_options, self.compression = algorithm_options, compression
         self.candidates, self.adaptive = candidates, is_adaptive
-        self.overlap, self.cost_params = overlap, cost_params
+        self.overlap, self.cost_params, self.shard_optimizer = overlap, cost_params, shard_optimizer
+        self._sharded = None
 
     # -- state -----------------------------------------------------------------------------
     timeline = None   # a tf_commlib.overlap.Timeline (set before the first step), or None
@@ -184,7 +191,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             agg.build([(var_list[i].shape, var_list[i].dtype) for i in idx])
         self.velocities = [self.add_variable_from_reference(v, "dgc_momentum")
                            for v in var_list] if self.momentum_correction else []
-        self.inner_optimizer.build(var_list)
+        if self.shard_optimizer:   # the inner optimizer's state only for this rank's slices
+            self._sharded = ShardedUpdate(self, var_list, self._groups)
+        else:
+            self.inner_optimizer.build(var_list)
         super().build(var_list)
         self._apply_epoch(self._epoch)
 
@@ -197,6 +207,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             agg.reset_rank_state()
         for u in self.velocities:
             u.assign(tf.zeros(u.shape, u.dtype))
+        if self._sharded is not None:   # the rank's slices of the optimizer state
+            self._sharded.reset()
 
     @property
     def variables(self):
@@ -239,6 +251,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     def sent_bytes_at(self, epoch):
         """{"intra": B, "inter": B} a step sends per rank at this epoch (the collectives' formulas)."""
+        if self._sharded is not None:   # reduce-scatter + all-gather, and the norm exchange
+            return self._sharded.sent_bytes()
         return link_bytes.add(*(agg.sent_bytes(self.algorithm_at(epoch), self.density_at(epoch))
                                 if sparse else agg.sent_bytes() for agg, _, sparse in self._groups))
 
@@ -291,6 +305,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self._ensure_built(trainable_variables)
         update, commit = self.aggregate(grads)
         commit()
+        self.apply_update(update, trainable_variables)
+
+    def apply_update(self, update, trainable_variables=None):
+        """The wrapped optimizer's step with aggregate()'s update (sharded: this rank's slices)."""
+        if self._sharded is not None:
+            return self._sharded.step(update)
         self.inner_optimizer.apply(update, trainable_variables or self._trainable_variables)
 
     def _ensure_built(self, trainable_variables):
@@ -321,6 +341,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 if g is not None:
                     velocities[i] = self.m * tf.convert_to_tensor(self.velocities[i]) + g
                     send[i] = self.m * velocities[i] + g if self.nesterov else velocities[i]
+        if self._sharded is not None:   # update: this rank's slice of every bucket
+            update, reduced = self._sharded.reduce_scatter(send)
+
+            def commit():
+                for i, u in velocities.items():
+                    self.velocities[i].assign(u)
+                reduced()
+            return update, commit
         update, commits, masked = list(send), [], []
         for agg, idx, sparse in self._groups:
             aggregated, sent, commit = agg.aggregate_deferred([send[i] for i in idx], step=self.iterations,
@@ -357,7 +385,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 "warmup": self.warmup, "schedule": {str(e): a for e, a in self.schedule.items()},
                 "qrgc": self.qrgc, "fusion_threshold_bytes": self.fusion_threshold_bytes,
                 "seed": self.seed, "algorithm_options": self.algorithm_options, "compression": self.compression,
-                "overlap": self.overlap,
+                "overlap": self.overlap, "shard_optimizer": self.shard_optimizer,
                 "cost_params": None if self.cost_params is None else dataclasses.asdict(self.cost_params)}
 
     @classmethod

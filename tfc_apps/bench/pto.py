@@ -10,6 +10,17 @@ tf.function, timed in alternating rounds after a barrier (tf_commlib.timing.Time
 is the slowest rank's. The all-gather's
 share is the time of one all-gather of the scalars this rank sends, over the PTO step. "ratios"
 columns time the trust ratios alone (the part PTO shards; the element-wise update is not sharded).
+
+The sharded step (DistributedOptimizer(shard_optimizer=True), ZeRO-1, tf_commlib.keras.sharded) is
+timed on the rank's slices of the reduce-scattered gradient (dense collective, its reduce-scatter
+excluded like the unsharded steps' allreduce): ``step_sharded_s`` is the slice update with the
+per-layer norm exchange, the all-gather of the weights and their write; ``allgather_weights_s``
+that all-gather alone, which replaces the allreduce's own all-gather (so ``sharded_vs_unsharded``
+compares (step_sharded - allgather_weights) with the unsharded step). Bytes per step and rank
+(formulas): ``bytes_allreduce`` (the dense allreduce of the gradients; the unsharded step),
+``bytes_pto`` (plus PTO's all-gather of the ratios), ``bytes_sharded`` (reduce-scatter + all-gather
+of weights + ``norm_exchange_bytes``); optimizer state per rank ``state_bytes_unsharded`` /
+``state_bytes_sharded``.
 """
 import argparse
 import json
@@ -55,6 +66,35 @@ def captured(fn):
     return tf.function(lambda: fn())
 
 
+def sharded_steps(kind, variables, grads):
+    """(the sharded DistributedOptimizer, {name: fn}): its step on this rank's slices of the averaged
+    gradient (reduce-scattered once, outside the timing), and the weights' all-gather alone."""
+    from tf_commlib.keras import DistributedOptimizer
+
+    opt = DistributedOptimizer(make_optimizer(kind, False), algorithm="dense", momentum_correction=False,
+                               shard_optimizer=True)
+    opt.build(variables)
+    pieces, _ = opt._sharded.reduce_scatter(grads)
+    sharded = opt._sharded
+    step = captured(lambda: (sharded.step(pieces), opt.iterations)[1])
+    gather = captured(lambda: [agg.all_gather(pieces) for agg, _, _ in sharded.groups])
+    return opt, {"step_sharded_s": lambda: step().numpy(),
+                 "allgather_weights_s": lambda: [t.numpy() for ts in gather() for t in ts]}
+
+
+def sharded_bytes(opt, variables, mine, topo):
+    """Bytes per step and rank by the formulas, and the optimizer state per rank."""
+    from tf_commlib import link_bytes
+
+    sharded = opt._sharded
+    plain = sum(link_bytes.add(*(agg.sent_bytes() for agg, _, _ in sharded.groups)).values())
+    ratios = sum(link_bytes.per_rank("allgather", 4 * mine, "world", topo.m, topo.n).values()) if topo.size > 1 else 0.0
+    weights = sum(int(np.prod(v.shape)) * 4 for v in variables)
+    return {"bytes_allreduce": plain, "bytes_pto": plain + ratios,
+            "bytes_sharded": sum(sharded.sent_bytes().values()), "norm_exchange_bytes": sum(sharded.norm_bytes().values()),
+            "state_bytes_unsharded": weights * len(sharded.slots), "state_bytes_sharded": sharded.state_bytes()}
+
+
 def worker(spec_path, result_path, repeats):
     """One rank of the job: times the steps and writes the slowest rank's medians (rank 0)."""
     import keras
@@ -97,8 +137,12 @@ def worker(spec_path, result_path, repeats):
                     elements = [(w, g, tf.constant(0.0)) for w, g in elements]
                 ratios = captured(lambda opt=opt, elements=elements: tf.stack(opt.trust_ratios(elements)))
                 fns[f"ratios_{mode}_s"] = lambda ratios=ratios: ratios().numpy()
-            row.update(timed(fns))   # unsharded and PTO in alternating rounds: neither gets a warmer allocator
+            sharded, extra = sharded_steps(kind, variables, grads)
+            fns.update(extra)
+            row.update(timed(fns))   # unsharded, PTO and sharded in alternating rounds: no warmer allocator
             del fns
+            row.update(sharded_bytes(sharded, variables, mine, topo))
+            del sharded
             rows.append(row)
         del variables, grads
     if topo.rank == 0:
@@ -168,9 +212,13 @@ def main(argv):
         r["pto_vs_unsharded"] = r["step_pto_s"] / r["step_unsharded_s"]
         r["ratios_pto_vs_unsharded"] = r["ratios_pto_s"] / r["ratios_unsharded_s"]
         r["allgather_share"] = r["allgather_s"] / r["step_pto_s"]
+        r["sharded_vs_unsharded"] = (r["step_sharded_s"] - r["allgather_weights_s"]) / r["step_unsharded_s"]
+        r["state_ratio"] = r["state_bytes_sharded"] / r["state_bytes_unsharded"]
     keys = ["model", "optimizer", "ranks", "tensors", "elements", "step_unsharded_s", "step_pto_s",
             "pto_vs_unsharded", "ratios_unsharded_s", "ratios_pto_s", "ratios_pto_vs_unsharded",
-            "allgather_s", "allgather_share"]
+            "allgather_s", "allgather_share", "step_sharded_s", "allgather_weights_s", "sharded_vs_unsharded",
+            "bytes_allreduce", "bytes_pto", "bytes_sharded", "norm_exchange_bytes", "state_bytes_unsharded",
+            "state_bytes_sharded", "state_ratio"]
     if args.json:
         print_json(rows, keys, sys.stdout)
     else:
@@ -181,7 +229,13 @@ def main(argv):
                            ("step_pto_s", "PTO step ms", ms), ("pto_vs_unsharded", "PTO/unsh", "{:.2f}"),
                            ("ratios_unsharded_s", "ratios ms", ms), ("ratios_pto_s", "PTO ratios ms", ms),
                            ("ratios_pto_vs_unsharded", "PTO/unsh", "{:.2f}"),
-                           ("allgather_s", "allgather ms", "{:.2f}"), ("allgather_share", "AG share", "{:.2f}")],
+                           ("allgather_s", "allgather ms", "{:.2f}"), ("allgather_share", "AG share", "{:.2f}"),
+                           ("step_sharded_s", "sharded ms", ms), ("allgather_weights_s", "AG w ms", ms),
+                           ("sharded_vs_unsharded", "(sh-AG)/unsh", "{:.2f}"),
+                           ("bytes_allreduce", "B allreduce", "{:.0f}"), ("bytes_pto", "B PTO", "{:.0f}"),
+                           ("bytes_sharded", "B sharded", "{:.0f}"), ("norm_exchange_bytes", "B norms", "{:.0f}"),
+                           ("state_bytes_unsharded", "state B", "{:.0f}"), ("state_bytes_sharded", "sh state B", "{:.0f}"),
+                           ("state_ratio", "state ratio", "{:.3f}")],
                     sys.stdout)
     os.makedirs(args.out, exist_ok=True)
     plot(rows, os.path.join(args.out, "pto_steps.png"))

@@ -1,0 +1,137 @@
+"""DistributedOptimizer(shard_optimizer=True) under horovodrun (tests/test_zero.py).
+
+``exact <algorithm>``: SGD-momentum, Adam, AdamW, pto.LARS and pto.LAMB, with and without DGC
+momentum correction, sharded and unsharded, on pto_reference.ZERO_SHAPES (variables that straddle
+the slices): the weights after STEPS steps, their sha256, the optimizer-state bytes, the bytes
+counted against the formula. ``compression``: one step of sharded LARS with fp16 / bf16 (16-bit
+weight deltas) on gradients that are exact in 16 bits, and three steps for the sha256."""
+import hashlib
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import pto
+import tf_commlib
+from tests import pto_reference as ref
+from tests.workers._report import report
+from tf_commlib import link_bytes
+from tf_commlib.keras import DistributedOptimizer
+
+topo = tf_commlib.init()
+STEPS = 3
+NAMES = ["w0", "bias0", "bias1", "w1", "bias2", "w2"]
+DECAYED = [not n.startswith("bias") for n in NAMES]
+
+
+def digest(values):
+    return hashlib.sha256(b"".join(np.asarray(v).tobytes() for v in values)).hexdigest()
+
+
+def make(kind, correction):
+    if kind == "sgd":
+        return keras.optimizers.SGD(0.1, momentum=0.9, nesterov=not correction)
+    if kind == "adam":
+        return keras.optimizers.Adam(0.01)
+    if kind == "adamw":
+        opt = keras.optimizers.AdamW(0.01, weight_decay=0.05)
+        opt.exclude_from_weight_decay(var_names=["bias"])
+        return opt
+    if kind == "lars":
+        return pto.LARS(0.5, momentum=0.9, weight_decay_rate=0.01, eeta=0.01, exclude_from_weight_decay=["bias"],
+                        exclude_from_layer_adaptation=["bias"], pto=False)
+    # pto=False: the unsharded ratios computed locally (the same bits as with PTO, tests/test_pto_ranks.py;
+    # tracing parallel_map for every case would take minutes on 4 ranks)
+    return pto.LAMB(0.01, weight_decay=0.01, pto=False)
+
+
+def state_bytes(opt):
+    """Bytes of the wrapped optimizer's per-variable state (sharded: this rank's slices)."""
+    if opt._sharded is not None:
+        return opt._sharded.state_bytes()
+    return sum(int(np.prod(v.shape)) * v.dtype.itemsize if hasattr(v.dtype, "itemsize") else
+               int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size
+               for v in opt.inner_optimizer.variables if len(v.shape))
+
+
+def train(kind, correction, shard, algorithm, compression="none", grads=None, steps=STEPS):
+    weights, mine = ref.zero_inputs(topo.rank, steps)
+    grads = grads or mine
+    vs = [keras.Variable(w, name=n) for w, n in zip(weights, NAMES)]
+    extra = {"momentum": 0.9} if correction and kind in ("adam", "adamw", "lamb") else {}
+    opt = DistributedOptimizer(make(kind, correction), algorithm=algorithm, momentum_correction=correction,
+                               shard_optimizer=shard, compression=compression, **extra)
+    step = tf.function(lambda gs: opt.apply(gs, vs))
+    with link_bytes.counting() as counter:
+        for gs in grads[:steps]:
+            step([tf.constant(g) for g in gs])
+        counted = counter.result()
+    return opt, vs, {"weights": [v.numpy().tolist() for v in vs], "digest": digest([v.numpy() for v in vs]),
+                     "state_bytes": state_bytes(opt), "counted": counted, "formula": opt.sent_bytes_at(0),
+                     "iterations": int(opt.iterations.numpy())}
+
+
+out = {"rank": topo.rank}
+mode = sys.argv[1]
+if mode == "exact":
+    algorithm = sys.argv[2]
+    out["cases"] = {}
+    for kind in (sys.argv[3].split(",") if len(sys.argv) > 3 else ("sgd", "adam", "adamw", "lars", "lamb")):
+        for correction in (False, True):
+            case = {}
+            for shard in (True, False):
+                opt, _, case["sharded" if shard else "unsharded"] = train(kind, correction, shard, algorithm)
+            out["cases"][f"{kind}_{correction}"] = case
+            print(f"rank {topo.rank}: {kind} {correction} done", flush=True)
+    out["slices"] = [list(map(int, s)) for agg, _, _ in opt._groups for s in agg.shard_slices()]
+elif mode == "compression":
+    # gradients k/16, k in -8..8, the same on every rank: x/4 and the 16-bit sums are exact, so only
+    # the weight delta is rounded
+    rng = np.random.default_rng(3)
+    grads = [[rng.integers(-8, 9, s).astype(np.float32) / 16 for s in ref.ZERO_SHAPES] for _ in range(STEPS)]
+    for compression in ("fp16", "bf16"):
+        out[compression] = {"one": train("lars", False, True, "2dtar", compression, grads, 1)[2],
+                            "three": train("lars", False, True, "2dtar", compression, grads)[2]}
+    out["exact_one"] = train("lars", False, False, "2dtar", "none", grads, 1)[2]
+    out["grads"] = [[g.tolist() for g in s] for s in grads]
+elif mode in ("fit", "load_elsewhere"):
+    # model.fit with sharded LARS (2dtar) and BackupAndRestore: a run interrupted after epoch STOP
+    # and resumed ends with the bits of an uninterrupted one; the backups refuse another layout
+    from tests.workers import _fit
+    from tfc_apps import digits
+    from tf_commlib.keras import BackupAndRestore
+
+    backup = sys.argv[2]
+    (x, y), _ = digits.load(topo.rank, topo.size)
+    x, y = x[:96], y[:96]
+
+    def build():
+        model = digits.small_cnn(seed=1)
+        opt = DistributedOptimizer(pto.LARS(1.0, weight_decay_rate=1e-4, exclude_from_weight_decay=["bias"]),
+                                   algorithm="2dtar", shard_optimizer=True)
+        model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+        return model
+
+    if mode == "fit":
+        full = build()
+        _fit.fit(full, x, y, 3)
+        first = build()
+        try:
+            _fit.fit(first, x, y, 3, extra=[BackupAndRestore(backup, delete_checkpoint=False), _fit.Interrupt(2)])
+        except RuntimeError:
+            pass
+        resumed = build()
+        _fit.fit(resumed, x, y, 3, extra=[BackupAndRestore(backup, delete_checkpoint=False)])
+        dist = full.optimizer
+        out.update(full=digest(full.weights), resumed=digest(resumed.weights),
+                   interrupted=digest(first.weights), state_bytes=dist._sharded.state_bytes(),
+                   weights_bytes=sum(int(np.prod(v.shape)) * 4 for v in full.trainable_variables),
+                   iterations=int(dist.iterations.numpy()), loss=full.history.history["loss"])
+    else:
+        try:
+            _fit.fit(build(), x, y, 3, extra=[BackupAndRestore(backup, delete_checkpoint=False)])
+            out["error"] = None
+        except ValueError as e:
+            out["error"] = str(e)
+report(topo.rank, out)

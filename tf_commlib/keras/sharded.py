@@ -1,0 +1,277 @@
+"""The sharded optimizer update (ZeRO stage 1) of DistributedOptimizer(shard_optimizer=True).
+
+With dense or 2dtar aggregation the allreduce is a reduce-scatter followed by an all-gather
+(tf_commlib.collectives.interface.Sharding). Sharded, every bucket's flat gradient (fusion.plan's
+buckets, padded to a multiple of the world size P) is only reduce-scattered: each rank receives the
+average of its slice (the collective's own decomposition: dense, rank r keeps slice r; 2dtar, rank
+(node i, local l) keeps slice l*m + i), updates that slice of the weights with a slice-wise form
+of the wrapped optimizer, whose state (momentum, Adam moments) exists only for the slice, and the
+all-gather then carries weights instead of gradients:
+
+* compression "none": the updated weights of the slice; every rank then holds the bits the owner
+  computed (replicas bit-identical);
+* "fp16" / "bf16": the 16-bit weight delta w_old - w_new (codec.py's casts), and every rank, the
+  owner included, applies w <- w - float(delta): replicas stay bit-identical, the update is exact
+  within 16-bit rounding (relative 2^-11 fp16, 2^-8 bf16; fp16 also loses up to 2^-25 absolute
+  below its normal range, 6.1e-5).
+
+Bytes: those of the collective's reduce-scatter + all-gather (Collective.sharded_bytes, the same as
+its allreduce when a bucket's length is a multiple of P, else its padding of < P entries), plus,
+for layer-wise optimizers, one allreduce of (L + 1) * k float32 per step (L variables, k = 2
+quantities for LARS and LAMB; the +1 is the padding's dummy layer).
+
+Layer-wise norms: a slice may cut a layer apart, so each element carries its variable's index
+(``SliceView.layer``); partial sums of squares per touched layer (tf.math.unsorted_segment_sum) and
+ONE small allreduce give every rank the exact per-layer norms (up to summation order).
+
+Slice-wise forms. Keras' SGD, Adam and AdamW get theirs from FORMS below (exact classes). Any other
+optimizer may provide one by duck typing (pto.LARS and pto.LAMB do; tf_commlib imports neither):
+
+    optimizer.sharded_build(var_list) -> (slots, k)
+        called instead of build(): per-variable constants (exclusions, decay) are set up here, no
+        full-size state is created. ``slots``: names of the per-element state it keeps (each a
+        vector of this rank's slice, made by tf_commlib); ``k``: how many quantities it takes
+        per-layer norms of per step (0: none).
+    optimizer.sharded_update(view, learning_rate) -> the new weights of the slice
+        ``view`` is a SliceView: ``g`` (the averaged gradient), ``w`` (the weights, after Keras'
+        decoupled weight_decay), ``step`` (iterations + 1, as a float), ``slot(name)`` (the state
+        variable to read and assign), ``per_layer(values)`` (a per-variable list -> per element),
+        ``layer_norms(*xs)`` (the exact per-layer L2 norm of each x, per element; call it once).
+
+The wrapped optimizer's ``iterations`` advances by one per applied step, its learning rate (a
+schedule too) is read before, and Keras' ``weight_decay`` (with exclude_from_weight_decay) is applied
+per element as Keras does (w <- w - w * wd * lr, before the step). Constraints are applied to the
+whole variables after the all-gather. Not supported with sharding: clipnorm, clipvalue,
+global_clipnorm, use_ema, gradient_accumulation_steps (ValueError at construction).
+"""
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_commlib import link_bytes
+from tf_commlib import primitives as P
+from tf_commlib.collectives import ALGORITHMS
+from tf_commlib.collectives import codec as K
+from tf_commlib.topology import topology as current_topology
+
+
+class _SGDForm:
+    @staticmethod
+    def build(opt, var_list):
+        return ("momentum",) if opt.momentum else (), 0
+
+    @staticmethod
+    def update(opt, view, learning_rate):
+        g, w = view.g, view.w
+        lr = tf.cast(learning_rate, w.dtype)
+        if not opt.momentum:
+            return w - g * lr
+        m, momentum = view.slot("momentum"), tf.cast(opt.momentum, w.dtype)
+        new = m * momentum - g * lr
+        m.assign(new)
+        return w + (new * momentum - g * lr) if opt.nesterov else w + new
+
+
+class _AdamForm:
+    @staticmethod
+    def build(opt, var_list):
+        return ("momentum", "velocity") + (("velocity_hat",) if opt.amsgrad else ()), 0
+
+    @staticmethod
+    def update(opt, view, learning_rate):
+        g, w = view.g, view.w
+        lr = tf.cast(learning_rate, w.dtype)
+        beta_1_power = tf.pow(tf.cast(opt.beta_1, w.dtype), view.step)
+        beta_2_power = tf.pow(tf.cast(opt.beta_2, w.dtype), view.step)
+        alpha = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+        m_var, v_var = view.slot("momentum"), view.slot("velocity")
+        m = m_var + (g - m_var) * (1 - opt.beta_1)
+        v = v_var + (tf.square(g) - v_var) * (1 - opt.beta_2)
+        m_var.assign(m)
+        v_var.assign(v)
+        if opt.amsgrad:
+            v = tf.maximum(view.slot("velocity_hat"), v)
+            view.slot("velocity_hat").assign(v)
+        return w - (m * alpha) / (tf.sqrt(v) + opt.epsilon)
+
+
+# Keras built-ins with a slice-wise form (exact classes: a subclass may change update_step)
+FORMS = {keras.optimizers.SGD: _SGDForm, keras.optimizers.Adam: _AdamForm, keras.optimizers.AdamW: _AdamForm}
+SUPPORTED = "keras.optimizers.SGD, Adam, AdamW, pto.LARS, pto.LAMB (or an optimizer with sharded_build/sharded_update)"
+_REFUSED = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_accumulation_steps")
+
+
+def check_shardable(optimizer, schedule):
+    """ValueError unless DistributedOptimizer(optimizer, schedule) can shard its update."""
+    names = sorted(set(schedule.values()))
+    bad = [n for n in names if n == "auto" or ALGORITHMS[n].sharding is None]
+    if bad or len(names) > 1:
+        raise ValueError(f"shard_optimizer needs dense or 2dtar for every group, one algorithm for the whole "
+                         f"run (got {names}); sparse collectives (hitopk, ...), 'auto' and schedules that switch "
+                         "algorithm cannot shard the update")
+    if type(optimizer) not in FORMS and not (hasattr(optimizer, "sharded_build") and hasattr(optimizer, "sharded_update")):
+        raise ValueError(f"shard_optimizer: {type(optimizer).__name__} has no slice-wise form; supported: {SUPPORTED}")
+    for arg in _REFUSED:
+        if getattr(optimizer, arg, None):
+            raise ValueError(f"shard_optimizer does not support the wrapped optimizer's {arg} "
+                             f"(got {getattr(optimizer, arg)!r}); leave it unset")
+
+
+def _form(optimizer):
+    form = FORMS.get(type(optimizer))
+    if form is not None:
+        return (lambda var_list: form.build(optimizer, var_list),
+                lambda view, lr: form.update(optimizer, view, lr))
+    return optimizer.sharded_build, optimizer.sharded_update
+
+
+class SliceView:
+    """What a slice-wise form sees (see the module doc)."""
+
+    def __init__(self, g, w, step, layer, num_layers, slots, topo):
+        self.g, self.w, self.step = g, w, step
+        self.layer, self._num, self._slots, self._topo = layer, num_layers, slots, topo
+
+    def slot(self, name):
+        return self._slots[name]
+
+    def per_layer(self, values):
+        """values[i] for variable i, per element of the slice (0 on the padding)."""
+        table = tf.constant(list(map(float, values)) + [0.0], self.w.dtype)
+        return tf.gather(table, self.layer)
+
+    def layer_norms(self, *xs):
+        """The L2 norm of each x's whole layer, per element: one allreduce of the partial sums."""
+        partial = tf.stack([tf.math.unsorted_segment_sum(tf.square(x), self.layer, self._num + 1) for x in xs], 1)
+        # named: Horovod would name it after its input, whose graph name differs by rank (a rank's
+        # slice touches its own number of variables, so its trace has its own number of ops)
+        total = P.allreduce(tf.reshape(partial, [-1]), self._topo.world, name="sharded_layer_norms")
+        norms = tf.sqrt(tf.reshape(total, [self._num + 1, len(xs)]))
+        return [tf.gather(norms[:, j], self.layer) for j in range(len(xs))]
+
+
+class ShardedUpdate:
+    """The slices this rank owns in every bucket of every group, their state, and the step."""
+
+    def __init__(self, owner, var_list, groups):
+        self.owner, self.inner, self.topo = owner, owner.inner_optimizer, current_topology()
+        self.var_list, self.groups = list(var_list), groups
+        self._index = {id(agg): idx for agg, idx, _ in groups}
+        build, self._update = _form(self.inner)
+        dtypes = {v.dtype for v in var_list}
+        if len(dtypes) != 1:
+            raise ValueError(f"shard_optimizer needs one dtype for all variables, got {sorted(map(str, dtypes))}")
+        self.dtype = tf.as_dtype(dtypes.pop())
+        # per (group, bucket): (aggregator, bucket, padded, start, length)
+        self.pieces, layer = [], []
+        for agg, idx, _ in groups:
+            for bucket, (dp, start, s) in zip(agg.buckets, agg.shard_slices()):
+                ids = np.repeat([idx[p] for p in bucket.positions], bucket.sizes).astype(np.int32)
+                ids = np.concatenate([ids, np.full(dp - len(ids), len(var_list), np.int32)])
+                layer.append(ids[start:start + s])
+                self.pieces.append((agg, bucket, dp, start, s))
+        self.size = int(sum(p[4] for p in self.pieces))
+        slots, self.norms = build(self.var_list)
+        keras.optimizers.Optimizer.build(self.inner, self.var_list)   # its iterations, no per-variable state
+        decay = self.inner.weight_decay
+        self.decays = [float(decay) if decay and self.inner._use_weight_decay(v) else 0.0 for v in var_list]
+        with tf.init_scope():
+            self.layer = tf.Variable(np.concatenate(layer) if layer else np.zeros([0], np.int32),
+                                     trainable=False, name="shard_layer")
+            self.slots = {name: owner.add_variable(shape=[self.size], initializer="zeros", dtype=self.dtype.name,
+                                                   aggregation="none", name=f"shard_{name}") for name in slots}
+            # (m, n, rank, slice length): checked when a checkpoint is loaded (check_layout)
+            self.layout = owner.add_variable(shape=[4], initializer="zeros", dtype="int64", aggregation="none",
+                                             name="shard_layout")
+            self.layout.assign(self.expected_layout())   # eagerly: build may run inside a trace
+
+    def expected_layout(self):
+        return np.array([self.topo.m, self.topo.n, self.topo.rank, self.size], np.int64)
+
+    def check_layout(self):
+        """ValueError unless the state holds this rank's slices on this layout (after a load)."""
+        got = np.asarray(self.layout.numpy() if hasattr(self.layout, "numpy") else self.layout)
+        want = self.expected_layout()
+        if not np.array_equal(got, want):
+            raise ValueError(
+                f"the sharded optimizer state was saved by rank {got[2]} of a {got[0]}x{got[1]} layout "
+                f"(slice of {got[3]} entries); this is rank {want[2]} of {want[0]}x{want[1]} (slice of "
+                f"{want[3]}): shard_optimizer state loads only into the same world size and layout, rank by rank")
+
+    def reset(self):
+        for var in self.slots.values():
+            var.assign(tf.zeros(var.shape, var.dtype))
+
+    def norm_bytes(self):
+        """{"intra": B, "inter": B} per rank of the norm exchange (one allreduce per step)."""
+        nbytes = 4 * (len(self.var_list) + 1) * self.norms
+        if not self.norms or self.topo.size == 1:
+            return {link: 0.0 for link in link_bytes.LINKS}
+        return link_bytes.per_rank("allreduce", nbytes, "world", self.topo.m, self.topo.n)
+
+    def sent_bytes(self):
+        return link_bytes.add(*(agg.sharded_bytes() for agg, _, _ in self.groups), self.norm_bytes())
+
+    def state_bytes(self):
+        """Bytes of this rank's optimizer state (the slots)."""
+        return sum(self.size * self.dtype.size for _ in self.slots)
+
+    # -- the step --------------------------------------------------------------------------
+    def _weights(self, agg, bucket, start, s):
+        """This rank's slice [start, start + s) of the bucket's flat weights (zeros on the padding)."""
+        parts, offset = [], 0
+        for p, size in zip(bucket.positions, bucket.sizes):
+            lo, hi = max(start, offset), min(start + s, offset + size)
+            if lo < hi:
+                var = self.var_list[self._index[id(agg)][p]]
+                parts.append(tf.reshape(tf.convert_to_tensor(var), [-1])[lo - offset:hi - offset])
+            offset += size
+        pad = start + s - max(start, offset)
+        if pad > 0:
+            parts.append(tf.zeros([pad], self.dtype))
+        return tf.concat(parts, 0) if len(parts) > 1 else parts[0]
+
+    def reduce_scatter(self, send):
+        """(every bucket's averaged slice, in group/bucket order; commit)."""
+        pieces, commits = [], []
+        for agg, idx, _ in self.groups:
+            got, commit = agg.reduce_scatter_deferred([send[i] for i in idx], step=self.inner.iterations)
+            pieces += got
+            commits.append(commit)
+        return pieces, lambda: [c() for c in commits]
+
+    def step(self, pieces):
+        """The slice-wise update of the rank's slices, the all-gather, the weights written."""
+        lr = self.inner.learning_rate
+        g = tf.cast(tf.concat(pieces, 0) if len(pieces) > 1 else pieces[0], self.dtype)
+        w_old = tf.concat([self._weights(agg, b, start, s) for agg, b, _, start, s in self.pieces], 0)
+        w = w_old
+        layer = tf.convert_to_tensor(self.layer)
+        view = SliceView(g, w, tf.cast(self.inner.iterations + 1, self.dtype), layer, len(self.var_list),
+                         self.slots, self.topo)
+        if any(self.decays):   # Keras' decoupled weight decay, before the step
+            view.w = w = w - w * view.per_layer(self.decays) * tf.cast(lr, self.dtype)
+        new = tf.convert_to_tensor(self._update(view, lr))
+        compression = self._compression()
+        send = new if compression.exact else compression.encode(w_old - new)
+        sent = iter(tf.split(send, [s for *_, s in self.pieces]))
+        out = [None] * len(self.var_list)
+        for agg, idx, _ in self.groups:
+            for bucket, flat in zip(agg.buckets, agg.all_gather([next(sent) for _ in agg.buckets])):
+                for p, part, shape in zip(bucket.positions, tf.split(flat, bucket.sizes), bucket.shapes):
+                    out[idx[p]] = tf.reshape(part, shape)
+        for var, value in zip(self.var_list, out):
+            if compression.exact:
+                var.assign(value)
+            else:
+                var.assign(tf.convert_to_tensor(var) - compression.decode(value, None, self.dtype))
+            if getattr(var, "constraint", None) is not None:
+                var.assign(var.constraint(var))
+        self.inner.iterations.assign_add(1)
+
+    def _compression(self):
+        names = {agg.algorithm_options.get(agg.candidates[0], {}).get("compression", "none")
+                 for agg, _, _ in self.groups}
+        if len(names) != 1:
+            raise ValueError(f"compression: every group must use one, got {sorted(names)}")
+        return K.get(names.pop())
