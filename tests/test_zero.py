@@ -59,7 +59,10 @@ def check_exact(reports, kinds):
             plain = reports[0]["cases"][name]["unsharded"]["formula"]
             total = sum(counted.values()) / 4 / 3
             norm = 2 * 3 / 4 * 4 * (len(weights) + 1) * 2 if kind in ("lars", "lamb") else 0   # one allreduce of 7 x 2 floats
-            assert total == pytest.approx(sum(plain.values()) + norm, rel=1e-9), name
+            # the plain allreduce's bytes, plus the padding of a bucket to a multiple of P (< P entries
+            # of 4 bytes each, through reduce-scatter + all-gather) where its length is not one
+            padding = total - sum(plain.values()) - norm
+            assert 0 <= padding <= len(weights) * 3 * 2 * 4, (name, total, plain, norm)
     return reports
 
 
