@@ -43,6 +43,11 @@ def _epochs(d, job):
     return [[int(e) for e in re.findall(r"\] epoch +(\d+) ", run)] for run in runs]
 
 
+def _stats(summary):
+    """The weights' count, sum and l2 (their sha256 is bit-level: equal only under --deterministic)."""
+    return {k: v for k, v in summary["weights"].items() if k != "sha256"}
+
+
 def _assert_clean(job):
     left = leftovers(job)
     assert left == {"processes": [], "shm": []}, f"job {job} left {left}"
@@ -81,7 +86,7 @@ def test_train_job_matches_horovodrun(uninterrupted, tmp_path):
     for key in ("test_accuracy", "train_loss"):
         assert [r[key] for r in slurm_run["epochs"]] == pytest.approx([r[key] for r in hvd_run["epochs"]],
                                                                       rel=1e-6), key
-    assert slurm_run["weights"] == pytest.approx(hvd_run["weights"], rel=1e-6)
+    assert _stats(slurm_run) == pytest.approx(_stats(hvd_run), rel=1e-6)
 
 
 def test_two_nodes_failing_rank_fails_the_job(slurm, tmp_path):
@@ -150,5 +155,5 @@ def test_scancel_then_requeue_resumes(slurm, uninterrupted, tmp_path):
     reference = json.loads((ref_dir / "summary.json").read_text())
     assert resumed["epochs"][-1]["test_accuracy"] == pytest.approx(reference["epochs"][-1]["test_accuracy"],
                                                                    abs=1e-6)
-    assert resumed["weights"] == pytest.approx(reference["weights"], rel=1e-6)
+    assert _stats(resumed) == pytest.approx(_stats(reference), rel=1e-6)
     _assert_clean(job)
