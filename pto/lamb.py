@@ -63,7 +63,7 @@ class LAMB(LayerwiseTrust, keras.optimizers.Lamb):
         w = view.w
         r = self._direction(tf.cast(view.g, w.dtype), view.slot("momentum"), view.slot("velocity"), view.step)
         w_norm, r_norm = view.layer_norms(w, r)
-        return w - lamb_ratio(w_norm, r_norm) * tf.cast(learning_rate, w.dtype) * r
+        return w - view.per_layer(lamb_ratio(w_norm, r_norm) * tf.cast(learning_rate, w.dtype)) * r
 
     def _finish(self, variable, r, ratio, learning_rate):
         self.assign_sub(variable, ratio * tf.cast(learning_rate, variable.dtype) * r)

@@ -83,13 +83,15 @@ class LARS(LayerwiseTrust, keras.optimizers.Optimizer):
         return ("velocity",) if self.momentum else (), 2
 
     def sharded_update(self, view, learning_rate):
-        """This step on a slice of the flat weights: the same formulas, per-layer norms exchanged."""
+        """This step on a slice of the flat weights: the same formulas, per-layer norms exchanged;
+        the ratios computed per layer and expanded once."""
         w, g = view.w, tf.cast(view.g, view.w.dtype)
-        decay = view.per_layer(self._decays)
+        decays = tf.constant(list(map(float, self._decays)) + [0.0], w.dtype)
         w_norm, g_norm = view.layer_norms(w, g)
-        ratio = tf.where(view.per_layer(self._adapted) > 0, lars_ratio(w_norm, g_norm, decay, self.eeta),
-                         tf.ones_like(w))
-        step = tf.cast(learning_rate, w.dtype) * ratio * (g + decay * w)
+        adapted = tf.constant(list(map(bool, self._adapted)) + [False])
+        ratio = tf.where(adapted, lars_ratio(w_norm, g_norm, decays, self.eeta), tf.ones_like(w_norm))
+        u = g + view.per_layer(decays) * w if any(self._decays) else g
+        step = view.per_layer(tf.cast(learning_rate, w.dtype) * ratio) * u
         if not self.momentum:
             return w - step
         v = view.slot("velocity")

@@ -20,9 +20,11 @@ its allreduce when a bucket's length is a multiple of P, else its padding of < P
 for layer-wise optimizers, one allreduce of (L + 1) * k float32 per step (L variables, k = 2
 quantities for LARS and LAMB; the +1 is the padding's dummy layer).
 
-Layer-wise norms: a slice may cut a layer apart, so each element carries its variable's index
-(``SliceView.layer``); partial sums of squares per touched layer (tf.math.unsorted_segment_sum) and
-ONE small allreduce give every rank the exact per-layer norms (up to summation order).
+Layer-wise norms: a slice may cut a layer apart. The slice is a sequence of runs, each a piece of
+one variable (or the padding), known when the optimizer is built; partial sums of squares per run,
+summed per variable, and ONE small allreduce give every rank the exact per-layer norms (up to
+summation order). Per-layer values reach the elements as one fill per run (a per-element gather
+or segment sum costs 5-7 element-wise passes on CPU).
 
 Slice-wise forms. Keras' SGD, Adam and AdamW get theirs from FORMS below (exact classes). Any other
 optimizer may provide one by duck typing (pto.LARS and pto.LAMB do; tf_commlib imports neither):
@@ -35,8 +37,10 @@ optimizer may provide one by duck typing (pto.LARS and pto.LAMB do; tf_commlib i
     optimizer.sharded_update(view, learning_rate) -> the new weights of the slice
         ``view`` is a SliceView: ``g`` (the averaged gradient), ``w`` (the weights, after Keras'
         decoupled weight_decay), ``step`` (iterations + 1, as a float), ``slot(name)`` (the state
-        variable to read and assign), ``per_layer(values)`` (a per-variable list -> per element),
-        ``layer_norms(*xs)`` (the exact per-layer L2 norm of each x, per element; call it once).
+        variable to read and assign), ``per_layer(values)`` (per-variable values, a list of L or a
+        [L + 1] tensor whose last entry is the padding's -> per element), ``layer_norms(*xs)``
+        (the exact L2 norm of each x's whole layers, a [L + 1] tensor each; call it once): compute
+        per-layer quantities on those small tensors and expand each once with per_layer.
 
 The wrapped optimizer's ``iterations`` advances by one per applied step, its learning rate (a
 schedule too) is read before, and Keras' ``weight_decay`` (with exclude_from_weight_decay) is applied
@@ -126,28 +130,48 @@ def _form(optimizer):
 
 
 class SliceView:
-    """What a slice-wise form sees (see the module doc)."""
+    """What a slice-wise form sees (see the module doc). ``runs``: (variable index, length) of the
+    slice's consecutive pieces; index L (the number of variables) is the padding."""
 
-    def __init__(self, g, w, step, layer, num_layers, slots, topo):
+    def __init__(self, g, w, step, runs, num_layers, slots, topo):
         self.g, self.w, self.step = g, w, step
-        self.layer, self._num, self._slots, self._topo = layer, num_layers, slots, topo
+        self._runs, self._num, self._slots, self._topo = runs, num_layers, slots, topo
 
     def slot(self, name):
         return self._slots[name]
 
     def per_layer(self, values):
-        """values[i] for variable i, per element of the slice (0 on the padding)."""
-        table = tf.constant(list(map(float, values)) + [0.0], self.w.dtype)
-        return tf.gather(table, self.layer)
+        """values[i] for variable i, per element of the slice (the padding: 0, or a tensor's entry L)."""
+        table = values if tf.is_tensor(values) else tf.constant(list(map(float, values)) + [0.0], self.w.dtype)
+        table = tf.cast(table, self.w.dtype)
+        parts = [tf.fill([n], table[layer]) for layer, n in self._runs]
+        if not parts:
+            return tf.zeros([0], self.w.dtype)
+        return tf.concat(parts, 0) if len(parts) > 1 else parts[0]
 
     def layer_norms(self, *xs):
-        """The L2 norm of each x's whole layer, per element: one allreduce of the partial sums."""
-        partial = tf.stack([tf.math.unsorted_segment_sum(tf.square(x), self.layer, self._num + 1) for x in xs], 1)
+        """The L2 norm of each x's whole layers, a [L + 1] tensor each: one allreduce of the partial sums."""
+        ids, lengths = [layer for layer, _ in self._runs], [n for _, n in self._runs]
+        partial = []
+        for x in xs:
+            runs = tf.split(x, lengths) if len(lengths) > 1 else [x] * len(lengths)
+            sums = [tf.reduce_sum(tf.square(run)) for run in runs]
+            partial.append(tf.math.unsorted_segment_sum(tf.stack(sums), ids, self._num + 1) if sums
+                           else tf.zeros([self._num + 1], x.dtype))
         # named: Horovod would name it after its input, whose graph name differs by rank (a rank's
         # slice touches its own number of variables, so its trace has its own number of ops)
-        total = P.allreduce(tf.reshape(partial, [-1]), self._topo.world, name="sharded_layer_norms")
+        total = P.allreduce(tf.reshape(tf.stack(partial, 1), [-1]), self._topo.world, name="sharded_layer_norms")
         norms = tf.sqrt(tf.reshape(total, [self._num + 1, len(xs)]))
-        return [tf.gather(norms[:, j], self.layer) for j in range(len(xs))]
+        return [norms[:, j] for j in range(len(xs))]
+
+
+def _runs(ids):
+    """[(id, length)] of the consecutive equal entries of ids."""
+    if not len(ids):
+        return []
+    starts = np.flatnonzero(np.diff(ids)) + 1
+    bounds = np.concatenate([[0], starts, [len(ids)]])
+    return [(int(ids[a]), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 class ShardedUpdate:
@@ -171,13 +195,12 @@ class ShardedUpdate:
                 layer.append(ids[start:start + s])
                 self.pieces.append((agg, bucket, dp, start, s))
         self.size = int(sum(p[4] for p in self.pieces))
+        self.runs = _runs(np.concatenate(layer) if layer else np.zeros([0], np.int32))
         slots, self.norms = build(self.var_list)
         keras.optimizers.Optimizer.build(self.inner, self.var_list)   # its iterations, no per-variable state
         decay = self.inner.weight_decay
         self.decays = [float(decay) if decay and self.inner._use_weight_decay(v) else 0.0 for v in var_list]
         with tf.init_scope():
-            self.layer = tf.Variable(np.concatenate(layer) if layer else np.zeros([0], np.int32),
-                                     trainable=False, name="shard_layer")
             self.slots = {name: owner.add_variable(shape=[self.size], initializer="zeros", dtype=self.dtype.name,
                                                    aggregation="none", name=f"shard_{name}") for name in slots}
             # (m, n, rank, slice length): checked when a checkpoint is loaded (check_layout)
@@ -246,8 +269,7 @@ class ShardedUpdate:
         g = tf.cast(tf.concat(pieces, 0) if len(pieces) > 1 else pieces[0], self.dtype)
         w_old = tf.concat([self._weights(agg, b, start, s) for agg, b, _, start, s in self.pieces], 0)
         w = w_old
-        layer = tf.convert_to_tensor(self.layer)
-        view = SliceView(g, w, tf.cast(self.inner.iterations + 1, self.dtype), layer, len(self.var_list),
+        view = SliceView(g, w, tf.cast(self.inner.iterations + 1, self.dtype), self.runs, len(self.var_list),
                          self.slots, self.topo)
         if any(self.decays):   # Keras' decoupled weight decay, before the step
             view.w = w = w - w * view.per_layer(self.decays) * tf.cast(lr, self.dtype)
