@@ -1,6 +1,7 @@
 """The DAWNBench script (scripts/dawnbench_resnet50.py) end to end on 4 ranks (2x2): real JPEGs
 (sklearn digits as an ImageNet-layout folder) through DataCache, progressive resizing over four
-stages, hitopk + mstopk then 2dtar, LARS through PTO; kill and resume; synthetic ResNet-50."""
+stages, hitopk + mstopk then 2dtar, LARS through PTO; kill and resume; synthetic ResNet-50 with
+the sharded optimizer update (--shard-optimizer)."""
 import json
 import os
 import re
@@ -107,12 +108,16 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(digits, uninterrupted, 
     assert [r["epoch"] for r in _rows(tmp_path)] == [1, 2, 3, 4, 5]
 
 
-def test_synthetic_resnet50_few_steps_on_4_ranks(tmp_path):
+def test_synthetic_resnet50_few_steps_on_4_ranks_sharded_lars(tmp_path):
+    """ResNet-50 through the script, with --shard-optimizer (ZeRO-1) LARS over 2dtar: its 161
+    variables cut into slices, the replicas identical, LARS's momentum in slices of 1/4."""
     out = _run(["--synthetic", "--model", "resnet50", "--stages", "64:1:2", "--steps-per-epoch", "2",
-                "--schedule", "0:hitopk", "--density", "0.01", "--breakdown-steps", "0"], tmp_path)
+                "--schedule", "0:2dtar", "--shard-optimizer", "--breakdown-steps", "0"], tmp_path)
     rows = _rows(tmp_path)
     assert len(rows) == 1 and rows[0]["resolution"] == 64 and rows[0]["images_per_s"] > 0
     _digest(out)
+    ratio = float(re.search(r"optimizer state sharded: [\d.]+ MB per rank, ([\d.]+) of unsharded", out).group(1))
+    assert 0.24 <= ratio <= 0.26, out[-2000:]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -124,6 +129,8 @@ def test_synthetic_resnet50_few_steps_on_4_ranks(tmp_path):
     (["--synthetic", "--schedule", "5:hitopk"], "--schedule must start at epoch 0"),
     (["--synthetic", "--schedule", "0:nosuch"], "--schedule"),
     (["--synthetic", "--density", "0"], "--density"),
+    (["--synthetic", "--shard-optimizer"], "--shard-optimizer needs one dense or 2dtar algorithm for the whole run"),
+    (["--synthetic", "--shard-optimizer", "--schedule", "0:dense,3:2dtar"], "--shard-optimizer needs one dense"),
     (["--tfds", "imagenet2012"], "--tfds needs --manual-dir"),
     ([], "give exactly one of --data DIR, --tfds NAME, --synthetic"),
 ])

@@ -85,7 +85,7 @@ FLAGS = {
     "python -m tfc_apps.bench convergence": "a benchmark: a dozen 4-rank trainings",
     "python -m tfc_apps.bench datacache": "a benchmark (6000 JPEGs, several modes, 2 runs)",
     "python -m tfc_apps.bench pto": "a benchmark: jobs at P = 1, 2, 4",
-    "python -m tfc_apps.bench pto --ranks 4 --models resnet50 --repeats 3": "a benchmark: one 4-rank job (4 min)",
+    "python -m tfc_apps.bench pto --ranks 4 --models resnet50 --repeats 7": "a benchmark: one 4-rank job (8 min)",
     "python -m tfc_apps.bench e2e": "a benchmark: ResNet-50 on 4 ranks at 3 resolutions",
     "python -m tfc_apps.bench tta": "a benchmark: 18 four-rank trainings, under an hour",
     "python -m tfc_apps.bench tta --inter-mbit 25": "a benchmark: 6 four-rank trainings (12 min)",

@@ -63,7 +63,8 @@ def test_bad_loss_scale_arguments_are_refused():
 def test_one_rank_overflowing_skips_the_step_on_every_rank(tmp_path):
     """4 ranks as 2 nodes x 2, mixed_float16 with Keras' own wrap; one epoch per collective, and at
     step 1 of each rank 0 alone overflows: no hang, every rank skips that step (iterations, weights,
-    DGC momentum and residuals unchanged; loss scale halved everywhere), replicas stay identical."""
+    DGC momentum and residuals unchanged; loss scale halved everywhere), replicas stay identical.
+    Then the same for the sharded update (shard_optimizer=True)."""
     reports = hvdrun.run("mixed_precision_worker.py", 4, tmp_path, args=["collectives"], topology="2x2",
                          timeout=300, env=THREADS)
     for r in reports:
@@ -78,6 +79,17 @@ def test_one_rank_overflowing_skips_the_step_on_every_rank(tmp_path):
         assert r["state_finite"]
     assert len({r["weights"] for r in reports}) == 1
     assert reports[0]["epochs"] == reports[1]["epochs"] == reports[3]["epochs"]
+    # the sharded update (ZeRO-1) under the same wrap: skipped together, its state slices untouched
+    for r in reports:
+        s = r["sharded"]
+        assert s["optimizer_type"] == "tf_commlib.keras.loss_scale.LossScaleOptimizer"
+        assert [e["algorithm"] for e in s["epochs"]] == ["2dtar", "2dtar"]
+        for e in s["epochs"]:
+            assert e["iterations"][0] == e["iterations"][1] and e["scale"][1] == e["scale"][0] / 2, e
+            assert e["weights_unchanged"] and e["state_unchanged"] and e["state_finite"], e
+        assert s["iterations"] == 2 * 3 and s["scale"] == 2.0 ** 15 / 4
+        assert s["state_bytes"] > 0
+    assert len({r["sharded"]["weights"] for r in reports}) == 1
 
 
 def test_loss_scale_forms_and_bfloat16_train(tmp_path):

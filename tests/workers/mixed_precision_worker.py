@@ -2,7 +2,8 @@
 
 ``collectives``: mixed_float16, Keras' compile wraps the DistributedOptimizer in its
 LossScaleOptimizer; one epoch per collective (schedule), and at step OVERFLOW of every epoch rank 0
-alone feeds a batch that overflows float16. Reports, per epoch, what that step changed.
+alone feeds a batch that overflows float16. Reports, per epoch, what that step changed. Then the
+same for 2 epochs of the sharded update (shard_optimizer=True, 2dtar, fp16 deltas, Adam).
 ``forms``: DistributedOptimizer(keras LossScaleOptimizer(SGD)) trains (and grows its scale) with
 AdaptiveDensity profiling through the wrapper, a
 custom loop with a per-rank keras LossScaleOptimizer is refused, mixed_bfloat16 trains."""
@@ -54,7 +55,8 @@ def class_name(obj):
 def rank_state(opt):
     """DGC momentum and every aggregator's residuals (numpy)."""
     residuals = [v for agg, _, _ in opt._groups for v in agg.residuals.values()]
-    return [v.numpy() for v in list(opt.velocities) + residuals]
+    shards = list(opt._sharded.slots.values()) if opt._sharded is not None else []   # this rank's slices
+    return [v.numpy() for v in list(opt.velocities) + residuals + shards]
 
 
 class OverflowProbe(keras.callbacks.Callback):
@@ -96,12 +98,26 @@ def collectives():
     hist = model.fit(x, y, batch_size=BATCH, epochs=len(algorithms), shuffle=False, verbose=0,
                      callbacks=default_callbacks() + [probe])
     dist = distributed_optimizer(model)
-    return {"optimizer_type": class_name(model.optimizer), "epochs": probe.epochs,
-            "iterations": int(model.optimizer.iterations.numpy()),
-            "scale": float(model.optimizer.dynamic_scale.numpy()),
-            "weights": digest([w.numpy() for w in model.weights]),
-            "state_finite": all(np.isfinite(a).all() for a in rank_state(dist)),
-            "loss": hist.history["loss"]}
+    out = {"optimizer_type": class_name(model.optimizer), "epochs": probe.epochs,
+           "iterations": int(model.optimizer.iterations.numpy()),
+           "scale": float(model.optimizer.dynamic_scale.numpy()),
+           "weights": digest([w.numpy() for w in model.weights]),
+           "state_finite": all(np.isfinite(a).all() for a in rank_state(dist)),
+           "loss": hist.history["loss"]}
+    # the sharded update (ZeRO-1: 2dtar, 16-bit weight deltas, Adam's moments in slices) under the same
+    # wrap: the overflowing step is skipped on every rank, the state slices untouched
+    sharded = DistributedOptimizer(keras.optimizers.Adam(0.01), algorithm="2dtar", compression="fp16",
+                                   momentum_correction=False, shard_optimizer=True)
+    model = model_with(sharded, "mixed_float16")
+    probe = OverflowProbe()
+    hist = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+                     callbacks=default_callbacks() + [probe])
+    out["sharded"] = {"optimizer_type": class_name(model.optimizer), "epochs": probe.epochs,
+                      "iterations": int(model.optimizer.iterations.numpy()),
+                      "scale": float(model.optimizer.dynamic_scale.numpy()),
+                      "weights": digest([w.numpy() for w in model.weights]),
+                      "state_bytes": sharded._sharded.state_bytes(), "loss": hist.history["loss"]}
+    return out
 
 
 def forms():

@@ -239,6 +239,10 @@ class ShardedUpdate:
         """Bytes of this rank's optimizer state (the slots)."""
         return sum(self.size * self.dtype.size for _ in self.slots)
 
+    def unsharded_state_bytes(self):
+        """Bytes the same state takes unsharded (every slot for every weight)."""
+        return len(self.slots) * sum(int(np.prod(v.shape)) for v in self.var_list) * self.dtype.size
+
     # -- the step --------------------------------------------------------------------------
     def _weights(self, agg, bucket, start, s):
         """This rank's slice [start, start + s) of the bucket's flat weights (zeros on the padding)."""

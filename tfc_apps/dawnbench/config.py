@@ -75,6 +75,10 @@ def parser():
     a("--calibrate", action="store_true",
       help="measure the link parameters first (tf_commlib.costmodel.calibrate), for the schedule's 'auto'; "
            "the seconds it takes count in the wall time")
+    a("--shard-optimizer", action="store_true",
+      help="ZeRO-1: each rank updates and keeps optimizer state for its slice only, and the weights are "
+           "all-gathered (DistributedOptimizer(shard_optimizer=True)); needs one dense or 2dtar algorithm "
+           "for the whole --schedule. The step breakdown still times the unsharded update")
     a("--dgc-warmup", type=int, default=0, help="DGC density warm-up epochs")
     a("--optimizer", choices=("lars", "lamb", "sgd"), default="lars")
     a("--lr", type=float, default=None, help="peak learning rate (default per optimizer)")
@@ -144,4 +148,8 @@ def check(args):
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)!r}")
     if args.num_classes < 2:
         raise ValueError(f"--num-classes must be >= 2, got {args.num_classes!r}")
+    if args.shard_optimizer and (len(set(args.schedule_map.values())) != 1
+                                 or args.schedule_map[0] not in ("dense", "2dtar")):
+        raise ValueError(f"--shard-optimizer needs one dense or 2dtar algorithm for the whole run, got --schedule "
+                         f"{args.schedule!r} (hitopk and switching schedules are not sharded yet)")
     check_algorithms(args.schedule_map)

@@ -47,9 +47,12 @@ def make_optimizer(args, data, topo, cost_params=None):
     return DistributedOptimizer(inner, algorithm=args.schedule_map[0], density=args.density,
                                 selector=args.selector, schedule=args.schedule_map,
                                 momentum=None if args.optimizer != "lamb" else args.momentum,
-                                momentum_correction=args.optimizer != "lamb",
+                                # sharded (dense/2dtar only): the wrapped optimizer's momentum, kept in
+                                # slices (DGC's correction is for sparse collectives; it keeps full copies)
+                                momentum_correction=args.optimizer != "lamb" and not args.shard_optimizer,
                                 warmup=args.dgc_warmup, seed=args.seed, compression=args.compression,
                                 overlap=not args.no_overlap, cost_params=cost_params,
+                                shard_optimizer=args.shard_optimizer,
                                 **({} if args.fusion_threshold_bytes is None
                                    else {"fusion_threshold_bytes": args.fusion_threshold_bytes}))
 
@@ -145,6 +148,10 @@ def train(args, topo, data):
         if cache_line:
             print(cache_line, flush=True)
         print(f"weights identical on all {topo.size} ranks: sha256 {digest}", flush=True)
+        if opt._sharded is not None:
+            mine, full = opt._sharded.state_bytes(), opt._sharded.unsharded_state_bytes()
+            print(f"optimizer state sharded: {mine / 1e6:.1f} MB per rank, {mine / max(full, 1):.3f} of "
+                  f"unsharded {full / 1e6:.1f} MB", flush=True)
         if log.tta is None:
             print(f"time-to-accuracy: top-5 {args.target_top5} not reached", flush=True)
         log.plot(os.path.join(args.log_dir, "accuracy_throughput.png"))
