@@ -129,8 +129,8 @@ def test_synthetic_resnet50_few_steps_on_4_ranks_sharded_lars(tmp_path):
     (["--synthetic", "--schedule", "5:hitopk"], "--schedule must start at epoch 0"),
     (["--synthetic", "--schedule", "0:nosuch"], "--schedule"),
     (["--synthetic", "--density", "0"], "--density"),
-    (["--synthetic", "--shard-optimizer"], "--shard-optimizer needs one dense or 2dtar algorithm for the whole run"),
-    (["--synthetic", "--shard-optimizer", "--schedule", "0:dense,3:2dtar"], "--shard-optimizer needs one dense"),
+    (["--synthetic", "--shard-optimizer"], "--shard-optimizer needs one algorithm for the whole run that can shard (2dtar, dense)"),
+    (["--synthetic", "--shard-optimizer", "--schedule", "0:dense,3:2dtar"], "--shard-optimizer needs one algorithm"),
     (["--tfds", "imagenet2012"], "--tfds needs --manual-dir"),
     ([], "give exactly one of --data DIR, --tfds NAME, --synthetic"),
 ])

@@ -33,7 +33,7 @@ from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import with_compression
 from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
 from tf_commlib.overlap import after_all
-from tf_commlib.keras.policy import WARMUP_DENSITIES, check_candidates, default_dense_layers, parse_schedule
+from tf_commlib.keras.policy import EpochPolicy, check_candidates, default_dense_layers, parse_schedule
 from tf_commlib.keras.sharded import ShardedUpdate, check_shardable
 from tf_commlib.topology import topology as current_topology
 
@@ -44,7 +44,7 @@ def _zero_at(variable, flat_indices):
 
 
 @keras.saving.register_keras_serializable(package="tf_commlib")
-class DistributedOptimizer(keras.optimizers.Optimizer):
+class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
     """Wraps a Keras optimizer; gradients are averaged over all Horovod ranks before its step.
 
     Args:
@@ -239,16 +239,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 super().__setattr__("_wrapped_by_loss_scale", True)
         super().__setattr__(name, value)
 
-    # -- epoch-driven policy ---------------------------------------------------------------
-    def density_at(self, epoch):
-        if epoch < self.warmup:   # adaptive: the choice comes after the warm-up, which alone decides
-            warm = WARMUP_DENSITIES[min(epoch, len(WARMUP_DENSITIES) - 1)]
-            return warm if self.adaptive else max(self.target_density, warm)
-        return self.target_density
-
-    def algorithm_at(self, epoch):
-        return [a for e, a in self.schedule.items() if e <= epoch][-1]
-
+    # -- groups and bytes -------------------------------------------------------------------
     def sent_bytes_at(self, epoch):
         """{"intra": B, "inter": B} a step sends per rank at this epoch (the collectives' formulas)."""
         if self._sharded is not None:   # reduce-scatter + all-gather, and the norm exchange
@@ -256,11 +247,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         return link_bytes.add(*(agg.sent_bytes(self.algorithm_at(epoch), self.density_at(epoch))
                                 if sparse else agg.sent_bytes() for agg, _, sparse in self._groups))
 
-    def set_target_density(self, density):
-        """The density after warm-up (AdaptiveDensity's choice); takes effect without retracing
-        (the aggregators' density is a variable that feeds k)."""
-        check_config(self.algorithm_at(0), density, self.selector)
-        self.target_density = float(density)
+    def sharded_state_bytes(self):
+        """(this rank's, unsharded) bytes of the wrapped optimizer's state with shard_optimizer=True
+        (after build); None without sharding."""
+        if self._sharded is None:
+            return None
+        return self._sharded.state_bytes(), self._sharded.unsharded_state_bytes()
 
     def sparse_aggregators(self):
         return [agg for agg, _, sparse in self._groups if sparse]
@@ -269,30 +261,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         """[(GradientAggregator, indices of the variables it aggregates)], in the order a step runs
         them (after build; the dense-layer group last): for profiling, e.g. twins with fresh state."""
         return [(agg, list(idx)) for agg, idx, _ in self._groups]
-
-    _epoch = 0
-
-    def set_epoch(self, epoch):
-        """Sets density and collective for an epoch (called by CompressionScheduler); before the
-        optimizer is built (the first step builds it) the epoch is kept and applied by build()."""
-        self._epoch = epoch
-        if self._groups_built():
-            self._apply_epoch(epoch)
-
-    def _groups_built(self):
-        return bool(getattr(self, "_groups", None))
-
-    def _apply_epoch(self, epoch):
-        # eagerly: build() runs while Keras traces the first train step, where an assign would
-        # only be recorded in that graph (and never run)
-        with tf.init_scope():
-            self._assign_epoch(epoch)
-
-    def _assign_epoch(self, epoch):
-        for agg, _, sparse in self._groups:
-            if sparse:
-                agg.set_density(self.density_at(epoch))
-                agg.set_algorithm(self.algorithm_at(epoch))
 
     # -- the step --------------------------------------------------------------------------
     def apply(self, grads, trainable_variables=None):

@@ -1,5 +1,8 @@
 """The epoch-level policies of DistributedOptimizer: DGC warm-up, RedSync dense layers, schedules,
 adaptive density's candidates (the choosing is keras/adaptive.py)."""
+import tensorflow as tf
+
+from tf_commlib.aggregator import check_config
 from tf_commlib.collectives import ALGORITHMS
 
 # DGC §3.2: density during the warm-up epochs (sparsity 75 %, 93.75 %, 98.4375 %, 99.6 %).
@@ -60,3 +63,48 @@ def check_candidates(density, candidates):
         if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 < c <= 1.0:
             raise ValueError(f"candidates must be densities in (0, 1], got {candidates!r}")
     return tuple(float(c) for c in candidates)
+
+
+class EpochPolicy:
+    """DistributedOptimizer's epoch-driven policy: the density (DGC warm-up, then the target) and
+    the collective (the schedule) of each epoch, set on its sparse aggregators. Needs the
+    optimizer's schedule, warmup, target_density, adaptive, selector and _groups."""
+
+    def density_at(self, epoch):
+        if epoch < self.warmup:   # adaptive: the choice comes after the warm-up, which alone decides
+            warm = WARMUP_DENSITIES[min(epoch, len(WARMUP_DENSITIES) - 1)]
+            return warm if self.adaptive else max(self.target_density, warm)
+        return self.target_density
+
+    def algorithm_at(self, epoch):
+        return [a for e, a in self.schedule.items() if e <= epoch][-1]
+
+    def set_target_density(self, density):
+        """The density after warm-up (AdaptiveDensity's choice); takes effect without retracing
+        (the aggregators' density is a variable that feeds k)."""
+        check_config(self.algorithm_at(0), density, self.selector)
+        self.target_density = float(density)
+
+    _epoch = 0
+
+    def set_epoch(self, epoch):
+        """Sets density and collective for an epoch (called by CompressionScheduler); before the
+        optimizer is built (the first step builds it) the epoch is kept and applied by build()."""
+        self._epoch = epoch
+        if self._groups_built():
+            self._apply_epoch(epoch)
+
+    def _groups_built(self):
+        return bool(getattr(self, "_groups", None))
+
+    def _apply_epoch(self, epoch):
+        # eagerly: build() runs while Keras traces the first train step, where an assign would
+        # only be recorded in that graph (and never run)
+        with tf.init_scope():
+            self._assign_epoch(epoch)
+
+    def _assign_epoch(self, epoch):
+        for agg, _, sparse in self._groups:
+            if sparse:
+                agg.set_density(self.density_at(epoch))
+                agg.set_algorithm(self.algorithm_at(epoch))

@@ -49,13 +49,19 @@ def parse_schedule(text):
     return out
 
 
-def check_algorithms(schedule):
+def check_algorithms(schedule, shard_optimizer=False):
     """Last of the checks: the registry imports TensorFlow."""
     from tf_commlib.collectives import ALGORITHMS
 
-    unknown = sorted(set(schedule.values()) - set(ALGORITHMS) - {"auto"})
+    names = set(schedule.values())
+    unknown = sorted(names - set(ALGORITHMS) - {"auto"})
     if unknown:
         raise ValueError(f"--schedule: unknown algorithm(s) {unknown}; known: {sorted(ALGORITHMS) + ['auto']}")
+    if shard_optimizer and (len(names) != 1 or "auto" in names or ALGORITHMS[names.pop()].sharding is None):
+        shardable = sorted(n for n, c in ALGORITHMS.items() if c.sharding is not None)
+        raise ValueError(f"--shard-optimizer needs one algorithm for the whole run that can shard ({', '.join(shardable)}), "
+                         f"got --schedule {','.join(f'{e}:{a}' for e, a in schedule.items())!r} "
+                         "(hitopk and switching schedules are not sharded yet)")
 
 
 def parser():
@@ -148,8 +154,4 @@ def check(args):
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)!r}")
     if args.num_classes < 2:
         raise ValueError(f"--num-classes must be >= 2, got {args.num_classes!r}")
-    if args.shard_optimizer and (len(set(args.schedule_map.values())) != 1
-                                 or args.schedule_map[0] not in ("dense", "2dtar")):
-        raise ValueError(f"--shard-optimizer needs one dense or 2dtar algorithm for the whole run, got --schedule "
-                         f"{args.schedule!r} (hitopk and switching schedules are not sharded yet)")
-    check_algorithms(args.schedule_map)
+    check_algorithms(args.schedule_map, args.shard_optimizer)

@@ -148,8 +148,8 @@ def train(args, topo, data):
         if cache_line:
             print(cache_line, flush=True)
         print(f"weights identical on all {topo.size} ranks: sha256 {digest}", flush=True)
-        if opt._sharded is not None:
-            mine, full = opt._sharded.state_bytes(), opt._sharded.unsharded_state_bytes()
+        if opt.sharded_state_bytes() is not None:
+            mine, full = opt.sharded_state_bytes()
             print(f"optimizer state sharded: {mine / 1e6:.1f} MB per rank, {mine / max(full, 1):.3f} of "
                   f"unsharded {full / 1e6:.1f} MB", flush=True)
         if log.tta is None:
