@@ -3,7 +3,8 @@
 On 4 ranks (2x2 and 1x4): the sharded update of SGD-momentum, Adam, AdamW, pto.LARS and pto.LAMB,
 with and without DGC momentum correction, equals the unsharded one and the numpy reference on
 variables that straddle the slices; replicas are bit-identical; the state per rank is ~1/P; the
-bytes counted equal the formula. Single process: the argument errors."""
+bytes counted equal the formula. Sharded over a node's ranks (2x2) across a hitopk -> 2dtar switch.
+Single process: the argument errors."""
 import keras
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import pto
 from tests import hvdrun
 from tests import pto_reference as ref
 from tf_commlib.keras import DistributedOptimizer
-from tf_commlib.keras.sharded import SUPPORTED
+from tf_commlib.keras.sharded import SUPPORTED, world_sharded
 
 DECAYED = [len(s) > 1 for s in ref.ZERO_SHAPES]   # the 1-D ones are named bias*
 
@@ -77,6 +78,37 @@ def test_sharded_updates_equal_unsharded_and_numpy(layout, algorithm, slots, tmp
     assert [r["slices"] for r in reports] == [[[2256, s * 564, 564], [80, s * 20, 20]] for s in slots]
 
 
+def test_sharded_over_a_node_with_hitopk_then_2dtar(tmp_path):
+    """hitopk for an epoch, then 2dtar (DAWNBench's switch): the update is sharded over a node's n = 2
+    ranks, equals the unsharded one, replicas bit-identical, state 1/n, bytes = the formula."""
+    kinds = "lars,sgd,adam"
+    reports = hvdrun.run("zero_worker.py", 4, tmp_path, topology="2x2", args=["sparse", kinds], timeout=500)
+    for kind in kinds.split(","):
+        for correction in (False, True):
+            name = f"{kind}_{correction}"
+            for r in reports:
+                sharded, unsharded = r["cases"][name]["sharded"], r["cases"][name]["unsharded"]
+                assert sharded["iterations"] == unsharded["iterations"] == 4, name
+                assert max(np.abs(np.array(w) - np.array(u)).max()
+                           for w, u in zip(sharded["weights"], unsharded["weights"])) <= 1e-6, name
+                assert max(np.abs(np.array(w) - np.array(u)).max()
+                           for w, u in zip(sharded["weights"], ref.zero_inputs(0, 1)[0])) > 1e-3, name
+                assert sharded["digest"] == reports[0]["cases"][name]["sharded"]["digest"], (name, r["rank"])
+                if unsharded["state_bytes"]:   # 1/n of the state (n = 2 ranks per node), plus padding
+                    assert 0.5 <= sharded["state_bytes"] / unsharded["state_bytes"] <= 0.51, name
+            for epoch in (0, 1):   # hitopk, then 2dtar: the bytes counted on 4 ranks = 4 x 2 steps x formula
+                counted = {link: sum(r["cases"][name]["sharded"]["counted"][epoch][link] for r in reports)
+                           for link in ("intra", "inter")}
+                formula = reports[0]["cases"][name]["sharded"]["formula"][epoch]
+                assert counted == pytest.approx({link: 8 * formula[link] for link in counted}, rel=1e-12), (name, epoch)
+                plain = reports[0]["cases"][name]["unsharded"]["formula"][epoch]
+                assert formula["inter"] == pytest.approx(plain["inter"]), (name, epoch)   # nothing more between nodes
+    # local rank l = rank % 2 owns [l*s, (l+1)*s) of each bucket padded to 2*s (sparse group, dense group)
+    for r in reports:
+        l = r["rank"] % 2
+        assert all(start == l * s and dp == 2 * s for dp, start, s in r["slices"]), r["slices"]
+
+
 def test_16_bit_weight_deltas(tmp_path):
     reports = hvdrun.run("zero_worker.py", 4, tmp_path, topology="2x2", args=["compression"], timeout=400)
     weights = ref.zero_inputs(0, 1)[0]
@@ -101,10 +133,13 @@ def test_16_bit_weight_deltas(tmp_path):
 def test_argument_errors():
     with pytest.raises(ValueError, match="shard_optimizer must be True or False"):
         DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="dense", shard_optimizer=1)
-    for kwargs in ({"algorithm": "hitopk"}, {"algorithm": "auto"}, {"algorithm": "dense", "schedule": {0: "dense", 2: "2dtar"}},
-                   {"algorithm": "dense", "qrgc": True, "schedule": {0: "hitopk"}}):
-        with pytest.raises(ValueError, match="shard_optimizer needs dense or 2dtar for every group"):
-            DistributedOptimizer(keras.optimizers.SGD(0.1), shard_optimizer=True, **kwargs)
+    # one dense / 2dtar algorithm: sharded over all ranks; anything else over the ranks of a node
+    for kwargs, world in (({"algorithm": "hitopk"}, False), ({"algorithm": "auto"}, False),
+                          ({"algorithm": "dense", "schedule": {0: "dense", 2: "2dtar"}}, False),
+                          ({"algorithm": "dense", "qrgc": True, "schedule": {0: "hitopk"}}, False),
+                          ({"algorithm": "2dtar"}, True), ({"algorithm": "dense", "compression": "fp16"}, True)):
+        dist = DistributedOptimizer(keras.optimizers.SGD(0.1), shard_optimizer=True, **kwargs)
+        assert world_sharded(dist.schedule) is world, kwargs
     for opt in (keras.optimizers.RMSprop(0.1), keras.optimizers.Lamb(0.1), keras.optimizers.Nadam()):
         with pytest.raises(ValueError, match=f"shard_optimizer: {type(opt).__name__} has no slice-wise form") as e:
             DistributedOptimizer(opt, algorithm="dense", momentum_correction=False, shard_optimizer=True)
@@ -121,15 +156,21 @@ def test_argument_errors():
     assert DistributedOptimizer(keras.optimizers.SGD(0.1)).get_config()["shard_optimizer"] is False
 
 
-def test_fit_sharded_lars_resume_and_other_layout(tmp_path):
+@pytest.mark.parametrize("schedule, share", [("2dtar", 0.26), ("hitopk,2dtar", 0.51)])
+def test_fit_sharded_lars_resume_and_other_layout(schedule, share, tmp_path):
+    """model.fit, interrupted and resumed from BackupAndRestore, ends where an uninterrupted fit
+    does; with hitopk for epoch 0 then 2dtar, interrupted after epoch 0, so the resumed run starts
+    at the switch with the restored residuals and slices."""
     backup = tmp_path / "backup"
-    reports = hvdrun.run("zero_worker.py", 4, tmp_path, topology="2x2", args=["fit", backup], timeout=500)
+    reports = hvdrun.run("zero_worker.py", 4, tmp_path, topology="2x2", args=["fit", backup, schedule], timeout=500)
     for r in reports:
         assert r["full"] == reports[0]["full"]               # replicas bit-identical after model.fit
         assert r["resumed"] == r["full"] != r["interrupted"]   # resume equals uninterrupted, bit for bit
         assert r["iterations"] == 3 * 96 // 16
-        assert r["state_bytes"] <= 0.26 * r["weights_bytes"]   # LARS's velocity: this rank's slices
+        assert r["state_bytes"] <= share * r["weights_bytes"]   # LARS's velocity: this rank's slices
         assert r["loss"][-1] < r["loss"][0]
+    if schedule != "2dtar":
+        return
     reports = hvdrun.run("zero_worker.py", 4, tmp_path / "other", topology="1x4", args=["load_elsewhere", backup],
                          timeout=300)
     for r in reports:

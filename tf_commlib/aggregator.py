@@ -4,6 +4,7 @@ import tensorflow as tf
 from tf_commlib import consistency, fusion, link_bytes, ops, overlap
 from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import ALGORITHMS, choose, resolve_algorithm_options, with_compression
+from tf_commlib.collectives import wire as W
 from tf_commlib.topology import topology as current_topology
 
 OPS = ("average", "sum")
@@ -212,11 +213,13 @@ class GradientAggregator:
         """The residual variables of bucket i (one per sparse algorithm it may run), in a fixed order."""
         return [var for (j, _), var in sorted(self.residuals.items()) if j == i]
 
-    def _run(self, i, name, flat):
+    def _run(self, i, name, flat, node_slice=False):
         """One bucket through one algorithm, without writing any state: (aggregated sum, int64
         indices of the entries sent sparsely (empty for a dense algorithm), the new value of each of
         _bucket_residuals(i), this bucket's addition to ``gain`` (or None)). The residuals of the
-        other algorithms are flushed into this call's input (their new value is 0)."""
+        other algorithms are flushed into this call's input (their new value is 0). node_slice:
+        the sum is only this rank's node slice (wire.node_reduce: a reduce-scatter + all-gather
+        collective stops before its intra-node all-gather; any other one is sliced)."""
         d = flat.shape[0]
         new = {}
         for (j, other), var in self.residuals.items():  # flush residuals of idle algorithms
@@ -228,6 +231,9 @@ class GradientAggregator:
         ctx = coll.context(tf.convert_to_tensor(self.step), common, self.algorithm_options.get(name), i,
                            self.buckets[i].shapes)
         gain = None if self.gain is None else tf.zeros([2], tf.float64)
+        if not coll.sparse and node_slice and coll.sharding is not None:
+            agg = W.node_reduce(flat, self.topo, ctx.options.get("compression", "none"))
+            return agg, tf.zeros([0], tf.int64), [new[n] for (j, n) in sorted(self.residuals) if j == i], gain
         if not coll.sparse:
             agg, indices = coll.fn(flat, self.topo, ctx=ctx), tf.zeros([0], tf.int64)
         else:
@@ -240,6 +246,8 @@ class GradientAggregator:
                 gain = tf.stack([_sum_squares(sent_part), _sum_squares(error_fed)])
             new[name] = new_residual
             indices = tf.cast(sent, tf.int64)
+        if node_slice:   # every rank holds the whole sum: keep the node slice
+            agg = W.node_slice(agg, self.topo, d)
         return agg, indices, [new[n] for (j, n) in sorted(self.residuals) if j == i], gain
 
     # -- the call ----------------------------------------------------------------------------
@@ -254,12 +262,15 @@ class GradientAggregator:
         commit()
         return out, masks
 
-    def aggregate_deferred(self, grads, step=None, sent="mask"):
+    def aggregate_deferred(self, grads, step=None, sent="mask", node_slices=False):
         """aggregate() that writes no state: returns (aggregated grads, what was sent, commit), where
         commit() writes the step's residuals, gain and step count. Every rank must run the
         aggregation; a caller that decides after it whether the step counts (a global finite check
         under loss scaling) calls commit() only if it does, so a skipped step leaves the state as
-        it was."""
+        it was. node_slices=True (a sharded update over the ranks of a node): instead of the
+        aggregated grads, per bucket this rank's node slice of the flat average (wire.node_slice:
+        local rank l of n keeps [l*s, (l+1)*s) of the bucket padded to n*s); with every algorithm
+        (sparse ones and schedules too); the same on every rank of that local index."""
         if sent not in SENT:
             raise ValueError(f"sent must be one of {SENT}, got {sent!r}")
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
@@ -273,7 +284,7 @@ class GradientAggregator:
         if fusion.plan(grads, self.fusion_threshold_bytes) != self.buckets:
             raise ValueError("the gradient list changed shape since the first call; "
                              "create a new GradientAggregator for a new model")
-        out, masks, writes, gains = list(grads), list(grads), [], []
+        out, masks, writes, gains, pieces = list(grads), list(grads), [], [], []
         for i, bucket in enumerate(self.buckets):
             since = overlap.op_count()
             flat = fusion.flatten(grads, bucket)
@@ -281,16 +292,19 @@ class GradientAggregator:
                 flat = self.timeline.stamp(("bucket", self.timeline_tag, i), flat)
             names = [self._resolve(c, flat.shape[0], bucket.shapes) for c in self.candidates]
             if len(names) == 1:
-                agg, indices, residuals, gain = self._run(i, names[0], flat)
+                agg, indices, residuals, gain = self._run(i, names[0], flat, node_slices)
             else:
-                branches = [(lambda n: lambda: self._run(i, n, flat))(n) for n in names]
+                branches = [(lambda n: lambda: self._run(i, n, flat, node_slices))(n) for n in names]
                 agg, indices, residuals, gain = tf.switch_case(tf.convert_to_tensor(self.active), branches)
             writes += zip(self._bucket_residuals(i), residuals)
             if gain is not None:
                 gains.append(gain)
             if self.op == "average":
                 agg = agg / tf.cast(self.topo.size, agg.dtype)
-            fusion.unflatten(agg, bucket, out)
+            if node_slices:
+                pieces.append(agg)
+            else:
+                fusion.unflatten(agg, bucket, out)
             if sent == "indices":
                 fusion.split_indices(indices, bucket, masks)
             else:   # the op library's scatter-add: tf.scatter_nd took ~4x as long on 25M entries
@@ -305,7 +319,7 @@ class GradientAggregator:
                 self.gain.assign_add(tf.add_n(gains))
             self.step.assign_add(1)
 
-        return out, masks, commit
+        return (pieces if node_slices else out), masks, commit
 
     # -- the sharded halves (DistributedOptimizer(shard_optimizer=True)) ---------------------------
     def _sharding(self):
@@ -379,9 +393,28 @@ class GradientAggregator:
         for bucket in self.buckets or []:
             d = sum(bucket.sizes)
             name = self._resolve(algorithm or self.candidates[0], d, bucket.shapes)
-            per_bucket.append(ALGORITHMS[name].sent_bytes(d, self.topo.m, self.topo.n, density or self.initial_density,
-                                                          self.algorithm_options.get(name), bucket.shapes))
+            per_bucket.append(self.sent_bytes_bucket(bucket, name, density))
         return link_bytes.add(*per_bucket)
+
+    def node_sliced_bytes(self, algorithm=None, density=None):
+        """sent_bytes of aggregate_deferred(node_slices=True): a reduce-scatter + all-gather
+        collective without its intra-node all-gather (wire.node_reduce_bytes), any other whole."""
+        per_bucket = []
+        for bucket in self.buckets or []:
+            d = sum(bucket.sizes)
+            name = self._resolve(algorithm or self.candidates[0], d, bucket.shapes)
+            coll, options = ALGORITHMS[name], self.algorithm_options.get(name) or {}
+            if not coll.sparse and coll.sharding is not None:
+                per_bucket.append(W.node_reduce_bytes(d, coll.resolve_options(options).get("compression", "none"),
+                                                      self.topo.m, self.topo.n))
+            else:
+                per_bucket.append(self.sent_bytes_bucket(bucket, name, density))
+        return link_bytes.add(*per_bucket)
+
+    def sent_bytes_bucket(self, bucket, name, density=None):
+        d = sum(bucket.sizes)
+        return ALGORITHMS[name].sent_bytes(d, self.topo.m, self.topo.n, density or self.initial_density,
+                                           self.algorithm_options.get(name), bucket.shapes)
 
     def residual_variables(self):
         return [self.residuals[k] for k in sorted(self.residuals)]

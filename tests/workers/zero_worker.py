@@ -55,20 +55,32 @@ def state_bytes(opt):
                for v in opt.inner_optimizer.variables if len(v.shape))
 
 
-def train(kind, correction, shard, algorithm, compression="none", grads=None, steps=STEPS, graph=True):
+def train(kind, correction, shard, algorithm, compression="none", grads=None, steps=STEPS, graph=True,
+          schedule=None, epoch_steps=None):
+    """``epoch_steps``: steps per epoch (set_epoch between them, for a schedule); the bytes are
+    counted and the formula taken per epoch."""
     weights, mine = ref.zero_inputs(topo.rank, steps)
     grads = grads or mine
     vs = [keras.Variable(w, name=n) for w, n in zip(weights, NAMES)]
     extra = {"momentum": 0.9} if correction and kind in ("adam", "adamw", "lamb") else {}
+    if schedule is not None:
+        extra.update(schedule=schedule, density=0.05)
     opt = DistributedOptimizer(make(kind, correction), algorithm=algorithm, momentum_correction=correction,
                                shard_optimizer=shard, compression=compression, **extra)
     step = tf.function(lambda gs: opt.apply(gs, vs)) if graph else (lambda gs: opt.apply(gs, vs))
-    with link_bytes.counting() as counter:
-        for gs in grads[:steps]:
-            step([tf.constant(g) for g in gs])
-        counted = counter.result()
+    per_epoch = epoch_steps or steps
+    counted, formula = [], []
+    with link_bytes.counting() as counter:   # one counter: a tf.function counts into the one it was traced in
+        for epoch in range(-(-steps // per_epoch)):
+            opt.set_epoch(epoch)
+            for gs in grads[epoch * per_epoch:min(steps, (epoch + 1) * per_epoch)]:
+                step([tf.constant(g) for g in gs])
+            counted.append(counter.result())
+            counter.reset()
+            formula.append(opt.sent_bytes_at(epoch))
     return opt, vs, {"weights": [v.numpy().tolist() for v in vs], "digest": digest([v.numpy() for v in vs]),
-                     "state_bytes": state_bytes(opt), "counted": counted, "formula": opt.sent_bytes_at(0),
+                     "state_bytes": state_bytes(opt), "counted": counted[0] if epoch_steps is None else counted,
+                     "formula": formula[0] if epoch_steps is None else formula,
                      "iterations": int(opt.iterations.numpy())}
 
 
@@ -89,6 +101,23 @@ if mode == "exact":
             out["cases"][f"{kind}_{correction}"] = case
             print(f"rank {topo.rank}: {kind} {correction} done", flush=True)
     out["slices"] = [list(map(int, s)) for agg, _, _ in opt._groups for s in agg.shard_slices()]
+elif mode == "sparse":
+    # sharded over a node's ranks: hitopk for epoch 0, 2dtar from epoch 1 (the DAWNBench switch),
+    # two steps each; against the same run unsharded
+    out["cases"] = {}
+    kinds = sys.argv[2].split(",")
+    for kind in kinds:
+        for correction in (False, True):
+            case = {}
+            graph = kind == kinds[0] and not correction
+            for shard in (True, False):
+                opt, _, case["sharded" if shard else "unsharded"] = train(
+                    kind, correction, shard, "hitopk", graph=graph, steps=4, schedule={0: "hitopk", 1: "2dtar"},
+                    epoch_steps=2)
+                sharded = opt if shard else sharded
+            out["cases"][f"{kind}_{correction}"] = case
+            print(f"rank {topo.rank}: {kind} {correction} done", flush=True)
+    out["slices"] = [[int(s) for s in p[2:]] for p in sharded._sharded.pieces]
 elif mode == "compression":
     # gradients k/16, k in -8..8, the same on every rank: x/4 and the 16-bit sums are exact, so only
     # the weight delta is rounded
@@ -107,22 +136,26 @@ elif mode in ("fit", "load_elsewhere"):
     from tf_commlib.keras import BackupAndRestore
 
     backup = sys.argv[2]
+    # "2dtar" (sharded over all ranks) or "hitopk,2dtar" (hitopk for epoch 0, then 2dtar: over a node's)
+    schedule = dict(enumerate(sys.argv[3].split(","))) if len(sys.argv) > 3 else {0: "2dtar"}
     (x, y), _ = digits.load(topo.rank, topo.size)
     x, y = x[:96], y[:96]
 
     def build():
         model = digits.small_cnn(seed=1)
         opt = DistributedOptimizer(pto.LARS(1.0, weight_decay_rate=1e-4, exclude_from_weight_decay=["bias"]),
-                                   algorithm="2dtar", shard_optimizer=True)
+                                   algorithm=schedule[0], schedule=schedule, density=0.05, seed=5,
+                                   momentum_correction=False, shard_optimizer=True)
         model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
         return model
 
     if mode == "fit":
+        stop = 1 if len(schedule) > 1 else 2   # a switch: the resumed run starts at it (hitopk's residuals flushed)
         full = build()
         _fit.fit(full, x, y, 3)
         first = build()
         try:
-            _fit.fit(first, x, y, 3, extra=[BackupAndRestore(backup, delete_checkpoint=False), _fit.Interrupt(2)])
+            _fit.fit(first, x, y, 3, extra=[BackupAndRestore(backup, delete_checkpoint=False), _fit.Interrupt(stop)])
         except RuntimeError:
             pass
         resumed = build()

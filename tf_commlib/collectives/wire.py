@@ -100,3 +100,37 @@ def all_gather_sharded(piece, sets):
     for process_set in reversed(sets):
         piece = P.allgather(piece, process_set)
     return piece
+
+
+# -- the node slice (a sharded update over the ranks of a node, tf_commlib.keras.sharded) ----------
+def node_size(d, n):
+    """Entries of a node slice: ceil(d/n)."""
+    return -(-d // n)
+
+
+def node_slice(x, topo, d):
+    """Local rank l's slice [l*s, (l+1)*s) of the flat x of length d padded to n*s (s = node_size)."""
+    s = node_size(d, topo.n)
+    out = tf.pad(tf.reshape(x, [d]), [[0, topo.n * s - d]])[topo.local * s:(topo.local + 1) * s]
+    out.set_shape([s])
+    return out
+
+
+def node_reduce(x, topo, compression):
+    """node_slice of the sum over all ranks of x: 2dtar without its last all-gather (an intra-node
+    reduce-scatter, an inter-node allreduce of the shard), in the wire type of compression; the
+    same bits on every rank of this local index."""
+    d, s = x.shape[0], node_size(x.shape[0], topo.n)
+    wire = tf.pad(to_wire(x, topo.size, compression), [[0, topo.n * s - d]])
+    if topo.n > 1:
+        wire = P.reducescatter(wire, topo.intra)
+    if topo.m > 1:
+        wire = allreduce(wire, topo.inter)
+    return from_wire(wire, x.dtype, topo.size, compression)
+
+
+def node_reduce_bytes(d, compression, m, n):
+    """{"intra": B, "inter": B} per rank of node_reduce on d entries."""
+    codec, s = K.get(compression), node_size(d, n)
+    return L.add(L.per_rank("reducescatter", codec.bytes(n * s), "intra", m, n),
+                 allreduce_bytes(s, compression, "inter", m, n))

@@ -77,7 +77,8 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
         (algorithm_options = {algorithm: {option: value}}, see tf_commlib.collectives; compression
         "fp16" or "bf16" sends 16-bit values in dense and 2dtar, the dense-layer group included).
       shard_optimizer: True shards the wrapped optimizer's update and state over the ranks (ZeRO-1,
-        tf_commlib.keras.sharded): dense / 2dtar only; SGD, Adam(W), pto.LARS, pto.LAMB.
+        tf_commlib.keras.sharded): over all P ranks with one dense / 2dtar algorithm, else (sparse
+        collectives, auto, schedules) over the ranks of a node; SGD, Adam(W), pto.LARS, pto.LAMB.
     Inside model.fit each bucket is aggregated as soon as its gradients exist, while backprop goes
     on (tf_commlib.overlap; buckets are packed from the last layer). Setting ``timeline`` to a
     tf_commlib.overlap.Timeline before the first step records when each gradient reaches apply() and
@@ -125,7 +126,7 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
         check_cost_params(cost_params)
         schedule = parse_schedule(schedule, algorithm, dense_warmup_epochs)
         if shard_optimizer:
-            check_shardable(optimizer, schedule)
+            check_shardable(optimizer)
         m = 0.0
         if momentum_correction:
             if isinstance(optimizer, keras.optimizers.SGD) or getattr(optimizer, "movable_momentum", False):
@@ -243,7 +244,7 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
     def sent_bytes_at(self, epoch):
         """{"intra": B, "inter": B} a step sends per rank at this epoch (the collectives' formulas)."""
         if self._sharded is not None:   # reduce-scatter + all-gather, and the norm exchange
-            return self._sharded.sent_bytes()
+            return self._sharded.sent_bytes(self.algorithm_at(epoch), self.density_at(epoch))
         return link_bytes.add(*(agg.sent_bytes(self.algorithm_at(epoch), self.density_at(epoch))
                                 if sparse else agg.sent_bytes() for agg, _, sparse in self._groups))
 
@@ -310,12 +311,15 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
                     velocities[i] = self.m * tf.convert_to_tensor(self.velocities[i]) + g
                     send[i] = self.m * velocities[i] + g if self.nesterov else velocities[i]
         if self._sharded is not None:   # update: this rank's slice of every bucket
-            update, reduced = self._sharded.reduce_scatter(send)
+            update, reduced, sent = self._sharded.reduce_scatter(send)
 
             def commit():
                 for i, u in velocities.items():
                     self.velocities[i].assign(u)
                 reduced()
+                if self.momentum_correction and self.momentum_masking:
+                    for i, where in sent.items():
+                        _zero_at(self.velocities[i], where)
             return update, commit
         update, commits, masked = list(send), [], []
         for agg, idx, sparse in self._groups:

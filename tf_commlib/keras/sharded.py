@@ -20,6 +20,18 @@ its allreduce when a bucket's length is a multiple of P, else its padding of < P
 for layer-wise optimizers, one allreduce of (L + 1) * k float32 per step (L variables, k = 2
 quantities for LARS and LAMB; the +1 is the padding's dummy layer).
 
+Sharded over a node. Any other schedule (a sparse collective such as hitopk, auto, or a switch of
+algorithm, e.g. DAWNBench's hitopk early and 2dtar late) ends with the same aggregated gradient on
+every rank of a node, so the update is sharded over the n ranks of a node instead: local rank l
+owns the node slice [l*s, (l+1)*s) of each bucket padded to n*s (s = ceil(d/n); the ranks with the
+same local index on other nodes compute the same bits), its state is 1/n of the unsharded one, and
+the weights are all-gathered over the intra-node link only (16-bit deltas under a group's fp16 /
+bf16 compression, as above). A sparse collective runs whole and the rank keeps its node slice
+(GradientAggregator.aggregate_deferred(node_slices=True)); dense and 2dtar stop before their
+intra-node all-gather (wire.node_reduce: intra reduce-scatter, inter allreduce of the shard), so
+they send 2dtar's bytes. The slices do not change with the algorithm: at a schedule switch
+nothing moves and no state is lost. The norm exchange is over the node's ranks.
+
 Layer-wise norms: a slice may cut a layer apart. The slice is a sequence of runs, each a piece of
 one variable (or the padding), known when the optimizer is built; partial sums of squares per run,
 summed per variable, and ONE small allreduce give every rank the exact per-layer norms (up to
@@ -56,6 +68,7 @@ from tf_commlib import link_bytes
 from tf_commlib import primitives as P
 from tf_commlib.collectives import ALGORITHMS
 from tf_commlib.collectives import codec as K
+from tf_commlib.collectives import wire as W
 from tf_commlib.topology import topology as current_topology
 
 
@@ -105,14 +118,15 @@ SUPPORTED = "keras.optimizers.SGD, Adam, AdamW, pto.LARS, pto.LAMB (or an optimi
 _REFUSED = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_accumulation_steps")
 
 
-def check_shardable(optimizer, schedule):
-    """ValueError unless DistributedOptimizer(optimizer, schedule) can shard its update."""
-    names = sorted(set(schedule.values()))
-    bad = [n for n in names if n == "auto" or ALGORITHMS[n].sharding is None]
-    if bad or len(names) > 1:
-        raise ValueError(f"shard_optimizer needs dense or 2dtar for every group, one algorithm for the whole "
-                         f"run (got {names}); sparse collectives (hitopk, ...), 'auto' and schedules that switch "
-                         "algorithm cannot shard the update")
+def world_sharded(schedule):
+    """True where the update is sharded over all P ranks (one dense / 2dtar algorithm for the whole
+    run), False where it is sharded over the ranks of a node (sparse collectives, auto, switches)."""
+    names = set(schedule.values())
+    return len(names) == 1 and "auto" not in names and ALGORITHMS[next(iter(names))].sharding is not None
+
+
+def check_shardable(optimizer):
+    """ValueError unless DistributedOptimizer(optimizer, shard_optimizer=True) can shard its update."""
     if type(optimizer) not in FORMS and not (hasattr(optimizer, "sharded_build") and hasattr(optimizer, "sharded_update")):
         raise ValueError(f"shard_optimizer: {type(optimizer).__name__} has no slice-wise form; supported: {SUPPORTED}")
     for arg in _REFUSED:
@@ -133,9 +147,9 @@ class SliceView:
     """What a slice-wise form sees (see the module doc). ``runs``: (variable index, length) of the
     slice's consecutive pieces; index L (the number of variables) is the padding."""
 
-    def __init__(self, g, w, step, runs, num_layers, slots, topo):
+    def __init__(self, g, w, step, runs, num_layers, slots, process_set):
         self.g, self.w, self.step = g, w, step
-        self._runs, self._num, self._slots, self._topo = runs, num_layers, slots, topo
+        self._runs, self._num, self._slots, self._set = runs, num_layers, slots, process_set
 
     def slot(self, name):
         return self._slots[name]
@@ -160,7 +174,9 @@ class SliceView:
                            else tf.zeros([self._num + 1], x.dtype))
         # named: Horovod would name it after its input, whose graph name differs by rank (a rank's
         # slice touches its own number of variables, so its trace has its own number of ops)
-        total = P.allreduce(tf.reshape(tf.stack(partial, 1), [-1]), self._topo.world, name="sharded_layer_norms")
+        total = tf.reshape(tf.stack(partial, 1), [-1])
+        if self._set.size() > 1:
+            total = P.allreduce(total, self._set, name="sharded_layer_norms")
         norms = tf.sqrt(tf.reshape(total, [self._num + 1, len(xs)]))
         return [norms[:, j] for j in range(len(xs))]
 
@@ -180,6 +196,9 @@ class ShardedUpdate:
     def __init__(self, owner, var_list, groups):
         self.owner, self.inner, self.topo = owner, owner.inner_optimizer, current_topology()
         self.var_list, self.groups = list(var_list), groups
+        self.world = world_sharded(owner.schedule)
+        # the ranks whose slices make up the whole: all of them, or the ranks of this node
+        self.owners = self.topo.world if self.world else self.topo.intra
         self._index = {id(agg): idx for agg, idx, _ in groups}
         build, self._update = _form(self.inner)
         dtypes = {v.dtype for v in var_list}
@@ -189,7 +208,7 @@ class ShardedUpdate:
         # per (group, bucket): (aggregator, bucket, padded, start, length)
         self.pieces, layer = [], []
         for agg, idx, _ in groups:
-            for bucket, (dp, start, s) in zip(agg.buckets, agg.shard_slices()):
+            for bucket, (dp, start, s) in zip(agg.buckets, agg.shard_slices() if self.world else self._node_slices(agg)):
                 ids = np.repeat([idx[p] for p in bucket.positions], bucket.sizes).astype(np.int32)
                 ids = np.concatenate([ids, np.full(dp - len(ids), len(var_list), np.int32)])
                 layer.append(ids[start:start + s])
@@ -207,6 +226,13 @@ class ShardedUpdate:
             self.layout = owner.add_variable(shape=[4], initializer="zeros", dtype="int64", aggregation="none",
                                              name="shard_layout")
             self.layout.assign(self.expected_layout())   # eagerly: build may run inside a trace
+
+    def _node_slices(self, agg):
+        out = []
+        for bucket in agg.buckets:
+            s = W.node_size(sum(bucket.sizes), self.topo.n)
+            out.append((self.topo.n * s, self.topo.local * s, s))
+        return out
 
     def expected_layout(self):
         return np.array([self.topo.m, self.topo.n, self.topo.rank, self.size], np.int64)
@@ -228,12 +254,23 @@ class ShardedUpdate:
     def norm_bytes(self):
         """{"intra": B, "inter": B} per rank of the norm exchange (one allreduce per step)."""
         nbytes = 4 * (len(self.var_list) + 1) * self.norms
-        if not self.norms or self.topo.size == 1:
+        if not self.norms or self.owners.size() == 1:
             return {link: 0.0 for link in link_bytes.LINKS}
-        return link_bytes.per_rank("allreduce", nbytes, "world", self.topo.m, self.topo.n)
+        return link_bytes.per_rank("allreduce", nbytes, "world" if self.world else "intra", self.topo.m, self.topo.n)
 
-    def sent_bytes(self):
-        return link_bytes.add(*(agg.sharded_bytes() for agg, _, _ in self.groups), self.norm_bytes())
+    def sent_bytes(self, algorithm=None, density=None):
+        """Bytes per rank of a step: the halves (world) or the node slices and the intra-node
+        all-gather of the weights (node; ``algorithm``, ``density``: the sparse groups' now)."""
+        if self.world:
+            return link_bytes.add(*(agg.sharded_bytes() for agg, _, _ in self.groups), self.norm_bytes())
+        out = [self.norm_bytes()]
+        for agg, _, sparse in self.groups:
+            out.append(agg.node_sliced_bytes(algorithm if sparse else None, density if sparse else None))
+            codec = self._codec(agg)
+            for bucket in agg.buckets:
+                s = W.node_size(sum(bucket.sizes), self.topo.n)
+                out.append(link_bytes.per_rank("allgather", codec.bytes(s), "intra", self.topo.m, self.topo.n))
+        return link_bytes.add(*out)
 
     def state_bytes(self):
         """Bytes of this rank's optimizer state (the slots)."""
@@ -259,13 +296,20 @@ class ShardedUpdate:
         return tf.concat(parts, 0) if len(parts) > 1 else parts[0]
 
     def reduce_scatter(self, send):
-        """(every bucket's averaged slice, in group/bucket order; commit)."""
-        pieces, commits = [], []
-        for agg, idx, _ in self.groups:
-            got, commit = agg.reduce_scatter_deferred([send[i] for i in idx], step=self.inner.iterations)
+        """(every bucket's averaged slice, in group/bucket order; commit; {variable index: int64
+        indices of it sent sparsely} for the sparse groups' momentum masking)."""
+        pieces, commits, sent = [], [], {}
+        for agg, idx, sparse in self.groups:
+            if self.world:
+                got, commit = agg.reduce_scatter_deferred([send[i] for i in idx], step=self.inner.iterations)
+            else:
+                got, where, commit = agg.aggregate_deferred([send[i] for i in idx], step=self.inner.iterations,
+                                                            sent="indices", node_slices=True)
+                if sparse:
+                    sent.update((i, w) for i, w in zip(idx, where) if w is not None)
             pieces += got
             commits.append(commit)
-        return pieces, lambda: [c() for c in commits]
+        return pieces, lambda: [c() for c in commits], sent
 
     def step(self, pieces):
         """The slice-wise update of the rank's slices, the all-gather, the weights written."""
@@ -274,30 +318,37 @@ class ShardedUpdate:
         w_old = tf.concat([self._weights(agg, b, start, s) for agg, b, _, start, s in self.pieces], 0)
         w = w_old
         view = SliceView(g, w, tf.cast(self.inner.iterations + 1, self.dtype), self.runs, len(self.var_list),
-                         self.slots, self.topo)
+                         self.slots, self.owners)
         if any(self.decays):   # Keras' decoupled weight decay, before the step
             view.w = w = w - w * view.per_layer(self.decays) * tf.cast(lr, self.dtype)
         new = tf.convert_to_tensor(self._update(view, lr))
-        compression = self._compression()
-        send = new if compression.exact else compression.encode(w_old - new)
-        sent = iter(tf.split(send, [s for *_, s in self.pieces]))
-        out = [None] * len(self.var_list)
+        sizes = [s for *_, s in self.pieces]
+        new_parts = iter(tf.split(new, sizes) if len(sizes) > 1 else [new])
+        old_parts = iter(tf.split(w_old, sizes) if len(sizes) > 1 else [w_old])
         for agg, idx, _ in self.groups:
-            for bucket, flat in zip(agg.buckets, agg.all_gather([next(sent) for _ in agg.buckets])):
+            codec = self._codec(agg)
+            send = [next(new_parts) if codec.exact else codec.encode(next(old_parts) - next(new_parts))
+                    for _ in agg.buckets]   # the weights, or the 16-bit deltas w_old - w_new
+            gathered = agg.all_gather(send) if self.world else [
+                self._node_gather(piece, bucket) for piece, bucket in zip(send, agg.buckets)]
+            for bucket, flat in zip(agg.buckets, gathered):
                 for p, part, shape in zip(bucket.positions, tf.split(flat, bucket.sizes), bucket.shapes):
-                    out[idx[p]] = tf.reshape(part, shape)
-        for var, value in zip(self.var_list, out):
-            if compression.exact:
-                var.assign(value)
-            else:
-                var.assign(tf.convert_to_tensor(var) - compression.decode(value, None, self.dtype))
-            if getattr(var, "constraint", None) is not None:
-                var.assign(var.constraint(var))
+                    var = self.var_list[idx[p]]
+                    value = tf.reshape(part, shape)
+                    var.assign(value if codec.exact else
+                               tf.convert_to_tensor(var) - codec.decode(value, None, self.dtype))
+                    if getattr(var, "constraint", None) is not None:
+                        var.assign(var.constraint(var))
         self.inner.iterations.assign_add(1)
 
-    def _compression(self):
-        names = {agg.algorithm_options.get(agg.candidates[0], {}).get("compression", "none")
-                 for agg, _, _ in self.groups}
-        if len(names) != 1:
-            raise ValueError(f"compression: every group must use one, got {sorted(names)}")
-        return K.get(names.pop())
+    def _node_gather(self, piece, bucket):
+        """The node's slices of one bucket, from every rank of the node (the intra-node link only)."""
+        flat = P.allgather(piece, self.topo.intra) if self.topo.n > 1 else piece
+        return flat[:sum(bucket.sizes)]
+
+    def _codec(self, agg):
+        """What the all-gather carries: the weights, or with a 16-bit ``compression`` of the group's
+        dense / 2dtar (every candidate) the weight deltas in 16 bits."""
+        names = {agg.algorithm_options.get(c, {}).get("compression", "none") if c in ALGORITHMS and
+                 ALGORITHMS[c].sharding is not None else "none" for c in agg.candidates}
+        return K.get(names.pop() if len(names) == 1 else "none")

@@ -47,8 +47,8 @@ def make_optimizer(args, data, topo, cost_params=None):
     return DistributedOptimizer(inner, algorithm=args.schedule_map[0], density=args.density,
                                 selector=args.selector, schedule=args.schedule_map,
                                 momentum=None if args.optimizer != "lamb" else args.momentum,
-                                # sharded (dense/2dtar only): the wrapped optimizer's momentum, kept in
-                                # slices (DGC's correction is for sparse collectives; it keeps full copies)
+                                # sharded: the wrapped optimizer's momentum, kept in slices (DGC's
+                                # correction keeps a full-size velocity per rank)
                                 momentum_correction=args.optimizer != "lamb" and not args.shard_optimizer,
                                 warmup=args.dgc_warmup, seed=args.seed, compression=args.compression,
                                 overlap=not args.no_overlap, cost_params=cost_params,
