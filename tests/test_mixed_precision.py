@@ -80,16 +80,18 @@ def test_one_rank_overflowing_skips_the_step_on_every_rank(tmp_path):
     assert len({r["weights"] for r in reports}) == 1
     assert reports[0]["epochs"] == reports[1]["epochs"] == reports[3]["epochs"]
     # the sharded update (ZeRO-1) under the same wrap: skipped together, its state slices untouched
-    for r in reports:
-        s = r["sharded"]
-        assert s["optimizer_type"] == "tf_commlib.keras.loss_scale.LossScaleOptimizer"
-        assert [e["algorithm"] for e in s["epochs"]] == ["2dtar", "2dtar"]
-        for e in s["epochs"]:
-            assert e["iterations"][0] == e["iterations"][1] and e["scale"][1] == e["scale"][0] / 2, e
-            assert e["weights_unchanged"] and e["state_unchanged"] and e["state_finite"], e
-        assert s["iterations"] == 2 * 3 and s["scale"] == 2.0 ** 15 / 4
-        assert s["state_bytes"] > 0
-    assert len({r["sharded"]["weights"] for r in reports}) == 1
+    # and over a node's ranks (hitopk, then 2dtar)
+    for key, algorithms, share in (("sharded", ["2dtar", "2dtar"], 0.25), ("sharded_node", ["hitopk", "2dtar"], 0.5)):
+        for r in reports:
+            s = r[key]
+            assert s["optimizer_type"] == "tf_commlib.keras.loss_scale.LossScaleOptimizer"
+            assert [e["algorithm"] for e in s["epochs"]] == algorithms
+            for e in s["epochs"]:
+                assert e["iterations"][0] == e["iterations"][1] and e["scale"][1] == e["scale"][0] / 2, e
+                assert e["weights_unchanged"] and e["state_unchanged"] and e["state_finite"], e
+            assert s["iterations"] == 2 * 3 and s["scale"] == 2.0 ** 15 / 4
+            assert share <= s["state_bytes"] / s["unsharded_state_bytes"] <= share + 0.02, key
+        assert len({r[key]["weights"] for r in reports}) == 1, key
 
 
 def test_loss_scale_forms_and_bfloat16_train(tmp_path):

@@ -98,10 +98,11 @@ def test_buckets_aggregate_while_backprop_runs(tmp_path):
     buckets of the last layer (its kernel through the sparse algorithm, its bias through dense)
     start aggregating before the first layer's gradient exists; with local_clip_norm (a global
     barrier) or overlap=False (aggregation after backprop) no bucket starts before it. Under
-    mixed_float16 (loss scaling with its global finite check) the buckets still start early. The first step is left out (the ranks trace it at
+    mixed_float16 (loss scaling with its global finite check) the buckets still start early, and so do
+    the sharded update's (shard_optimizer=True: dense's reduce-scatter, hitopk's node slices). The first step is left out (the ranks trace it at
     different speeds). A rank that is ahead waits in the step's consistency check for the other, so
     overlap is asserted on the rank that waits least (the later one) of each step."""
-    cases = ["hitopk", "clip:dense", "serial:hitopk", "mixed:hitopk"]   # hitopk: shared-memory reduce-scatter and all-gather (2 ranks, one node)
+    cases = ["hitopk", "clip:dense", "serial:hitopk", "mixed:hitopk", "shard:dense", "shard:hitopk"]   # hitopk: shared-memory reduce-scatter and all-gather (2 ranks, one node)
     reports = hvdrun.run("overlap_worker.py", 2, tmp_path, args=cases, timeout=400, env=THREADS)
     for case in cases:
         results = [r["cases"][case] for r in reports]

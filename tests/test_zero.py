@@ -103,6 +103,7 @@ def test_sharded_over_a_node_with_hitopk_then_2dtar(tmp_path):
                 assert counted == pytest.approx({link: 8 * formula[link] for link in counted}, rel=1e-12), (name, epoch)
                 plain = reports[0]["cases"][name]["unsharded"]["formula"][epoch]
                 assert formula["inter"] == pytest.approx(plain["inter"]), (name, epoch)   # nothing more between nodes
+    assert len({r["uneven_runs"] for r in reports}) == 1   # graphs that differ by rank: one named all-gather
     # local rank l = rank % 2 owns [l*s, (l+1)*s) of each bucket padded to 2*s (sparse group, dense group)
     for r in reports:
         l = r["rank"] % 2

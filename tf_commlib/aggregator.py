@@ -369,12 +369,13 @@ class GradientAggregator:
             overlap.run_independently(since)
         return pieces, lambda: self.step.assign_add(1)
 
-    def all_gather(self, pieces):
+    def all_gather(self, pieces, name=None):
         """Every bucket's slices from every rank (the second half, Sharding.all_gather): per bucket
-        the flat vector of its d entries (in the pieces' dtype)."""
+        the flat vector of its d entries (in the pieces' dtype); ``name``: bucket b's ops are
+        named name_b_... (the same on every rank)."""
         coll = self._sharding()
-        return [coll.sharding.all_gather(piece, self.topo)[:sum(bucket.sizes)]
-                for piece, bucket in zip(pieces, self.buckets)]
+        return [coll.sharding.all_gather(piece, self.topo, None if name is None else f"{name}_{b}")[:sum(bucket.sizes)]
+                for b, (piece, bucket) in enumerate(zip(pieces, self.buckets))]
 
     def sharded_bytes(self):
         """{"intra": B, "inter": B} per rank of reduce_scatter_deferred + all_gather (the formulas)."""

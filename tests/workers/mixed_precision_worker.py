@@ -3,7 +3,8 @@
 ``collectives``: mixed_float16, Keras' compile wraps the DistributedOptimizer in its
 LossScaleOptimizer; one epoch per collective (schedule), and at step OVERFLOW of every epoch rank 0
 alone feeds a batch that overflows float16. Reports, per epoch, what that step changed. Then the
-same for 2 epochs of the sharded update (shard_optimizer=True, 2dtar, fp16 deltas, Adam).
+same for 2 epochs of the sharded update (shard_optimizer=True, 2dtar, fp16 deltas, Adam), and for
+2 epochs of it sharded over a node's ranks (hitopk, then 2dtar).
 ``forms``: DistributedOptimizer(keras LossScaleOptimizer(SGD)) trains (and grows its scale) with
 AdaptiveDensity profiling through the wrapper, a
 custom loop with a per-rank keras LossScaleOptimizer is refused, mixed_bfloat16 trains."""
@@ -106,17 +107,21 @@ def collectives():
            "loss": hist.history["loss"]}
     # the sharded update (ZeRO-1: 2dtar, 16-bit weight deltas, Adam's moments in slices) under the same
     # wrap: the overflowing step is skipped on every rank, the state slices untouched
-    sharded = DistributedOptimizer(keras.optimizers.Adam(0.01), algorithm="2dtar", compression="fp16",
-                                   momentum_correction=False, shard_optimizer=True)
-    model = model_with(sharded, "mixed_float16")
-    probe = OverflowProbe()
-    hist = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
-                     callbacks=default_callbacks() + [probe])
-    out["sharded"] = {"optimizer_type": class_name(model.optimizer), "epochs": probe.epochs,
-                      "iterations": int(model.optimizer.iterations.numpy()),
-                      "scale": float(model.optimizer.dynamic_scale.numpy()),
-                      "weights": digest([w.numpy() for w in model.weights]),
-                      "state_bytes": sharded._sharded.state_bytes(), "loss": hist.history["loss"]}
+    # then sharded over a node's ranks: hitopk for epoch 0, 2dtar (fp16) for epoch 1
+    for key, schedule in (("sharded", {0: "2dtar"}), ("sharded_node", {0: "hitopk", 1: "2dtar"})):
+        sharded = DistributedOptimizer(keras.optimizers.Adam(0.01), algorithm=schedule[0], schedule=schedule,
+                                       density=0.05, seed=3, compression="fp16", momentum_correction=False,
+                                       shard_optimizer=True)
+        model = model_with(sharded, "mixed_float16")
+        probe = OverflowProbe()
+        hist = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+                         callbacks=default_callbacks() + [probe])
+        out[key] = {"optimizer_type": class_name(model.optimizer), "epochs": probe.epochs,
+                    "iterations": int(model.optimizer.iterations.numpy()),
+                    "scale": float(model.optimizer.dynamic_scale.numpy()),
+                    "weights": digest([w.numpy() for w in model.weights]),
+                    "state_bytes": sharded._sharded.state_bytes(),
+                    "unsharded_state_bytes": sharded._sharded.unsharded_state_bytes(), "loss": hist.history["loss"]}
     return out
 
 

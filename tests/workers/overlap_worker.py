@@ -6,7 +6,8 @@ argv: the algorithms of the sparse group to run, e.g. hitopk dense; "clip:<algor
 local_clip_norm (a global barrier: the negative control); "serial:<algorithm>" sets overlap=False
 (aggregation after backprop, the other negative control); "mixed:<algorithm>" trains under the
 mixed_float16 policy with loss scaling (tf_commlib.keras.LossScaleOptimizer around the
-DistributedOptimizer)."""
+DistributedOptimizer); "shard:<algorithm>" shards the optimizer update (shard_optimizer=True: dense
+reduce-scattered over all ranks, hitopk's node slices)."""
 import hashlib
 import sys
 import time
@@ -25,7 +26,7 @@ STEPS, BATCH = 4, 8
 
 
 def model_for(case):
-    clip, serial, mixed = (case.startswith(p) for p in ("clip:", "serial:", "mixed:"))
+    clip, serial, mixed, shard = (case.startswith(p) for p in ("clip:", "serial:", "mixed:", "shard:"))
     algorithm = case.split(":")[-1]
     keras.mixed_precision.set_global_policy("mixed_float16" if mixed else "float32")
     keras.utils.set_random_seed(1)
@@ -41,7 +42,7 @@ def model_for(case):
     sgd = keras.optimizers.SGD(0.01, momentum=0.9)
     opt = DistributedOptimizer(keras.optimizers.LossScaleOptimizer(sgd) if mixed else sgd, algorithm=algorithm,
                                density=0.1, seed=3, fusion_threshold_bytes=1,
-                               local_clip_norm=1.0 if clip else None, overlap=not serial)
+                               local_clip_norm=1.0 if clip else None, overlap=not serial, shard_optimizer=shard)
     distributed_optimizer(opt).timeline = Timeline()
     model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     return model, distributed_optimizer(opt)

@@ -56,10 +56,10 @@ def state_bytes(opt):
 
 
 def train(kind, correction, shard, algorithm, compression="none", grads=None, steps=STEPS, graph=True,
-          schedule=None, epoch_steps=None):
+          schedule=None, epoch_steps=None, shapes=ref.ZERO_SHAPES):
     """``epoch_steps``: steps per epoch (set_epoch between them, for a schedule); the bytes are
     counted and the formula taken per epoch."""
-    weights, mine = ref.zero_inputs(topo.rank, steps)
+    weights, mine = ref.zero_inputs(topo.rank, steps, shapes)
     grads = grads or mine
     vs = [keras.Variable(w, name=n) for w, n in zip(weights, NAMES)]
     extra = {"momentum": 0.9} if correction and kind in ("adam", "adamw", "lamb") else {}
@@ -106,6 +106,9 @@ elif mode == "sparse":
     # two steps each; against the same run unsharded
     out["cases"] = {}
     kinds = sys.argv[2].split(",")
+    # a weight of 10 entries and a bias of 3 over all 4 ranks (2dtar, slices of 4): the ranks' slices hold
+    # different numbers of runs (variable, padding), so their graphs differ before the all-gather
+    out["uneven_runs"] = train("lars", False, True, "2dtar", shapes=[(10,), (3,)])[2]["digest"]
     for kind in kinds:
         for correction in (False, True):
             case = {}

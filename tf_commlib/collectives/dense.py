@@ -39,8 +39,8 @@ def _reduce_scatter(x, topo, ctx=None):
     return W.reduce_scatter_sharded(x, topo, compression, [topo.world])
 
 
-def _all_gather(piece, topo):
-    return W.all_gather_sharded(piece, [topo.world])
+def _all_gather(piece, topo, name=None):
+    return W.all_gather_sharded(piece, [topo.world], name)
 
 
 def _sharded_bytes(d, m, n, options):

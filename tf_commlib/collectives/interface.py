@@ -57,8 +57,9 @@ class Sharding:
     slot(topo): which of the P slices this rank owns (slice k covers [k*s, (k+1)*s), s = padded/P).
     reduce_scatter(x, topo, ctx): the sum over all ranks of this rank's slice of x (x's dtype; the
             option compression sends 16-bit values as the collective does).
-    all_gather(piece, topo): every rank's slice (any dtype, e.g. 16-bit weight deltas), concatenated
-            into the padded flat vector in slice order.
+    all_gather(piece, topo, name=None): every rank's slice (any dtype, e.g. 16-bit weight deltas),
+            concatenated into the padded flat vector in slice order (name: of its ops, the same on
+            every rank, for graphs whose ops differ by rank).
     bytes(d, m, n, options): {"intra": B, "inter": B} per rank of both halves (link_bytes).
     """
     slot: Callable

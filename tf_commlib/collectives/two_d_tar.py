@@ -57,8 +57,8 @@ def _reduce_scatter(x, topo, ctx=None):
     return W.reduce_scatter_sharded(x, topo, compression, [topo.intra, topo.inter])
 
 
-def _all_gather(piece, topo):
-    return W.all_gather_sharded(piece, [topo.intra, topo.inter])
+def _all_gather(piece, topo, name=None):
+    return W.all_gather_sharded(piece, [topo.intra, topo.inter], name)
 
 
 def _sharded_bytes(d, m, n, options):

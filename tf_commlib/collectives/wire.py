@@ -95,10 +95,11 @@ def reduce_scatter_sharded(x, topo, compression, sets):
     return from_wire(wire, x.dtype, topo.size, compression)
 
 
-def all_gather_sharded(piece, sets):
-    """The inverse order of reduce_scatter_sharded's sets: all-gathers of the slices."""
-    for process_set in reversed(sets):
-        piece = P.allgather(piece, process_set)
+def all_gather_sharded(piece, sets, name=None):
+    """The inverse order of reduce_scatter_sharded's sets: all-gathers of the slices (named
+    name_0, name_1, ... when a name is given)."""
+    for k, process_set in enumerate(reversed(sets)):
+        piece = P.allgather(piece, process_set, name=None if name is None else f"{name}_{k}")
     return piece
 
 

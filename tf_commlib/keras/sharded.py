@@ -325,12 +325,15 @@ class ShardedUpdate:
         sizes = [s for *_, s in self.pieces]
         new_parts = iter(tf.split(new, sizes) if len(sizes) > 1 else [new])
         old_parts = iter(tf.split(w_old, sizes) if len(sizes) > 1 else [w_old])
-        for agg, idx, _ in self.groups:
-            codec = self._codec(agg)
-            send = [next(new_parts) if codec.exact else codec.encode(next(old_parts) - next(new_parts))
-                    for _ in agg.buckets]   # the weights, or the 16-bit deltas w_old - w_new
-            gathered = agg.all_gather(send) if self.world else [
-                self._node_gather(piece, bucket) for piece, bucket in zip(send, agg.buckets)]
+        for g, (agg, idx, _) in enumerate(self.groups):
+            codec, send = self._codec(agg), []
+            for _ in agg.buckets:   # the weights, or the 16-bit deltas w_old - w_new
+                old, piece = next(old_parts), next(new_parts)
+                send.append(piece if codec.exact else codec.encode(old - piece))
+            # named: a rank's slices hold their own number of runs, so its graph has its own ops
+            gathered = agg.all_gather(send, f"sharded_gather_{g}") if self.world else [
+                self._node_gather(piece, bucket, f"sharded_gather_{g}_{b}")
+                for b, (piece, bucket) in enumerate(zip(send, agg.buckets))]
             for bucket, flat in zip(agg.buckets, gathered):
                 for p, part, shape in zip(bucket.positions, tf.split(flat, bucket.sizes), bucket.shapes):
                     var = self.var_list[idx[p]]
@@ -341,10 +344,10 @@ class ShardedUpdate:
                         var.assign(var.constraint(var))
         self.inner.iterations.assign_add(1)
 
-    def _node_gather(self, piece, bucket):
-        """The node's slices of one bucket, from every rank of the node (the intra-node link only)."""
-        flat = P.allgather(piece, self.topo.intra) if self.topo.n > 1 else piece
-        return flat[:sum(bucket.sizes)]
+    def _node_gather(self, piece, bucket, name):
+        """The node's slices of one bucket, from every rank of the node (the intra-node link only;
+        named: Horovod would name it after its input, whose graph name may differ by rank)."""
+        return P.allgather(piece, self.topo.intra, name=name)[:sum(bucket.sizes)]
 
     def _codec(self, agg):
         """What the all-gather carries: the weights, or with a 16-bit ``compression`` of the group's

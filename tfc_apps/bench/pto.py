@@ -74,7 +74,7 @@ def sharded_steps(kind, variables, grads):
     opt = DistributedOptimizer(make_optimizer(kind, False), algorithm="dense", momentum_correction=False,
                                shard_optimizer=True)
     opt.build(variables)
-    pieces, _ = opt._sharded.reduce_scatter(grads)
+    pieces = opt._sharded.reduce_scatter(grads)[0]
     sharded = opt._sharded
     step = captured(lambda: (sharded.step(pieces), opt.iterations)[1])
     gather = captured(lambda: [agg.all_gather(pieces) for agg, _, _ in sharded.groups])
