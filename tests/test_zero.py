@@ -175,4 +175,4 @@ def test_fit_sharded_lars_resume_and_other_layout(schedule, share, tmp_path):
     reports = hvdrun.run("zero_worker.py", 4, tmp_path / "other", topology="1x4", args=["load_elsewhere", backup],
                          timeout=300)
     for r in reports:
-        assert "shard_optimizer state loads only into the same world size and layout" in r["error"]
+        assert "shard_optimizer state loads only into the same world size, layout and schedule kind" in r["error"]

@@ -222,8 +222,9 @@ class ShardedUpdate:
         with tf.init_scope():
             self.slots = {name: owner.add_variable(shape=[self.size], initializer="zeros", dtype=self.dtype.name,
                                                    aggregation="none", name=f"shard_{name}") for name in slots}
-            # (m, n, rank, slice length): checked when a checkpoint is loaded (check_layout)
-            self.layout = owner.add_variable(shape=[4], initializer="zeros", dtype="int64", aggregation="none",
+            # (m, n, rank, slice length, 1 over all ranks / 0 over a node's): checked when a
+            # checkpoint is loaded (check_layout)
+            self.layout = owner.add_variable(shape=[5], initializer="zeros", dtype="int64", aggregation="none",
                                              name="shard_layout")
             self.layout.assign(self.expected_layout())   # eagerly: build may run inside a trace
 
@@ -235,17 +236,19 @@ class ShardedUpdate:
         return out
 
     def expected_layout(self):
-        return np.array([self.topo.m, self.topo.n, self.topo.rank, self.size], np.int64)
+        return np.array([self.topo.m, self.topo.n, self.topo.rank, self.size, int(self.world)], np.int64)
 
     def check_layout(self):
         """ValueError unless the state holds this rank's slices on this layout (after a load)."""
         got = np.asarray(self.layout.numpy() if hasattr(self.layout, "numpy") else self.layout)
         want = self.expected_layout()
         if not np.array_equal(got, want):
+            over = ["a node's ranks", "all ranks"]
             raise ValueError(
                 f"the sharded optimizer state was saved by rank {got[2]} of a {got[0]}x{got[1]} layout "
-                f"(slice of {got[3]} entries); this is rank {want[2]} of {want[0]}x{want[1]} (slice of "
-                f"{want[3]}): shard_optimizer state loads only into the same world size and layout, rank by rank")
+                f"(slice of {got[3]} entries, sharded over {over[int(got[4]) > 0]}); this is rank {want[2]} "
+                f"of {want[0]}x{want[1]} (slice of {want[3]}, over {over[int(want[4])]}): shard_optimizer "
+                "state loads only into the same world size, layout and schedule kind, rank by rank")
 
     def reset(self):
         for var in self.slots.values():
