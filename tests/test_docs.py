@@ -101,6 +101,10 @@ FLAGS = {
     "python -m tfc_apps.bench e2e --model small --resolutions 32 --configs dense_fp16 --fusion-threshold-bytes "
     "1048576 67108864 1048576 67108864 1048576 67108864 --steps 4 --warmup 1 --breakdown-steps 3 --inter-mbit 100":
         "a benchmark: repeats of the sweep's two leading thresholds (4 ranks, minutes)",
+    "horovodrun -np 4 -H localhost:4 --gloo env TF_COMMLIB_TOPOLOGY=2x2 python scripts/dawnbench_resnet50.py "
+    "--data /tmp/digits --model small --optimizer lars --lr 0.2 --eeta 0.1 --schedule 0:hitopk,4:2dtar --stages 32:8:32 --warmup-epochs 1 --breakdown-steps 0 --label-smoothing 0 --shard-optimizer":
+        "a measurement: 8 epochs on 4 ranks, sharded over a node's ranks (tests/test_dawnbench.py and "
+        "tests/test_zero.py run the flag across the switch)",
     "python -m tfc_apps.bench faults": "a benchmark: 2 runs of 4 faults, each with its resumed run (10-15 min); "
                                        "tests/test_faults.py runs --quick",
     "python -m datacache warm ROOT --size 224 --redis-url URL --shard I/N": "a template (ROOT, URL, I/N)",
