@@ -5,6 +5,7 @@ from tf_commlib import consistency, fusion, link_bytes, ops, overlap
 from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import ALGORITHMS, choose, resolve_algorithm_options, with_compression
 from tf_commlib.collectives import wire as W
+from tf_commlib.sharded_halves import ShardedHalves
 from tf_commlib.topology import topology as current_topology
 
 OPS = ("average", "sum")
@@ -44,7 +45,7 @@ def _tf_variable(shape, dtype, name):
     return tf.Variable(tf.zeros(shape, dtype), trainable=False, name=name)
 
 
-class GradientAggregator:
+class GradientAggregator(ShardedHalves):
     """Aggregates a list of gradients (any shapes, None allowed) over all ranks.
 
     Gradients are fused into flat buckets per dtype of at most ``fusion_threshold_bytes``, packed
@@ -231,11 +232,12 @@ class GradientAggregator:
         ctx = coll.context(tf.convert_to_tensor(self.step), common, self.algorithm_options.get(name), i,
                            self.buckets[i].shapes)
         gain = None if self.gain is None else tf.zeros([2], tf.float64)
-        if not coll.sparse and node_slice and coll.sharding is not None:
-            agg = W.node_reduce(flat, self.topo, ctx.options.get("compression", "none"))
-            return agg, tf.zeros([0], tf.int64), [new[n] for (j, n) in sorted(self.residuals) if j == i], gain
         if not coll.sparse:
-            agg, indices = coll.fn(flat, self.topo, ctx=ctx), tf.zeros([0], tf.int64)
+            if node_slice and coll.sharding is not None:   # already the node slice
+                agg, node_slice = W.node_reduce(flat, self.topo, ctx.options.get("compression", "none")), False
+            else:
+                agg = coll.fn(flat, self.topo, ctx=ctx)
+            indices = tf.zeros([0], tf.int64)
         else:
             seed = None if common is None else common * self.topo.size + self.topo.rank
             residual = self.residuals[(i, name)]
@@ -321,69 +323,6 @@ class GradientAggregator:
 
         return (pieces if node_slices else out), masks, commit
 
-    # -- the sharded halves (DistributedOptimizer(shard_optimizer=True)) ---------------------------
-    def _sharding(self):
-        names = {self._resolve(c, 1) for c in self.candidates}
-        coll = ALGORITHMS[names.pop()] if len(names) == 1 else None
-        if coll is None or coll.sharding is None:
-            raise ValueError(f"a sharded update needs one algorithm with a reduce-scatter + all-gather "
-                             f"form (dense, 2dtar); this aggregator runs {self.candidates}")
-        return coll
-
-    def shard_slices(self):
-        """Per bucket, (padded length, start, length) of the slice this rank owns (after build)."""
-        coll, p = self._sharding(), self.topo.size
-        out = []
-        for bucket in self.buckets:
-            dp = -(-sum(bucket.sizes) // p) * p
-            s = dp // p
-            out.append((dp, coll.sharding.slot(self.topo) * s, s))
-        return out
-
-    def reduce_scatter_deferred(self, grads, step=None):
-        """(this rank's slice of every bucket's average (or sum) over the ranks, commit): the first
-        half of the collective (Sharding.reduce_scatter), with the consistency check; commit()
-        counts the step. No gradient may be None."""
-        coll = self._sharding()
-        if any(g is None for g in grads):
-            raise ValueError("grads: a sharded update needs a gradient for every variable (got None)")
-        grads = [tf.convert_to_tensor(g) for g in grads]
-        self.build([(g.shape, g.dtype) for g in grads])
-        if self.topo.size > 1:
-            since = overlap.op_count()
-            grads = self._check(grads, step)
-            overlap.run_independently(since)
-        if not self.overlap:
-            grads = overlap.after_all(grads)
-        pieces = []
-        for i, bucket in enumerate(self.buckets):
-            since = overlap.op_count()
-            flat = fusion.flatten(grads, bucket)
-            if self.timeline is not None:
-                flat = self.timeline.stamp(("bucket", self.timeline_tag, i), flat)
-            ctx = coll.context(tf.convert_to_tensor(self.step), None, self.algorithm_options.get(coll.name), i)
-            piece = coll.sharding.reduce_scatter(flat, self.topo, ctx)
-            if self.op == "average":
-                piece = piece / tf.cast(self.topo.size, piece.dtype)
-            pieces.append(piece)
-            overlap.run_independently(since)
-        return pieces, lambda: self.step.assign_add(1)
-
-    def all_gather(self, pieces, name=None):
-        """Every bucket's slices from every rank (the second half, Sharding.all_gather): per bucket
-        the flat vector of its d entries (in the pieces' dtype); ``name``: bucket b's ops are
-        named name_b_... (the same on every rank)."""
-        coll = self._sharding()
-        return [coll.sharding.all_gather(piece, self.topo, None if name is None else f"{name}_{b}")[:sum(bucket.sizes)]
-                for b, (piece, bucket) in enumerate(zip(pieces, self.buckets))]
-
-    def sharded_bytes(self):
-        """{"intra": B, "inter": B} per rank of reduce_scatter_deferred + all_gather (the formulas)."""
-        coll = self._sharding()
-        return link_bytes.add(*(coll.sharded_bytes(sum(b.sizes), self.topo.m, self.topo.n,
-                                                   self.algorithm_options.get(coll.name))
-                                for b in self.buckets or []))
-
     def __call__(self, grads, step=None):
         return self.aggregate(grads, step)[0]
 
@@ -394,25 +333,10 @@ class GradientAggregator:
         for bucket in self.buckets or []:
             d = sum(bucket.sizes)
             name = self._resolve(algorithm or self.candidates[0], d, bucket.shapes)
-            per_bucket.append(self.sent_bytes_bucket(bucket, name, density))
+            per_bucket.append(self._bucket_bytes(bucket, name, density))
         return link_bytes.add(*per_bucket)
 
-    def node_sliced_bytes(self, algorithm=None, density=None):
-        """sent_bytes of aggregate_deferred(node_slices=True): a reduce-scatter + all-gather
-        collective without its intra-node all-gather (wire.node_reduce_bytes), any other whole."""
-        per_bucket = []
-        for bucket in self.buckets or []:
-            d = sum(bucket.sizes)
-            name = self._resolve(algorithm or self.candidates[0], d, bucket.shapes)
-            coll, options = ALGORITHMS[name], self.algorithm_options.get(name) or {}
-            if not coll.sparse and coll.sharding is not None:
-                per_bucket.append(W.node_reduce_bytes(d, coll.resolve_options(options).get("compression", "none"),
-                                                      self.topo.m, self.topo.n))
-            else:
-                per_bucket.append(self.sent_bytes_bucket(bucket, name, density))
-        return link_bytes.add(*per_bucket)
-
-    def sent_bytes_bucket(self, bucket, name, density=None):
+    def _bucket_bytes(self, bucket, name, density=None):
         d = sum(bucket.sizes)
         return ALGORITHMS[name].sent_bytes(d, self.topo.m, self.topo.n, density or self.initial_density,
                                            self.algorithm_options.get(name), bucket.shapes)

@@ -68,7 +68,6 @@ from tf_commlib import link_bytes
 from tf_commlib import primitives as P
 from tf_commlib.collectives import ALGORITHMS
 from tf_commlib.collectives import codec as K
-from tf_commlib.collectives import wire as W
 from tf_commlib.topology import topology as current_topology
 
 
@@ -208,7 +207,7 @@ class ShardedUpdate:
         # per (group, bucket): (aggregator, bucket, padded, start, length)
         self.pieces, layer = [], []
         for agg, idx, _ in groups:
-            for bucket, (dp, start, s) in zip(agg.buckets, agg.shard_slices() if self.world else self._node_slices(agg)):
+            for bucket, (dp, start, s) in zip(agg.buckets, agg.shard_slices() if self.world else agg.node_slices_layout()):
                 ids = np.repeat([idx[p] for p in bucket.positions], bucket.sizes).astype(np.int32)
                 ids = np.concatenate([ids, np.full(dp - len(ids), len(var_list), np.int32)])
                 layer.append(ids[start:start + s])
@@ -227,13 +226,6 @@ class ShardedUpdate:
             self.layout = owner.add_variable(shape=[5], initializer="zeros", dtype="int64", aggregation="none",
                                              name="shard_layout")
             self.layout.assign(self.expected_layout())   # eagerly: build may run inside a trace
-
-    def _node_slices(self, agg):
-        out = []
-        for bucket in agg.buckets:
-            s = W.node_size(sum(bucket.sizes), self.topo.n)
-            out.append((self.topo.n * s, self.topo.local * s, s))
-        return out
 
     def expected_layout(self):
         return np.array([self.topo.m, self.topo.n, self.topo.rank, self.size, int(self.world)], np.int64)
@@ -270,8 +262,7 @@ class ShardedUpdate:
         for agg, _, sparse in self.groups:
             out.append(agg.node_sliced_bytes(algorithm if sparse else None, density if sparse else None))
             codec = self._codec(agg)
-            for bucket in agg.buckets:
-                s = W.node_size(sum(bucket.sizes), self.topo.n)
+            for _, _, s in agg.node_slices_layout():   # the weights' all-gather inside the node
                 out.append(link_bytes.per_rank("allgather", codec.bytes(s), "intra", self.topo.m, self.topo.n))
         return link_bytes.add(*out)
 
@@ -334,9 +325,7 @@ class ShardedUpdate:
                 old, piece = next(old_parts), next(new_parts)
                 send.append(piece if codec.exact else codec.encode(old - piece))
             # named: a rank's slices hold their own number of runs, so its graph has its own ops
-            gathered = agg.all_gather(send, f"sharded_gather_{g}") if self.world else [
-                self._node_gather(piece, bucket, f"sharded_gather_{g}_{b}")
-                for b, (piece, bucket) in enumerate(zip(send, agg.buckets))]
+            gathered = (agg.all_gather if self.world else agg.node_all_gather)(send, f"sharded_gather_{g}")
             for bucket, flat in zip(agg.buckets, gathered):
                 for p, part, shape in zip(bucket.positions, tf.split(flat, bucket.sizes), bucket.shapes):
                     var = self.var_list[idx[p]]
@@ -346,11 +335,6 @@ class ShardedUpdate:
                     if getattr(var, "constraint", None) is not None:
                         var.assign(var.constraint(var))
         self.inner.iterations.assign_add(1)
-
-    def _node_gather(self, piece, bucket, name):
-        """The node's slices of one bucket, from every rank of the node (the intra-node link only;
-        named: Horovod would name it after its input, whose graph name may differ by rank)."""
-        return P.allgather(piece, self.topo.intra, name=name)[:sum(bucket.sizes)]
 
     def _codec(self, agg):
         """What the all-gather carries: the weights, or with a 16-bit ``compression`` of the group's
