@@ -253,6 +253,7 @@ class GradientAggregator(ShardedHalves):
         return agg, indices, [new[n] for (j, n) in sorted(self.residuals) if j == i], gain
 
     # -- the call ----------------------------------------------------------------------------
+    @tf.autograph.experimental.do_not_convert
     def aggregate(self, grads, step=None, sent="mask"):
         """Returns (aggregated grads, what was sent). With sent="mask", masks[p] is 1 where grads[p]
         was sent sparsely (0 elsewhere); with sent="indices", an int64 vector of the flat indices
@@ -264,6 +265,7 @@ class GradientAggregator(ShardedHalves):
         commit()
         return out, masks
 
+    @tf.autograph.experimental.do_not_convert
     def aggregate_deferred(self, grads, step=None, sent="mask", node_slices=False):
         """aggregate() that writes no state: returns (aggregated grads, what was sent, commit), where
         commit() writes the step's residuals, gain and step count. Every rank must run the
@@ -323,6 +325,7 @@ class GradientAggregator(ShardedHalves):
 
         return (pieces if node_slices else out), masks, commit
 
+    @tf.autograph.experimental.do_not_convert
     def __call__(self, grads, step=None):
         return self.aggregate(grads, step)[0]
 

@@ -37,6 +37,7 @@ class ShardedHalves:
             out.append((dp, coll.sharding.slot(self.topo) * s, s))
         return out
 
+    @tf.autograph.experimental.do_not_convert
     def reduce_scatter_deferred(self, grads, step=None):
         """(this rank's slice of every bucket's average (or sum) over the ranks, commit): the first
         half of the collective (Sharding.reduce_scatter), with the consistency check; commit()
@@ -66,6 +67,7 @@ class ShardedHalves:
             overlap.run_independently(since)
         return pieces, lambda: self.step.assign_add(1)
 
+    @tf.autograph.experimental.do_not_convert
     def all_gather(self, pieces, name=None):
         """Every bucket's slices from every rank (the second half, Sharding.all_gather): per bucket
         the flat vector of its d entries (in the pieces' dtype); ``name``: bucket b's ops are
@@ -90,6 +92,7 @@ class ShardedHalves:
             out.append((self.topo.n * s, self.topo.local * s, s))
         return out
 
+    @tf.autograph.experimental.do_not_convert
     def node_all_gather(self, pieces, name):
         """Every bucket's node slices from the ranks of this node (the intra-node link only), per
         bucket the flat vector of its d entries; bucket b's op is named name_b (the same on every

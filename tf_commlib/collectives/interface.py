@@ -6,6 +6,8 @@ import math
 import types
 from typing import Callable, Mapping, Optional
 
+import tensorflow as tf
+
 from tf_commlib.alphabeta import LinkParams
 
 
@@ -112,6 +114,9 @@ class Collective:
     def __post_init__(self):
         if self.sparse and not (self.residual_size and self.residual_to_input):
             raise TypeError(f"sparse collective {self.name!r} needs residual_size and residual_to_input")
+        # plain Python building graph ops: inside a caller's tf.function, AutoGraph would convert
+        # every function it reaches (about 20 s per process for the aggregator, for nothing)
+        object.__setattr__(self, "fn", tf.autograph.experimental.do_not_convert(self.fn))
 
     def resolve_options(self, options=None):
         """The defaults updated with `options`; ValueError for an unknown name or a bad value."""

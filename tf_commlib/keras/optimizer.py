@@ -264,6 +264,7 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
         return [(agg, list(idx)) for agg, idx, _ in self._groups]
 
     # -- the step --------------------------------------------------------------------------
+    @tf.autograph.experimental.do_not_convert
     def apply(self, grads, trainable_variables=None):
         if self._wrapped_by_loss_scale and not self._finite_checked_globally:
             raise ValueError("optimizer: this DistributedOptimizer is wrapped by a keras.optimizers."
@@ -276,6 +277,7 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
         commit()
         self.apply_update(update, trainable_variables)
 
+    @tf.autograph.experimental.do_not_convert
     def apply_update(self, update, trainable_variables=None):
         """The wrapped optimizer's step with aggregate()'s update (sharded: this rank's slices)."""
         if self._sharded is not None:
@@ -288,6 +290,7 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
                 self.build(trainable_variables)
             self.built = True
 
+    @tf.autograph.experimental.do_not_convert
     def aggregate(self, grads):
         """(update, commit): the averaged update of every variable, and commit(), which writes what
         the step changes here (DGC momentum, the collectives' residuals, momentum masking). apply()
