@@ -41,6 +41,8 @@ def test_aggregator_under_horovod(tmp_path):
     (dict(density=0.0), r"density must be in \(0, 1\], got 0.0"),
     (dict(density=1.5), r"density must be in \(0, 1\], got 1.5"),
     (dict(op="max"), "op must be one of"),
+    (dict(auto_margin=0.0), r"auto_margin must be a number in \(0, 1\], got 0.0"),
+    (dict(auto_margin=True), "auto_margin must be"),
 ])
 def test_bad_configuration_raises_before_anything_runs(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -62,8 +64,16 @@ def test_auto_picks_the_cost_models_minimum():
 
     topo = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
     slow_inter = alphabeta.LinkParams(beta_inter=8 / 0.1e9)   # 100 Mbit/s between nodes
-    agg = GradientAggregator(algorithm="auto", density=0.01, topology=topo, cost_params=slow_inter)
+    agg = GradientAggregator(algorithm="auto", density=0.01, topology=topo, cost_params=slow_inter,
+                             auto_margin=1.0)
+    margin = GradientAggregator(algorithm="auto", density=0.01, topology=topo, cost_params=slow_inter)
+    assert margin.auto_margin == collectives.AUTO_MARGIN == 0.5 and margin.twin().auto_margin == 0.5
     for d in (1_000, 100_000, 1_000_000, 25_000_000):
         predicted = {a: collectives.predict(a, d, 2, 2, 0.01, slow_inter) for a in ALGORITHMS}
         assert agg._resolve("auto", d) == min(predicted, key=predicted.get)
+        # the default: a sparse collective only where it takes at most half the fastest exact one's time
+        exact = min(("dense", "2dtar"), key=predicted.get)
+        best = min(predicted, key=predicted.get)
+        lossy_wins = ALGORITHMS[best].sparse and predicted[best] <= 0.5 * predicted[exact]
+        assert margin._resolve("auto", d) == (best if lossy_wins else exact)
     assert agg._resolve("hitopk", 10) == "hitopk"

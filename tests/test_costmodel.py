@@ -5,6 +5,7 @@ options, and calibrate() agreeing on every rank of a 2x2 Horovod job."""
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from tests import hvdrun
@@ -202,6 +203,27 @@ def test_choose_follows_the_link():
     slow = LinkParams(beta_inter=8 / 0.5e9, beta_intra=8 / 5e9)
     assert choose(25_000_000, 2, 2, 0.01, fast) == "dense"
     assert ALGORITHMS[choose(25_000_000, 2, 2, 0.01, slow)].sparse
+
+
+def test_lossy_margin_keeps_exact_collectives_unless_a_sparse_one_is_much_faster():
+    # 2x2, 1M floats: as the inter-node link slows, the sparse collectives' lead over the exact
+    # ones grows; lossy_margin=0.5 switches to a sparse one only once it takes at most half the time
+    seen = set()
+    for mbit in np.geomspace(100_000, 5, 60):
+        params = LinkParams(beta_inter=8 / (mbit * 1e6))
+        costs = {a: predict(a, 1_000_000, 2, 2, 0.01, params) for a in ALGOS}
+        best, exact = min(ALGOS, key=costs.get), min(("dense", "2dtar"), key=costs.get)
+        picked = choose(1_000_000, 2, 2, 0.01, params, lossy_margin=0.5)
+        assert picked == (best if costs[best] <= 0.5 * costs[exact] else exact), mbit
+        assert choose(1_000_000, 2, 2, 0.01, params, lossy_margin=1.0) == best
+        seen.add((ALGORITHMS[best].sparse, ALGORITHMS[picked].sparse))
+    # the margin mattered somewhere (sparse predicted fastest, exact picked), and sparse still wins on slow links
+    assert (True, False) in seen and (True, True) in seen, seen
+    # only sparse candidates: the margin has nothing to compare against
+    assert choose(1_000_000, 2, 2, 0.01, candidates=("hitopk", "naive_ag"), lossy_margin=0.1) in ("hitopk", "naive_ag")
+    for bad in (0, -1, 1.01, "0.5", True, None):
+        with pytest.raises(ValueError, match="lossy_margin must be a number in"):
+            choose(1000, 2, 2, 0.01, lossy_margin=bad)
 
 
 @pytest.mark.parametrize("algo", ALGOS)

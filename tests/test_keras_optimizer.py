@@ -109,6 +109,9 @@ def test_against_numpy(tmp_path):
     (dict(algorithm_options={"hitopk": 3}), "algorithm_options"),
     (dict(overlap="no"), "overlap must be"),
     (dict(cost_params={"beta_inter": 1e-9}), "cost_params must be"),
+    (dict(auto_margin=0), r"auto_margin must be a number in \(0, 1\]"),
+    (dict(auto_margin=1.5), "auto_margin must be"),
+    (dict(auto_margin="0.5"), "auto_margin must be"),
 ])
 def test_bad_configuration_raises_before_training(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -139,10 +142,11 @@ def test_overlap_and_cost_params_survive_serialisation():
 
     params = LinkParams(beta_inter=8 / 25e6, compute_curve=((1024, 1e-9, 2e-9, 3e-10),))
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), algorithm="auto", overlap=False,
-                               cost_params=params)
+                               cost_params=params, auto_margin=0.8)
     again = DistributedOptimizer.from_config(opt.get_config())
-    assert again.overlap is False and again.cost_params == params
+    assert again.overlap is False and again.cost_params == params and again.auto_margin == 0.8
     assert DistributedOptimizer(keras.optimizers.SGD(0.1)).overlap is True
+    assert DistributedOptimizer(keras.optimizers.SGD(0.1)).auto_margin == 0.5
 
 
 def test_momentum_correction_needs_a_momentum_for_other_optimizers():

@@ -3,7 +3,8 @@ import tensorflow as tf
 
 from tf_commlib import consistency, fusion, link_bytes, ops, overlap
 from tf_commlib.alphabeta import LinkParams
-from tf_commlib.collectives import ALGORITHMS, choose, resolve_algorithm_options, with_compression
+from tf_commlib.collectives import (ALGORITHMS, AUTO_MARGIN, check_margin, choose, resolve_algorithm_options,
+                                   with_compression)
 from tf_commlib.collectives import wire as W
 from tf_commlib.sharded_halves import ShardedHalves
 from tf_commlib.topology import topology as current_topology
@@ -75,18 +76,22 @@ class GradientAggregator(ShardedHalves):
     ``timeline_tag``, i)). ``overlap=False`` makes every bucket wait for all of the gradients
     (aggregation after backprop, the baseline that overlap is measured against).
     ``cost_params`` (tf_commlib.alphabeta.LinkParams, e.g. from tf_commlib.costmodel.calibrate) are
-    the link parameters by which "auto" chooses (default LinkParams()).
+    the link parameters by which "auto" chooses (default LinkParams()); ``auto_margin`` in (0, 1]:
+    "auto" picks a sparse (lossy) collective for a bucket only where its predicted time is at most
+    auto_margin times the fastest exact one's (dense, 2dtar; collectives.choose's lossy_margin;
+    default AUTO_MARGIN = 0.5; 1.0 = the plain minimum).
     """
 
     def __init__(self, algorithm="hitopk", density=0.01, selector="mstopk", op="average",
                  fusion_threshold_bytes=fusion.DEFAULT_THRESHOLD_BYTES, topology=None, seed=None,
                  cost_params=None, check_consistency=True, variable_factory=None, algorithm_options=None,
                  track_gain=False,
-                 compression="none", timeline=None, timeline_tag=0, overlap=True):
+                 compression="none", timeline=None, timeline_tag=0, overlap=True, auto_margin=AUTO_MARGIN):
         for arg, value in (("check_consistency", check_consistency), ("overlap", overlap)):
             if not isinstance(value, bool):
                 raise ValueError(f"{arg} must be True or False, got {value!r}")
         check_cost_params(cost_params)
+        self.auto_margin = check_margin(auto_margin, "auto_margin")
         check_config(algorithm, density, selector, op, algorithm_options)
         self.algorithm_options = resolve_algorithm_options(with_compression(algorithm_options, compression))
         self.candidates = [algorithm] if isinstance(algorithm, str) else list(algorithm)
@@ -144,7 +149,7 @@ class GradientAggregator(ShardedHalves):
                                    topology=topology or self.topo, seed=self.seed, cost_params=self.cost_params,
                                    check_consistency=self.check_consistency,
                                    algorithm_options=self.algorithm_options, track_gain=self.track_gain,
-                                   overlap=self.overlap)
+                                   overlap=self.overlap, auto_margin=self.auto_margin)
         if self.buckets is not None:
             other.build(self._shapes)
             other.density.assign(self.density)
@@ -169,7 +174,7 @@ class GradientAggregator(ShardedHalves):
         if name != "auto":
             return name
         return choose(d, self.topo.m, self.topo.n, self.initial_density, self.cost_params,
-                      options=self.algorithm_options, shapes=shapes)
+                      options=self.algorithm_options, shapes=shapes, lossy_margin=self.auto_margin)
 
     def _select(self, seed):
         return ops.bound_selector(self.selector, seed=seed, step=self.step)

@@ -15,7 +15,9 @@ sets ``REFERENCE`` (another of that test's references, or None where another tes
 
 The predictions over the registry are here too: ``breakdown`` and ``predict`` (a collective's time
 formula, on tf_commlib.alphabeta.LinkParams) and ``choose``, what algorithm="auto" runs: the argmin
-of the predictions (tyagi's closed-form inequalities divide by zero at N = 2).
+of the predictions (tyagi's closed-form inequalities divide by zero at N = 2), where a sparse
+(lossy) collective must beat the fastest exact one by a margin (AUTO_MARGIN: a prediction at most
+half of it) to be picked, since it needs more steps to reach the same accuracy.
 """
 import importlib
 import pkgutil
@@ -23,7 +25,7 @@ from collections.abc import Mapping
 
 from tf_commlib.collectives.interface import Collective, Context
 
-__all__ = ["ALGORITHMS", "Collective", "Context", "breakdown", "choose", "predict", "register",
+__all__ = ["ALGORITHMS", "AUTO_MARGIN", "Collective", "Context", "breakdown", "choose", "predict", "register",
            "resolve_algorithm_options", "with_compression"]
 
 ALGORITHMS = {}   # name -> Collective
@@ -84,13 +86,33 @@ def predict(algorithm, d, m, n, density, params=None, options=None, shapes=None)
     return float(sum(breakdown(algorithm, d, m, n, density, params, options, shapes).values()))
 
 
-def choose(d, m, n, density, params=None, candidates=None, options=None, shapes=None):
+AUTO_MARGIN = 0.5   # GradientAggregator's and DistributedOptimizer's default auto_margin
+
+
+def check_margin(value, name="lossy_margin"):
+    """value as a float if it is a number in (0, 1]; ValueError naming `name` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+def choose(d, m, n, density, params=None, candidates=None, options=None, shapes=None, lossy_margin=1.0):
     """The candidate (default: every registered collective) with the smallest predicted time, ties
     going to the earlier one; options = {algorithm: {option: value}} (algorithm_options); shapes:
-    the bucket's tensor shapes (None: one flat vector of d)."""
+    the bucket's tensor shapes (None: one flat vector of d). ``lossy_margin`` in (0, 1]: a sparse
+    candidate (one that sends part of the sum and keeps the rest in a residual, so it needs more
+    steps to the same accuracy) is chosen only where its prediction is at most lossy_margin times
+    the fastest exact candidate's (dense, 2dtar), else that one is; 1.0 is the plain minimum."""
+    lossy_margin = check_margin(lossy_margin)
     options = options or {}
     candidates = list(ALGORITHMS) if candidates is None else list(candidates)
-    return min(candidates, key=lambda a: predict(a, d, m, n, density, params, options.get(a), shapes))
+    time = {a: predict(a, d, m, n, density, params, options.get(a), shapes) for a in candidates}
+    best = min(candidates, key=time.get)
+    exact = [a for a in candidates if not ALGORITHMS[a].sparse]
+    if not ALGORITHMS[best].sparse or not exact:
+        return best
+    fastest_exact = min(exact, key=time.get)
+    return best if time[best] <= lossy_margin * time[fastest_exact] else fastest_exact
 
 
 def _discover():
