@@ -169,3 +169,43 @@ def test_context_reaches_the_collective_and_bytes_match(tmp_path):
                     assert not np.array_equal(got, w) and np.all(np.abs(got) <= np.linalg.norm(w) * (1 + 1e-6))
                 else:
                     np.testing.assert_array_equal(got, w, err_msg=name)
+
+
+def test_library_code_runs_without_autograph_inside_a_users_tf_function():
+    """A tf.function that calls the aggregator must not have AutoGraph convert the library (it took
+    ~20 s per process): inside it, a collective's fn and the aggregator frame that calls it are the
+    original Python functions, not AutoGraph's generated copies (which live in other files)."""
+    import os
+    import sys
+
+    import tensorflow as tf
+
+    from tf_commlib import aggregator as aggregator_module
+    from tf_commlib.topology import Topology
+
+    frames, tf_dir = [], os.path.dirname(tf.__file__)
+
+    def probe(x, topo, ctx=None):
+        caller = sys._getframe(1)
+        while caller.f_code.co_filename.startswith(tf_dir):   # do_not_convert's wrapper
+            caller = caller.f_back
+        frames.append((sys._getframe(0).f_code.co_filename, caller.f_code.co_filename))
+        if x.shape[0] > 0:   # Python control flow on static values only, as in the library
+            x = x * 1.0
+        return tf.identity(x)   # the sum over this one rank
+
+    coll = register(Collective("plain_probe", probe, dense.time, dense.sent_bytes, options=dense.COLLECTIVE.options,
+                               check_options=dense.COLLECTIVE.check_options))
+    try:
+        one = Topology(m=1, n=1, rank=0, node=0, local=0, intra_ranks=(0,), inter_ranks=(0,))
+        agg = GradientAggregator("plain_probe", density=1.0, op="sum", topology=one)
+        out = tf.function(lambda gs: agg(gs))([tf.constant([1.0, 2.0]), tf.constant([[3.0]])])
+        np.testing.assert_array_equal(out[0].numpy(), [1.0, 2.0])
+        assert frames and all(f == (__file__, aggregator_module.__file__) for f in frames), frames
+        # wrapping is idempotent, and fn must be callable
+        from tf_commlib.collectives.interface import plain_python
+        assert plain_python(coll.fn) is coll.fn
+        with pytest.raises(TypeError, match="fn must be callable"):
+            Collective("nofn", None, dense.time, dense.sent_bytes)
+    finally:
+        del ALGORITHMS["plain_probe"]

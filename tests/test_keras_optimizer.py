@@ -147,6 +147,8 @@ def test_overlap_and_cost_params_survive_serialisation():
     assert again.overlap is False and again.cost_params == params and again.auto_margin == 0.8
     assert DistributedOptimizer(keras.optimizers.SGD(0.1)).overlap is True
     assert DistributedOptimizer(keras.optimizers.SGD(0.1)).auto_margin == 0.5
+    old = {k: v for k, v in opt.get_config().items() if k != "auto_margin"}   # saved before the margin
+    assert DistributedOptimizer.from_config(old).auto_margin == 1.0          # "auto" was the plain argmin
 
 
 def test_momentum_correction_needs_a_momentum_for_other_optimizers():

@@ -6,6 +6,7 @@ from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import (ALGORITHMS, AUTO_MARGIN, check_margin, choose, resolve_algorithm_options,
                                    with_compression)
 from tf_commlib.collectives import wire as W
+from tf_commlib.collectives.interface import plain_python
 from tf_commlib.sharded_halves import ShardedHalves
 from tf_commlib.topology import topology as current_topology
 
@@ -176,6 +177,11 @@ class GradientAggregator(ShardedHalves):
         return choose(d, self.topo.m, self.topo.n, self.initial_density, self.cost_params,
                       options=self.algorithm_options, shapes=shapes, lossy_margin=self.auto_margin)
 
+    def bucket_algorithms(self, name):
+        """The collective each bucket runs for candidate `name` (for "auto": the cost model's
+        choice per bucket), after build."""
+        return [self._resolve(name, sum(b.sizes), b.shapes) for b in self.buckets]
+
     def _select(self, seed):
         return ops.bound_selector(self.selector, seed=seed, step=self.step)
 
@@ -258,7 +264,7 @@ class GradientAggregator(ShardedHalves):
         return agg, indices, [new[n] for (j, n) in sorted(self.residuals) if j == i], gain
 
     # -- the call ----------------------------------------------------------------------------
-    @tf.autograph.experimental.do_not_convert
+    @plain_python
     def aggregate(self, grads, step=None, sent="mask"):
         """Returns (aggregated grads, what was sent). With sent="mask", masks[p] is 1 where grads[p]
         was sent sparsely (0 elsewhere); with sent="indices", an int64 vector of the flat indices
@@ -270,7 +276,7 @@ class GradientAggregator(ShardedHalves):
         commit()
         return out, masks
 
-    @tf.autograph.experimental.do_not_convert
+    @plain_python
     def aggregate_deferred(self, grads, step=None, sent="mask", node_slices=False):
         """aggregate() that writes no state: returns (aggregated grads, what was sent, commit), where
         commit() writes the step's residuals, gain and step count. Every rank must run the
@@ -330,7 +336,7 @@ class GradientAggregator(ShardedHalves):
 
         return (pieces if node_slices else out), masks, commit
 
-    @tf.autograph.experimental.do_not_convert
+    @plain_python
     def __call__(self, grads, step=None):
         return self.aggregate(grads, step)[0]
 

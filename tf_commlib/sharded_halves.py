@@ -15,6 +15,7 @@ from tf_commlib import fusion, link_bytes, overlap
 from tf_commlib import primitives as P
 from tf_commlib.collectives import ALGORITHMS
 from tf_commlib.collectives import wire as W
+from tf_commlib.collectives.interface import plain_python
 
 
 class ShardedHalves:
@@ -37,7 +38,7 @@ class ShardedHalves:
             out.append((dp, coll.sharding.slot(self.topo) * s, s))
         return out
 
-    @tf.autograph.experimental.do_not_convert
+    @plain_python
     def reduce_scatter_deferred(self, grads, step=None):
         """(this rank's slice of every bucket's average (or sum) over the ranks, commit): the first
         half of the collective (Sharding.reduce_scatter), with the consistency check; commit()
@@ -67,7 +68,7 @@ class ShardedHalves:
             overlap.run_independently(since)
         return pieces, lambda: self.step.assign_add(1)
 
-    @tf.autograph.experimental.do_not_convert
+    @plain_python
     def all_gather(self, pieces, name=None):
         """Every bucket's slices from every rank (the second half, Sharding.all_gather): per bucket
         the flat vector of its d entries (in the pieces' dtype); ``name``: bucket b's ops are
@@ -92,7 +93,7 @@ class ShardedHalves:
             out.append((self.topo.n * s, self.topo.local * s, s))
         return out
 
-    @tf.autograph.experimental.do_not_convert
+    @plain_python
     def node_all_gather(self, pieces, name):
         """Every bucket's node slices from the ranks of this node (the intra-node link only), per
         bucket the flat vector of its d entries; bucket b's op is named name_b (the same on every

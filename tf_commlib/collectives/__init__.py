@@ -14,10 +14,12 @@ sets ``REFERENCE`` (another of that test's references, or None where another tes
 ``register`` adds one defined elsewhere. Value codecs (compression, value_codec) are codec.py's.
 
 The predictions over the registry are here too: ``breakdown`` and ``predict`` (a collective's time
-formula, on tf_commlib.alphabeta.LinkParams) and ``choose``, what algorithm="auto" runs: the argmin
-of the predictions (tyagi's closed-form inequalities divide by zero at N = 2), where a sparse
-(lossy) collective must beat the fastest exact one by a margin (AUTO_MARGIN: a prediction at most
-half of it) to be picked, since it needs more steps to reach the same accuracy.
+formula, on tf_commlib.alphabeta.LinkParams) and ``choose``: the argmin of the predictions (tyagi's
+closed-form inequalities divide by zero at N = 2). algorithm="auto" runs choose with
+lossy_margin=auto_margin (default AUTO_MARGIN = 0.5): a sparse (lossy) collective, which needs more
+steps to reach the same accuracy, is picked only where its prediction is at most half the fastest
+exact one's; choose's own default (1.0) is the plain argmin, which `bench comm` compares with the
+measured fastest.
 """
 import importlib
 import pkgutil
@@ -25,7 +27,8 @@ from collections.abc import Mapping
 
 from tf_commlib.collectives.interface import Collective, Context
 
-__all__ = ["ALGORITHMS", "AUTO_MARGIN", "Collective", "Context", "breakdown", "choose", "predict", "register",
+__all__ = ["ALGORITHMS", "AUTO_MARGIN", "Collective", "Context", "breakdown", "check_margin", "choose", "predict",
+           "register",
            "resolve_algorithm_options", "with_compression"]
 
 ALGORITHMS = {}   # name -> Collective

@@ -11,6 +11,19 @@ import tensorflow as tf
 from tf_commlib.alphabeta import LinkParams
 
 
+def plain_python(fn):
+    """fn run without AutoGraph, also inside a caller's tf.function (as under model.fit, where Keras
+    already turns it off): the library builds its graphs with tf.cond / tf.switch_case itself, and
+    AutoGraph converting every function the aggregator reaches took about 20 s per process. A
+    user's function reached from it (a selector, a collective's fn) must do the same, or be a
+    tf.function itself. Idempotent."""
+    if getattr(fn, "_tf_commlib_plain", False):
+        return fn
+    wrapped = tf.autograph.experimental.do_not_convert(fn)
+    wrapped._tf_commlib_plain = True
+    return wrapped
+
+
 @dataclasses.dataclass(frozen=True)
 class Context:
     """What a collective gets besides its tensor. ``step``: the aggregator's step (an int64 tensor,
@@ -114,9 +127,9 @@ class Collective:
     def __post_init__(self):
         if self.sparse and not (self.residual_size and self.residual_to_input):
             raise TypeError(f"sparse collective {self.name!r} needs residual_size and residual_to_input")
-        # plain Python building graph ops: inside a caller's tf.function, AutoGraph would convert
-        # every function it reaches (about 20 s per process for the aggregator, for nothing)
-        object.__setattr__(self, "fn", tf.autograph.experimental.do_not_convert(self.fn))
+        if not callable(self.fn):
+            raise TypeError(f"collective {self.name!r}: fn must be callable, got {self.fn!r}")
+        object.__setattr__(self, "fn", plain_python(self.fn))
 
     def resolve_options(self, options=None):
         """The defaults updated with `options`; ValueError for an unknown name or a bad value."""

@@ -4,6 +4,7 @@ import keras
 import tensorflow as tf
 
 from tf_commlib import primitives as P
+from tf_commlib.collectives.interface import plain_python
 from tf_commlib.keras.optimizer import DistributedOptimizer, distributed_optimizer
 from tf_commlib.topology import topology as current_topology
 
@@ -30,6 +31,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                                  current_topology().world)
         return tf.equal(overflowed[0], 0.0)
 
+    @plain_python
     def apply(self, grads, trainable_variables=None):
         inner = self.inner_optimizer
         if not isinstance(inner, DistributedOptimizer):

@@ -31,6 +31,7 @@ from tf_commlib.aggregator import GradientAggregator, check_config, check_cost_p
 from tf_commlib.keras.arguments import check_arguments, qrgc_options
 from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import AUTO_MARGIN, check_margin, with_compression
+from tf_commlib.collectives.interface import plain_python
 from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
 from tf_commlib.overlap import after_all
 from tf_commlib.keras.policy import EpochPolicy, check_candidates, default_dense_layers, parse_schedule
@@ -268,7 +269,7 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
         return [(agg, list(idx)) for agg, idx, _ in self._groups]
 
     # -- the step --------------------------------------------------------------------------
-    @tf.autograph.experimental.do_not_convert
+    @plain_python
     def apply(self, grads, trainable_variables=None):
         if self._wrapped_by_loss_scale and not self._finite_checked_globally:
             raise ValueError("optimizer: this DistributedOptimizer is wrapped by a keras.optimizers."
@@ -281,7 +282,7 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
         commit()
         self.apply_update(update, trainable_variables)
 
-    @tf.autograph.experimental.do_not_convert
+    @plain_python
     def apply_update(self, update, trainable_variables=None):
         """The wrapped optimizer's step with aggregate()'s update (sharded: this rank's slices)."""
         if self._sharded is not None:
@@ -294,7 +295,7 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
                 self.build(trainable_variables)
             self.built = True
 
-    @tf.autograph.experimental.do_not_convert
+    @plain_python
     def aggregate(self, grads):
         """(update, commit): the averaged update of every variable, and commit(), which writes what
         the step changes here (DGC momentum, the collectives' residuals, momentum masking). apply()
@@ -373,6 +374,7 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
         config["optimizer"] = keras.optimizers.deserialize(config["optimizer"],
                                                            custom_objects=custom_objects)
         config["schedule"] = {int(e): a for e, a in config["schedule"].items()}
+        config.setdefault("auto_margin", 1.0)   # saved before auto_margin existed: "auto" was the plain argmin
         if config.get("cost_params") is not None:
             params = dict(config["cost_params"])
             params["compute_curve"] = tuple(tuple(row) for row in params.get("compute_curve", ()))

@@ -14,6 +14,7 @@ import tensorflow as tf
 from tf_commlib import ops
 from tf_commlib.aggregator import GradientAggregator
 from tf_commlib.collectives import ALGORITHMS
+from tf_commlib.keras import distributed_optimizer
 
 
 _TRACED = {}   # (id(optimizer), phase, its settings, gradient shapes) -> (optimizer, traced function)
@@ -63,25 +64,31 @@ def _measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, t
 
     out["forward_backward"] = _timed(fwd_bwd, reps)
     grads = fwd_bwd()
-    sparse = ALGORITHMS[algorithm].sparse
+    shapes = tuple((tuple(g.shape), g.dtype.name) for g in grads)
+    dist = distributed_optimizer(optimizer)
+
+    def aggregator():   # as the optimizer's: its options, compression and, for "auto", its choice
+        agg = GradientAggregator(algorithm, density if algorithm == "auto" or ALGORITHMS[algorithm].sparse else 1.0,
+                                 selector, topology=topo, algorithm_options=dist.algorithm_options,
+                                 compression=dist.compression, cost_params=dist.cost_params,
+                                 auto_margin=dist.auto_margin)
+        agg.build([(g.shape, g.dtype) for g in grads])
+        return agg, tf.function(lambda gs: agg.aggregate(gs, sent="indices"))
+
+    agg, aggregate = _traced((optimizer, "communication", algorithm, density, selector, shapes), aggregator)
+    names = set(agg.bucket_algorithms(algorithm))
+    sparse = any(ALGORITHMS[a].sparse for a in names)
     d = sum(int(g.shape.num_elements()) for g in grads)
     out["selection"] = 0.0
-    shapes = tuple((tuple(g.shape), g.dtype.name) for g in grads)
     if sparse:
         flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
-        if algorithm.startswith("hitopk"):
+        if names == {"hitopk"}:
             flat = flat[:max(1, d // topo.n)]   # hitopk selects on its d/n shard
         k = max(1, math.ceil(density * int(flat.shape[0])))
         select = _traced((optimizer, "selection", selector, k, shapes),
                          lambda: tf.function(lambda f: ops.SELECTORS[selector](f, k)))
         out["selection"] = _timed(select, reps, flat)
 
-    def aggregator():
-        agg = GradientAggregator(algorithm, density if sparse else 1.0, selector, topology=topo)
-        agg.build([(g.shape, g.dtype) for g in grads])
-        return tf.function(lambda gs: agg.aggregate(gs, sent="indices"))   # as the optimizer
-
-    aggregate = _traced((optimizer, "communication", algorithm, density, selector, shapes), aggregator)
     out["communication"] = max(0.0, _timed(aggregate, reps, list(grads)) - out["selection"])
 
     def clone_apply():
