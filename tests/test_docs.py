@@ -89,6 +89,8 @@ FLAGS = {
     "python -m tfc_apps.bench e2e": "a benchmark: ResNet-50 on 4 ranks at 3 resolutions",
     "python -m tfc_apps.bench tta": "a benchmark: 18 four-rank trainings, under an hour",
     "python -m tfc_apps.bench tta --inter-mbit 25": "a benchmark: 6 four-rank trainings (12 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 0 --configs dense_fp16 2dtar_fp16 auto":
+        "a benchmark: 3 four-rank trainings, unshaped (5 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --configs dense_fp16 2dtar_fp16 hitopk powersgd --epochs 12":
         "a benchmark: 4 four-rank trainings at 5 Mbit/s (15 min)",
     "python -m tfc_apps.bench e2e --model small --resolutions 32 --inter-mbit 100 --configs dense_fp32 dense_fp16 "

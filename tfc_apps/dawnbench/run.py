@@ -89,15 +89,28 @@ def run(args):
         data.close()
 
 
+def calibrate_for(model, topo, args):
+    """The link parameters "auto" chooses with (costmodel.calibrate), measured at the sizes of this
+    model's largest bucket B (the larger of the fusion threshold and its largest variable, rounded
+    up to a power of two, at most 2**22 floats, calibrate's own largest): compute on arrays of B/16,
+    B/4 and B, links with messages of B/4 and B but not under 2**18 and 2**20 floats (smaller ones
+    meet TCP delayed-ACK stalls on loopback). calibrate's defaults (1M-16M floats) took 61 s at
+    25 Mbit/s and 14 s unshaped for the small model (buckets of 0.26M floats), in a 90-s run."""
+    from tf_commlib import costmodel
+    from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
+
+    threshold = DEFAULT_THRESHOLD_BYTES if args.fusion_threshold_bytes is None else args.fusion_threshold_bytes
+    largest = max([threshold // 4] + [int(np.prod(v.shape)) for v in model.trainable_variables])
+    big = min(2**22, max(2**16, 1 << (largest - 1).bit_length()))
+    return costmodel.calibrate(topo, sizes=(max(2**18, big // 4), max(2**20, big)),
+                               compute_sizes=(big // 16, big // 4, big))
+
+
 def train(args, topo, data):
     start = BackupAndRestore.resume_epoch(args.ckpt_dir) if args.ckpt_dir else 0
     log = Log(args.log_dir, topo, start, args.target_top5)   # the wall clock starts here
-    cost_params = None
-    if args.calibrate:
-        from tf_commlib import costmodel
-
-        cost_params = costmodel.calibrate(topo)
     model = models.build(args.model, data.num_classes, args.seed)
+    cost_params = calibrate_for(model, topo, args) if args.calibrate else None
     loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing)
     opt = make_optimizer(args, data, topo, cost_params)
     model.compile(opt, loss, jit_compile=False)
