@@ -257,6 +257,21 @@ def test_params_round_trip():
     assert LinkParams.from_list(curved.as_list()) == curved
 
 
+def test_sizes_for_follows_the_largest_bucket():
+    from tf_commlib.costmodel import sizes_for
+
+    # the small model's 1 MB buckets (262144 floats): compute at the bucket, links not below 256K/1M
+    assert sizes_for(262_144) == {"sizes": (2**18, 2**20), "compute_sizes": (2**14, 2**16, 2**18)}
+    assert sizes_for(300_000) == {"sizes": (2**18, 2**20), "compute_sizes": (2**15, 2**17, 2**19)}
+    assert sizes_for(1) == {"sizes": (2**18, 2**20), "compute_sizes": (2**12, 2**14, 2**16)}
+    # ResNet-50's largest kernel (2.4M floats) and beyond: calibrate's defaults are the ceiling
+    assert sizes_for(2_359_296) == sizes_for(10**9) == {"sizes": (2**20, 2**22),
+                                                         "compute_sizes": (2**18, 2**20, 2**22)}
+    for bad in (0, -5, 2.5, True, "1"):
+        with pytest.raises(ValueError, match="largest_bucket must be an int >= 1"):
+            sizes_for(bad)
+
+
 def test_calibrate_agrees_on_every_rank(tmp_path):
     reports = hvdrun.run("calibrate_worker.py", 4, tmp_path, topology="2x2", timeout=120)
     first = reports[0]

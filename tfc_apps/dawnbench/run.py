@@ -90,20 +90,14 @@ def run(args):
 
 
 def calibrate_for(model, topo, args):
-    """The link parameters "auto" chooses with (costmodel.calibrate), measured at the sizes of this
-    model's largest bucket B (the larger of the fusion threshold and its largest variable, rounded
-    up to a power of two, at most 2**22 floats, calibrate's own largest): compute on arrays of B/16,
-    B/4 and B, links with messages of B/4 and B but not under 2**18 and 2**20 floats (smaller ones
-    meet TCP delayed-ACK stalls on loopback). calibrate's defaults (1M-16M floats) took 61 s at
-    25 Mbit/s and 14 s unshaped for the small model (buckets of 0.26M floats), in a 90-s run."""
+    """The link parameters "auto" chooses with, measured at the sizes of this model's largest
+    bucket (costmodel.sizes_for)."""
     from tf_commlib import costmodel
     from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
 
     threshold = DEFAULT_THRESHOLD_BYTES if args.fusion_threshold_bytes is None else args.fusion_threshold_bytes
     largest = max([threshold // 4] + [int(np.prod(v.shape)) for v in model.trainable_variables])
-    big = min(2**22, max(2**16, 1 << (largest - 1).bit_length()))
-    return costmodel.calibrate(topo, sizes=(max(2**18, big // 4), max(2**20, big)),
-                               compute_sizes=(big // 16, big // 4, big))
+    return costmodel.calibrate(topo, **costmodel.sizes_for(largest))
 
 
 def train(args, topo, data):
