@@ -58,6 +58,17 @@ def test_target_line_judged_only_at_100_mbit():
     assert "no breakdown" in e2e.target_lines([row("dense_fp16", 1.0, math.nan, 0.1, 0.5)], 100)[0]
 
 
+def test_target_judges_the_median_of_repeated_rows():
+    rows = [row("dense_fp16", step, 0.9, 0.1, 0.5) for step in (1.40, 1.10, 1.12)]   # ratios 1.40 1.10 1.12
+    lines = e2e.target_lines(rows + [row("dense_fp16", 1.30, 0.9, 0.1, 0.5, resolution=96)], 100)
+    assert len(lines) == 5 and "median" not in "".join(lines[:4])   # one per row, then one per group
+    assert "64px" in lines[4] and "median of 3 rows" in lines[4] and "1.120" in lines[4]
+    assert lines[4].endswith(": met")
+    two = e2e.target_lines(rows[:1] + [row("dense_fp16", 1.20, 0.9, 0.1, 0.5)], 100)
+    assert "1.300" in two[-1] and two[-1].endswith(": NOT met")   # even count: mean of the middle two
+    assert "not judged" in e2e.target_lines(rows, 25)[-1]
+
+
 def test_configs_and_command_line():
     for name in ("dense", "2dtar", "hitopk@0.001", "hitopk@0.01"):   # the original names still run
         assert name in e2e.CONFIGS
