@@ -43,6 +43,8 @@ def test_aggregator_under_horovod(tmp_path):
     (dict(op="max"), "op must be one of"),
     (dict(auto_margin=0.0), r"auto_margin must be a number in \(0, 1\], got 0.0"),
     (dict(auto_margin=True), "auto_margin must be"),
+    (dict(auto_compute_s=-0.1), "auto_compute_s must be None or a finite number of seconds >= 0, got -0.1"),
+    (dict(auto_compute_s="1"), "auto_compute_s must be"),
 ])
 def test_bad_configuration_raises_before_anything_runs(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -77,3 +79,36 @@ def test_auto_picks_the_cost_models_minimum():
         lossy_wins = ALGORITHMS[best].sparse and predicted[best] <= 0.5 * predicted[exact]
         assert margin._resolve("auto", d) == (best if lossy_wins else exact)
     assert agg._resolve("hitopk", 10) == "hitopk"
+
+
+def test_auto_keeps_buckets_exact_where_they_fit_under_backprop():
+    """A slow link on which the margin picks a sparse collective: with auto_compute_s at least the
+    exact collectives' time, every bucket stays exact (overlap hides them); below it, or without
+    overlap, auto chooses per bucket as before."""
+    import tensorflow as tf
+
+    from tf_commlib import alphabeta, collectives
+    from tf_commlib.collectives import ALGORITHMS
+    from tf_commlib.topology import Topology
+
+    topo = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
+    slow = alphabeta.LinkParams(beta_inter=8 / 10e6)   # 10 Mbit/s between nodes
+    shapes = [((500, 400), tf.float32), ((300, 300), tf.float32), ((64,), tf.float32)]
+
+    def built(**kwargs):
+        agg = GradientAggregator(algorithm="auto", density=0.01, topology=topo, cost_params=slow,
+                                 fusion_threshold_bytes=1 << 20, **kwargs)
+        agg.build(shapes)
+        return agg
+
+    plain = built()
+    picked = plain.bucket_algorithms("auto")
+    assert any(ALGORITHMS[a].sparse for a in picked), picked   # the margin alone compresses here
+    exact_s = sum(min(collectives.predict(a, sum(b.sizes), 2, 2, 0.01, slow, None, b.shapes)
+                      for a in ("dense", "2dtar")) for b in plain.buckets)
+    roomy = built(auto_compute_s=exact_s * 1.01)
+    assert all(not ALGORITHMS[a].sparse for a in roomy.bucket_algorithms("auto"))
+    assert roomy.twin().auto_compute_s == roomy.auto_compute_s
+    assert built(auto_compute_s=exact_s * 0.99).bucket_algorithms("auto") == picked
+    assert built(auto_compute_s=exact_s * 10, overlap=False).bucket_algorithms("auto") == picked
+    assert roomy.bucket_algorithms("hitopk") == ["hitopk"] * len(roomy.buckets)   # only "auto" is affected

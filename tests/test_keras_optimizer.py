@@ -112,6 +112,8 @@ def test_against_numpy(tmp_path):
     (dict(auto_margin=0), r"auto_margin must be a number in \(0, 1\]"),
     (dict(auto_margin=1.5), "auto_margin must be"),
     (dict(auto_margin="0.5"), "auto_margin must be"),
+    (dict(auto_compute_s=-1), "auto_compute_s must be None or a finite number of seconds >= 0"),
+    (dict(auto_compute_s=float("nan")), "auto_compute_s must be"),
 ])
 def test_bad_configuration_raises_before_training(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -142,9 +144,10 @@ def test_overlap_and_cost_params_survive_serialisation():
 
     params = LinkParams(beta_inter=8 / 25e6, compute_curve=((1024, 1e-9, 2e-9, 3e-10),))
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), algorithm="auto", overlap=False,
-                               cost_params=params, auto_margin=0.8)
+                               cost_params=params, auto_margin=0.8, auto_compute_s=0.25)
     again = DistributedOptimizer.from_config(opt.get_config())
     assert again.overlap is False and again.cost_params == params and again.auto_margin == 0.8
+    assert again.auto_compute_s == 0.25 and DistributedOptimizer(keras.optimizers.SGD(0.1)).auto_compute_s is None
     assert DistributedOptimizer(keras.optimizers.SGD(0.1)).overlap is True
     assert DistributedOptimizer(keras.optimizers.SGD(0.1)).auto_margin == 0.5
     old = {k: v for k, v in opt.get_config().items() if k != "auto_margin"}   # saved before the margin

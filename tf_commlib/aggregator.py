@@ -3,7 +3,8 @@ import tensorflow as tf
 
 from tf_commlib import consistency, fusion, link_bytes, ops, overlap
 from tf_commlib.alphabeta import LinkParams
-from tf_commlib.collectives import (ALGORITHMS, AUTO_MARGIN, check_margin, choose, resolve_algorithm_options,
+from tf_commlib.collectives import (ALGORITHMS, AUTO_MARGIN, check_margin, check_seconds, choose, exact_fits,
+                                    resolve_algorithm_options,
                                    with_compression)
 from tf_commlib.collectives import wire as W
 from tf_commlib.collectives.interface import plain_python
@@ -80,19 +81,27 @@ class GradientAggregator(ShardedHalves):
     the link parameters by which "auto" chooses (default LinkParams()); ``auto_margin`` in (0, 1]:
     "auto" picks a sparse (lossy) collective for a bucket only where its predicted time is at most
     auto_margin times the fastest exact one's (dense, 2dtar; collectives.choose's lossy_margin;
-    default AUTO_MARGIN = 0.5; 1.0 = the plain minimum).
+    default AUTO_MARGIN = 0.5; 1.0 = the plain minimum). ``auto_compute_s``: the seconds of
+    backprop per step that overlapped buckets aggregate under (e.g. from
+    tf_commlib.costmodel.backward_seconds); where the fastest exact collective of every bucket, one
+    after the other, is predicted to fit in it (collectives.exact_fits), "auto" keeps every bucket
+    exact: compression would save no time there. None (default): not considered; ignored without
+    overlap.
     """
 
     def __init__(self, algorithm="hitopk", density=0.01, selector="mstopk", op="average",
                  fusion_threshold_bytes=fusion.DEFAULT_THRESHOLD_BYTES, topology=None, seed=None,
                  cost_params=None, check_consistency=True, variable_factory=None, algorithm_options=None,
                  track_gain=False,
-                 compression="none", timeline=None, timeline_tag=0, overlap=True, auto_margin=AUTO_MARGIN):
+                 compression="none", timeline=None, timeline_tag=0, overlap=True, auto_margin=AUTO_MARGIN,
+                 auto_compute_s=None):
         for arg, value in (("check_consistency", check_consistency), ("overlap", overlap)):
             if not isinstance(value, bool):
                 raise ValueError(f"{arg} must be True or False, got {value!r}")
         check_cost_params(cost_params)
         self.auto_margin = check_margin(auto_margin, "auto_margin")
+        self.auto_compute_s = check_seconds(auto_compute_s, "auto_compute_s")
+        self._exact_only = None   # "auto" within auto_compute_s: decided once the buckets are known
         check_config(algorithm, density, selector, op, algorithm_options)
         self.algorithm_options = resolve_algorithm_options(with_compression(algorithm_options, compression))
         self.candidates = [algorithm] if isinstance(algorithm, str) else list(algorithm)
@@ -150,7 +159,8 @@ class GradientAggregator(ShardedHalves):
                                    topology=topology or self.topo, seed=self.seed, cost_params=self.cost_params,
                                    check_consistency=self.check_consistency,
                                    algorithm_options=self.algorithm_options, track_gain=self.track_gain,
-                                   overlap=self.overlap, auto_margin=self.auto_margin)
+                                   overlap=self.overlap, auto_margin=self.auto_margin,
+                                   auto_compute_s=self.auto_compute_s)
         if self.buckets is not None:
             other.build(self._shapes)
             other.density.assign(self.density)
@@ -174,8 +184,20 @@ class GradientAggregator(ShardedHalves):
         """name, or for "auto" the cheapest collective for a bucket of d entries (of these shapes)."""
         if name != "auto":
             return name
-        return choose(d, self.topo.m, self.topo.n, self.initial_density, self.cost_params,
+        exact = [a for a in ALGORITHMS if not ALGORITHMS[a].sparse] if self._auto_exact_only() else None
+        return choose(d, self.topo.m, self.topo.n, self.initial_density, self.cost_params, candidates=exact,
                       options=self.algorithm_options, shapes=shapes, lossy_margin=self.auto_margin)
+
+    def _auto_exact_only(self):
+        """True where "auto" keeps every bucket exact: overlapped, and the exact collectives fit in
+        auto_compute_s (known once the buckets are)."""
+        if self.auto_compute_s is None or not self.overlap or self.buckets is None:
+            return False
+        if self._exact_only is None:
+            self._exact_only = exact_fits([(sum(b.sizes), b.shapes) for b in self.buckets], self.topo.m,
+                                          self.topo.n, self.initial_density, self.auto_compute_s,
+                                          self.cost_params, self.algorithm_options)
+        return self._exact_only
 
     def bucket_algorithms(self, name):
         """The collective each bucket runs for candidate `name` (for "auto": the cost model's

@@ -19,7 +19,9 @@ closed-form inequalities divide by zero at N = 2). algorithm="auto" runs choose 
 lossy_margin=auto_margin (default AUTO_MARGIN = 0.5): a sparse (lossy) collective, which needs more
 steps to reach the same accuracy, is picked only where its prediction is at most half the fastest
 exact one's; choose's own default (1.0) is the plain argmin, which `bench comm` compares with the
-measured fastest.
+measured fastest. With overlap, aggregation runs under backprop: ``exact_fits`` says whether the
+fastest exact collective of every bucket, one after the other, fits in the backprop time it hides
+under (auto_compute_s); then "auto" keeps every bucket exact, since compressing saves no time there.
 """
 import importlib
 import pkgutil
@@ -27,7 +29,8 @@ from collections.abc import Mapping
 
 from tf_commlib.collectives.interface import Collective, Context
 
-__all__ = ["ALGORITHMS", "AUTO_MARGIN", "Collective", "Context", "breakdown", "check_margin", "choose", "predict",
+__all__ = ["ALGORITHMS", "AUTO_MARGIN", "Collective", "Context", "breakdown", "check_margin", "check_seconds",
+           "choose", "exact_fits", "predict",
            "register",
            "resolve_algorithm_options", "with_compression"]
 
@@ -116,6 +119,30 @@ def choose(d, m, n, density, params=None, candidates=None, options=None, shapes=
         return best
     fastest_exact = min(exact, key=time.get)
     return best if time[best] <= lossy_margin * time[fastest_exact] else fastest_exact
+
+
+def check_seconds(value, name):
+    """value as a float if it is None or a finite number >= 0; ValueError naming `name` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ValueError(f"{name} must be None or a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def exact_fits(buckets, m, n, density, hidden_s, params=None, options=None):
+    """True where the fastest exact candidate (dense, 2dtar) of every bucket, one after the other,
+    is predicted to take at most ``hidden_s`` seconds: the backprop that an overlapped aggregation
+    runs under, so a sparse collective would cost accuracy and save no time. ``buckets``: (d, shapes)
+    per bucket; hidden_s None: False (not known)."""
+    hidden_s = check_seconds(hidden_s, "hidden_s")
+    if hidden_s is None:
+        return False
+    options = options or {}
+    exact = [a for a in ALGORITHMS if not ALGORITHMS[a].sparse]
+    total = sum(min(predict(a, d, m, n, density, params, options.get(a), shapes) for a in exact)
+                for d, shapes in buckets)
+    return total <= hidden_s
 
 
 def _discover():

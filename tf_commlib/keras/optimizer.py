@@ -30,7 +30,7 @@ from tf_commlib import link_bytes, ops
 from tf_commlib.aggregator import GradientAggregator, check_config, check_cost_params
 from tf_commlib.keras.arguments import check_arguments, qrgc_options
 from tf_commlib.alphabeta import LinkParams
-from tf_commlib.collectives import AUTO_MARGIN, check_margin, with_compression
+from tf_commlib.collectives import AUTO_MARGIN, check_margin, check_seconds, with_compression
 from tf_commlib.collectives.interface import plain_python
 from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
 from tf_commlib.overlap import after_all
@@ -76,6 +76,9 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
         (e.g. tf_commlib.costmodel.calibrate(topology) on the running cluster); default LinkParams().
       auto_margin: "auto" picks a sparse collective for a bucket only where its predicted time is at
         most auto_margin x the fastest exact one's (default 0.5; 1.0: the plain minimum).
+      auto_compute_s: seconds of backprop per step that overlapped aggregation hides under (e.g.
+        tf_commlib.costmodel.backward_seconds(topo, model, x, y, loss)); "auto" keeps every bucket
+        exact where the exact collectives are predicted to fit in it. None (default): not considered.
       fusion_threshold_bytes, seed, algorithm_options, compression: passed to the GradientAggregators
         (algorithm_options = {algorithm: {option: value}}, see tf_commlib.collectives; compression
         "fp16" or "bf16" sends 16-bit values in dense and 2dtar, the dense-layer group included).
@@ -113,7 +116,7 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
                  dense_warmup_epochs=0, qrgc=False, fusion_threshold_bytes=DEFAULT_THRESHOLD_BYTES,
                  seed=None,
                  name=None, algorithm_options=None, candidates=None, compression="none", overlap=True,
-                 cost_params=None, shard_optimizer=False, auto_margin=AUTO_MARGIN):
+                 cost_params=None, shard_optimizer=False, auto_margin=AUTO_MARGIN, auto_compute_s=None):
         candidates, is_adaptive = check_candidates(density, candidates), density == "adaptive"
         density = candidates[0] if is_adaptive else density
         check_config(algorithm, density, selector, algorithm_options=algorithm_options)
@@ -128,6 +131,7 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
                 raise ValueError(f"{arg} must be True or False, got {value!r}")
         check_cost_params(cost_params)
         auto_margin = check_margin(auto_margin, "auto_margin")
+        auto_compute_s = check_seconds(auto_compute_s, "auto_compute_s")
         schedule = parse_schedule(schedule, algorithm, dense_warmup_epochs)
         if shard_optimizer:
             check_shardable(optimizer)
@@ -155,7 +159,7 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
         self.algorithm_options, self.compression = algorithm_options, compression
         self.candidates, self.adaptive = candidates, is_adaptive
         self.overlap, self.cost_params, self.shard_optimizer = overlap, cost_params, shard_optimizer
-        self.auto_margin = auto_margin
+        self.auto_margin, self.auto_compute_s = auto_margin, auto_compute_s
         self._sharded = None
 
     # -- state -----------------------------------------------------------------------------
@@ -179,7 +183,9 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
                                       variable_factory=self._factory,
                                       algorithm_options=options, track_gain=self.adaptive,
                                       compression=self.compression, timeline=self.timeline,
-                                      cost_params=self.cost_params, auto_margin=self.auto_margin)
+                                      cost_params=self.cost_params, auto_margin=self.auto_margin,
+                                      # without overlap nothing hides under backprop
+                                      auto_compute_s=self.auto_compute_s if self.overlap else None)
 
         # (aggregator, variable indices, sparse?) groups
         self._groups = []
@@ -366,6 +372,7 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
                 "qrgc": self.qrgc, "fusion_threshold_bytes": self.fusion_threshold_bytes,
                 "seed": self.seed, "algorithm_options": self.algorithm_options, "compression": self.compression,
                 "overlap": self.overlap, "shard_optimizer": self.shard_optimizer, "auto_margin": self.auto_margin,
+                "auto_compute_s": self.auto_compute_s,
                 "cost_params": None if self.cost_params is None else dataclasses.asdict(self.cost_params)}
 
     @classmethod

@@ -71,7 +71,8 @@ def _measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, t
         agg = GradientAggregator(algorithm, density if algorithm == "auto" or ALGORITHMS[algorithm].sparse else 1.0,
                                  selector, topology=topo, algorithm_options=dist.algorithm_options,
                                  compression=dist.compression, cost_params=dist.cost_params,
-                                 auto_margin=dist.auto_margin)
+                                 auto_margin=dist.auto_margin,
+                                 auto_compute_s=dist.auto_compute_s if dist.overlap else None)
         agg.build([(g.shape, g.dtype) for g in grads])
         return agg, tf.function(lambda gs: agg.aggregate(gs, sent="indices"))
 

@@ -25,7 +25,7 @@ from tf_commlib.keras.callbacks import MetricAverage
 EXCLUDED = ["bias", "gamma", "beta"]
 
 
-def make_optimizer(args, data, topo, cost_params=None):
+def make_optimizer(args, data, topo, cost_params=None, compute_s=None):
     stages = args.stage_list
     global_batch = stages[0].batch * topo.size
     peak = args.lr or PEAK_PER_256[args.optimizer] * global_batch / 256
@@ -51,7 +51,7 @@ def make_optimizer(args, data, topo, cost_params=None):
                                 # correction keeps a full-size velocity per rank)
                                 momentum_correction=args.optimizer != "lamb" and not args.shard_optimizer,
                                 warmup=args.dgc_warmup, seed=args.seed, compression=args.compression,
-                                overlap=not args.no_overlap, cost_params=cost_params,
+                                overlap=not args.no_overlap, cost_params=cost_params, auto_compute_s=compute_s,
                                 shard_optimizer=args.shard_optimizer,
                                 **({} if args.fusion_threshold_bytes is None
                                    else {"fusion_threshold_bytes": args.fusion_threshold_bytes}))
@@ -89,24 +89,32 @@ def run(args):
         data.close()
 
 
-def calibrate_for(model, topo, args):
-    """The link parameters "auto" chooses with, measured at the sizes of this model's largest
-    bucket (costmodel.sizes_for)."""
+def calibrate_for(model, topo, args, num_classes, loss):
+    """What "auto" chooses with: the link parameters, measured at the sizes of this model's largest
+    bucket (costmodel.sizes_for), and the seconds of backprop per step that overlapped aggregation
+    hides under (costmodel.backward_seconds on a batch of the first stage's shape)."""
     from tf_commlib import costmodel
     from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
 
     threshold = DEFAULT_THRESHOLD_BYTES if args.fusion_threshold_bytes is None else args.fusion_threshold_bytes
     largest = max([threshold // 4] + [int(np.prod(v.shape)) for v in model.trainable_variables])
-    return costmodel.calibrate(topo, **costmodel.sizes_for(largest))
+    params = costmodel.calibrate(topo, **costmodel.sizes_for(largest))
+    stage, rng = args.stage_list[0], np.random.default_rng(args.seed)
+    x = tf.constant(rng.uniform(size=(stage.batch, stage.resolution, stage.resolution, 3)), tf.float32)
+    y = tf.one_hot(rng.integers(0, num_classes, stage.batch), num_classes)
+    return params, costmodel.backward_seconds(topo, model, x, y, loss)
 
 
 def train(args, topo, data):
     start = BackupAndRestore.resume_epoch(args.ckpt_dir) if args.ckpt_dir else 0
     log = Log(args.log_dir, topo, start, args.target_top5)   # the wall clock starts here
     model = models.build(args.model, data.num_classes, args.seed)
-    cost_params = calibrate_for(model, topo, args) if args.calibrate else None
     loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing)
-    opt = make_optimizer(args, data, topo, cost_params)
+    cost_params, compute_s = (calibrate_for(model, topo, args, data.num_classes, loss) if args.calibrate
+                              else (None, None))
+    if compute_s is not None and topo.rank == 0:
+        print(f"dawnbench: calibrated; backprop {compute_s * 1e3:.0f} ms per step (auto_compute_s)", flush=True)
+    opt = make_optimizer(args, data, topo, cost_params, compute_s)
     model.compile(opt, loss, jit_compile=False)
     opt = distributed_optimizer(model)   # through the LossScaleOptimizer compile adds under mixed_float16
     if topo.rank == 0:
