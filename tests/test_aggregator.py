@@ -81,10 +81,11 @@ def test_auto_picks_the_cost_models_minimum():
     assert agg._resolve("hitopk", 10) == "hitopk"
 
 
-def test_auto_keeps_buckets_exact_where_they_fit_under_backprop():
-    """A slow link on which the margin picks a sparse collective: with auto_compute_s at least the
-    exact collectives' time, every bucket stays exact (overlap hides them); below it, or without
-    overlap, auto chooses per bucket as before."""
+def test_auto_keeps_buckets_exact_unless_compression_halves_the_overlapped_step():
+    """A slow link on which the margin picks a sparse collective per bucket: with auto_compute_s, a
+    step takes about max(compute, communication), and auto keeps every bucket exact unless its
+    choice makes that at most auto_margin x the all-exact step; without overlap it chooses per
+    bucket as before."""
     import tensorflow as tf
 
     from tf_commlib import alphabeta, collectives
@@ -106,9 +107,11 @@ def test_auto_keeps_buckets_exact_where_they_fit_under_backprop():
     assert any(ALGORITHMS[a].sparse for a in picked), picked   # the margin alone compresses here
     exact_s = sum(min(collectives.predict(a, sum(b.sizes), 2, 2, 0.01, slow, None, b.shapes)
                       for a in ("dense", "2dtar")) for b in plain.buckets)
-    roomy = built(auto_compute_s=exact_s * 1.01)
-    assert all(not ALGORITHMS[a].sparse for a in roomy.bucket_algorithms("auto"))
-    assert roomy.twin().auto_compute_s == roomy.auto_compute_s
-    assert built(auto_compute_s=exact_s * 0.99).bucket_algorithms("auto") == picked
-    assert built(auto_compute_s=exact_s * 10, overlap=False).bucket_algorithms("auto") == picked
-    assert roomy.bucket_algorithms("hitopk") == ["hitopk"] * len(roomy.buckets)   # only "auto" is affected
+    assert built(auto_compute_s=0.0).bucket_algorithms("auto") == picked
+    assert built(auto_compute_s=exact_s * 0.45).bucket_algorithms("auto") == picked   # the step halves
+    for compute_s in (exact_s * 0.55, exact_s * 2):   # less than halved; communication hidden
+        kept = built(auto_compute_s=compute_s)
+        assert all(not ALGORITHMS[a].sparse for a in kept.bucket_algorithms("auto")), compute_s
+        assert kept.twin().auto_compute_s == compute_s
+        assert kept.bucket_algorithms("hitopk") == ["hitopk"] * len(kept.buckets)   # only "auto" is affected
+    assert built(auto_compute_s=exact_s * 2, overlap=False).bucket_algorithms("auto") == picked

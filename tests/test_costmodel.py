@@ -228,22 +228,31 @@ def test_lossy_margin_keeps_exact_collectives_unless_a_sparse_one_is_much_faster
             choose(1000, 2, 2, 0.01, lossy_margin=bad)
 
 
-def test_exact_fits_sums_the_fastest_exact_collective_of_every_bucket():
-    params = LinkParams(beta_inter=8 / 25e6)   # 25 Mbit/s between nodes
+def test_keep_exact_applies_the_margin_to_the_overlapped_step():
+    params = LinkParams(beta_inter=8 / 10e6)   # 10 Mbit/s between nodes: sparse wins per bucket
     buckets = [(250_000, None), (120_000, [(400, 300)]), (5_000, None)]
-    exact = sum(min(predict(a, d, 2, 2, 0.01, params, None, shapes) for a in ("dense", "2dtar"))
-                for d, shapes in buckets)
-    assert collectives.exact_fits(buckets, 2, 2, 0.01, exact * 1.001, params)
-    assert not collectives.exact_fits(buckets, 2, 2, 0.01, exact * 0.999, params)
-    assert not collectives.exact_fits(buckets, 2, 2, 0.01, None, params)   # not known
-    fp16 = {"dense": {"compression": "fp16"}, "2dtar": {"compression": "fp16"}}   # half the bytes: fits
-    assert collectives.exact_fits(buckets, 2, 2, 0.01, exact * 0.7, params, fp16)
+    exact = chosen = 0.0
+    for d, shapes in buckets:
+        exact += min(predict(a, d, 2, 2, 0.01, params, None, shapes) for a in ("dense", "2dtar"))
+        pick = choose(d, 2, 2, 0.01, params, shapes=shapes, lossy_margin=0.5)
+        chosen += predict(pick, d, 2, 2, 0.01, params, None, shapes)
+    assert chosen < 0.5 * exact   # without compute in the step, the per-bucket choice stands
+    assert not collectives.keep_exact(buckets, 2, 2, 0.01, 0.0, params)
+    # step = max(compute, communication): compressing pays only while it halves the step
+    edge = (0.5 * exact)   # compute at which the sparse step max(c, chosen) = c is half the exact one
+    assert not collectives.keep_exact(buckets, 2, 2, 0.01, edge * 0.99, params)
+    assert collectives.keep_exact(buckets, 2, 2, 0.01, edge * 1.01, params)
+    assert collectives.keep_exact(buckets, 2, 2, 0.01, exact * 3, params)   # communication hidden
+    assert not collectives.keep_exact(buckets, 2, 2, 0.01, None, params)      # not known
+    # margin 1.0: any predicted gain in the step; with compute above both, none
+    assert not collectives.keep_exact(buckets, 2, 2, 0.01, edge * 1.01, params, lossy_margin=1.0)
+    assert collectives.keep_exact(buckets, 2, 2, 0.01, exact * 1.01, params, lossy_margin=1.0)
     for bad in (-1.0, float("inf"), float("nan"), "1", True):
-        with pytest.raises(ValueError, match="hidden_s must be None or a finite number of seconds"):
-            collectives.exact_fits(buckets, 2, 2, 0.01, bad, params)
+        with pytest.raises(ValueError, match="compute_s must be None or a finite number of seconds"):
+            collectives.keep_exact(buckets, 2, 2, 0.01, bad, params)
 
 
-def test_backward_seconds_on_one_process_restores_the_statistics():
+def test_compute_seconds_on_one_process_restores_the_statistics():
     import keras
     import tensorflow as tf
 
@@ -256,7 +265,7 @@ def test_backward_seconds_on_one_process_restores_the_statistics():
     x, y = tf.random.stateless_normal((64, 32, 32, 3), (1, 2)), tf.one_hot(tf.range(64) % 10, 10)
     loss = keras.losses.CategoricalCrossentropy(from_logits=True)
     before = [v.numpy() for v in model.non_trainable_variables]
-    seconds = costmodel.backward_seconds(alone, model, x, y, loss, repeats=3)
+    seconds = costmodel.compute_seconds(alone, model, x, y, loss, repeats=3)
     assert 0 < seconds < 60
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.non_trainable_variables))
     for kwargs, message in ((dict(repeats=0), "repeats must be an int >= 1"),
@@ -264,7 +273,7 @@ def test_backward_seconds_on_one_process_restores_the_statistics():
                             (dict(model=3), "model must be a Keras model")):
         args = {**dict(topo=alone, model=model, x=x, y=y, loss=loss), **kwargs}
         with pytest.raises(ValueError, match=message):
-            costmodel.backward_seconds(**args)
+            costmodel.compute_seconds(**args)
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -319,7 +328,7 @@ def test_calibrate_agrees_on_every_rank(tmp_path):
         assert r["params"] == first["params"]        # bit-identical: one allreduce, same division
         assert r["choices"] == first["choices"]
         assert r["predicted"] == first["predicted"]
-        assert r["backward_s"] == first["backward_s"] > 0   # the slowest rank's, on every rank
+        assert r["compute_s"] == first["compute_s"] > 0   # the slowest rank's, on every rank
     assert len(first["params"]) == 8 + 2 * 4     # 8 scalars, then the compute curve at 2 sizes
     assert all(math.isfinite(v) and v > 0 for v in first["params"]), first["params"]
     assert [row[0] for row in first["curve"]] == [2**16, 2**18]

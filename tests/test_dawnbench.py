@@ -129,7 +129,7 @@ def test_auto_schedule_with_the_step_breakdown(tmp_path):
                               "--log-dir", tmp_path], None, 300)
     assert out.count("step breakdown, stage") == 1 and re.search(r"\bcommunication\s+\d+\.\d+ ms", out), out[-3000:]
     assert [r["algorithm"] for r in _rows(tmp_path)] == ["auto"]
-    assert re.search(r"calibrated; backprop \d+ ms per step \(auto_compute_s\)", out), out[-3000:]
+    assert re.search(r"calibrated; forward\+backward \d+ ms per step \(auto_compute_s\)", out), out[-3000:]
 
 
 @pytest.mark.parametrize("args, message", [

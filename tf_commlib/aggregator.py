@@ -3,7 +3,7 @@ import tensorflow as tf
 
 from tf_commlib import consistency, fusion, link_bytes, ops, overlap
 from tf_commlib.alphabeta import LinkParams
-from tf_commlib.collectives import (ALGORITHMS, AUTO_MARGIN, check_margin, check_seconds, choose, exact_fits,
+from tf_commlib.collectives import (ALGORITHMS, AUTO_MARGIN, check_margin, check_seconds, choose, keep_exact,
                                     resolve_algorithm_options,
                                    with_compression)
 from tf_commlib.collectives import wire as W
@@ -82,11 +82,11 @@ class GradientAggregator(ShardedHalves):
     "auto" picks a sparse (lossy) collective for a bucket only where its predicted time is at most
     auto_margin times the fastest exact one's (dense, 2dtar; collectives.choose's lossy_margin;
     default AUTO_MARGIN = 0.5; 1.0 = the plain minimum). ``auto_compute_s``: the seconds of
-    backprop per step that overlapped buckets aggregate under (e.g. from
-    tf_commlib.costmodel.backward_seconds); where the fastest exact collective of every bucket, one
-    after the other, is predicted to fit in it (collectives.exact_fits), "auto" keeps every bucket
-    exact: compression would save no time there. None (default): not considered; ignored without
-    overlap.
+    forward+backward per step that overlapped buckets aggregate beside (e.g. from
+    tf_commlib.costmodel.compute_seconds); a step then takes about max(compute, communication), and
+    where the per-bucket choice does not bring that to auto_margin times the all-exact step
+    (collectives.keep_exact), "auto" keeps every bucket exact: compression would cost accuracy and
+    save too little time. None (default): not considered; ignored without overlap.
     """
 
     def __init__(self, algorithm="hitopk", density=0.01, selector="mstopk", op="average",
@@ -189,14 +189,14 @@ class GradientAggregator(ShardedHalves):
                       options=self.algorithm_options, shapes=shapes, lossy_margin=self.auto_margin)
 
     def _auto_exact_only(self):
-        """True where "auto" keeps every bucket exact: overlapped, and the exact collectives fit in
-        auto_compute_s (known once the buckets are)."""
+        """True where "auto" keeps every bucket exact (collectives.keep_exact with auto_compute_s and
+        auto_margin; overlapped only; known once the buckets are)."""
         if self.auto_compute_s is None or not self.overlap or self.buckets is None:
             return False
         if self._exact_only is None:
-            self._exact_only = exact_fits([(sum(b.sizes), b.shapes) for b in self.buckets], self.topo.m,
+            self._exact_only = keep_exact([(sum(b.sizes), b.shapes) for b in self.buckets], self.topo.m,
                                           self.topo.n, self.initial_density, self.auto_compute_s,
-                                          self.cost_params, self.algorithm_options)
+                                          self.cost_params, self.algorithm_options, self.auto_margin)
         return self._exact_only
 
     def bucket_algorithms(self, name):

@@ -162,15 +162,15 @@ def merge_point(rows, seed, median_time, barrier):
     return max(median_time(lambda: ready(merge(stream))) / (2 * (rows // 2)), _MIN_COMPUTE)
 
 
-_BACKWARD_CALLS = iter(range(10**9))   # unique Horovod names for backward_seconds' allreduces
+_COMPUTE_CALLS = iter(range(10**9))   # unique Horovod names for compute_seconds' allreduces
 
 
-def backward_seconds(topo, model, x, y, loss, repeats=5):
-    """Seconds of backprop per training step of `model` on the batch (x, y): the median time of
-    forward+backward minus that of the forward alone (training=True), timed on every rank at once
-    (so CPU sharing is included), the slowest rank's: every rank returns the same number. It is the
-    time an overlapped aggregation runs under (DistributedOptimizer(auto_compute_s=...)). `loss`:
-    loss(y_true, y_pred). The model's non-trainable variables (batch-norm statistics) are restored."""
+def compute_seconds(topo, model, x, y, loss, repeats=5):
+    """Seconds of forward+backward per training step of `model` on the batch (x, y) (training=True),
+    the median of `repeats`, timed on every rank at once (so CPU sharing is included), the slowest
+    rank's: every rank returns the same number. Overlapped aggregation runs beside it
+    (DistributedOptimizer(auto_compute_s=...)). `loss`: loss(y_true, y_pred). The model's
+    non-trainable variables (batch-norm statistics) are restored afterwards."""
     import tensorflow as tf
 
     from tf_commlib import primitives as P
@@ -190,31 +190,21 @@ def backward_seconds(topo, model, x, y, loss, repeats=5):
         raise ValueError("model has no trainable variables: nothing to back-propagate")
 
     @tf.function
-    def forward():
-        return loss(y, model(x, training=True))
-
-    @tf.function
     def forward_backward():
         with tf.GradientTape() as tape:
             value = loss(y, model(x, training=True))
         return tape.gradient(value, variables)
 
-    def barrier():
-        if topo.size > 1:
-            P.allreduce(tf.zeros([1]), topo.world, name=f"costmodel_backward_barrier_{next(_BACKWARD_CALLS)}").numpy()
-
     try:
-        barrier()
-        t_forward = timing.median_time(lambda: timing.ready(forward()), repeats)
-        barrier()
-        t_both = timing.median_time(lambda: timing.ready(forward_backward()), repeats)
+        if topo.size > 1:   # all ranks start together
+            P.allreduce(tf.zeros([1]), topo.world, name=f"costmodel_compute_barrier_{next(_COMPUTE_CALLS)}").numpy()
+        seconds = timing.median_time(lambda: timing.ready(forward_backward()), repeats)
     finally:
         for v, value in zip(state, saved):
             v.assign(value)
-    seconds = max(0.0, t_both - t_forward)
     if topo.size > 1:
         import horovod.tensorflow as hvd
 
         seconds = float(hvd.allreduce(tf.constant(seconds, tf.float64), op=hvd.Max,
-                                      name=f"costmodel_backward_max_{next(_BACKWARD_CALLS)}").numpy())
+                                      name=f"costmodel_compute_max_{next(_COMPUTE_CALLS)}").numpy())
     return seconds

@@ -1,5 +1,5 @@
 """Runs costmodel.calibrate() on every rank and reports the numbers and the choices they give; then
-costmodel.backward_seconds of a small model, on batches of different sizes per rank."""
+costmodel.compute_seconds of a small model, on batches of different sizes per rank."""
 import keras
 import tensorflow as tf
 
@@ -12,12 +12,12 @@ params = costmodel.calibrate(topo, sizes=(2**14, 2**17), repeats=3, compute_size
 model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Conv2D(16, 3), keras.layers.Flatten(),
                           keras.layers.Dense(10)])
 batch = 8 * (1 + topo.rank)   # the ranks' own times differ; every rank must return the same number
-backward = costmodel.backward_seconds(topo, model, tf.random.normal((batch, 16, 16, 3)),
-                                      tf.one_hot(tf.range(batch) % 10, 10),
-                                      keras.losses.CategoricalCrossentropy(from_logits=True), repeats=3)
+compute = costmodel.compute_seconds(topo, model, tf.random.normal((batch, 16, 16, 3)),
+                                    tf.one_hot(tf.range(batch) % 10, 10),
+                                    keras.losses.CategoricalCrossentropy(from_logits=True), repeats=3)
 sizes = [2**10, 2**16, 2**20, 2**24, 2**26]
 report(topo.rank, {
-    "m": topo.m, "n": topo.n, "backward_s": backward,
+    "m": topo.m, "n": topo.n, "compute_s": compute,
     "params": params.as_list(),
     "curve": [list(row) for row in params.compute_curve],
     "choices": [collectives.choose(d, topo.m, topo.n, 0.01, params) for d in sizes],

@@ -19,9 +19,10 @@ closed-form inequalities divide by zero at N = 2). algorithm="auto" runs choose 
 lossy_margin=auto_margin (default AUTO_MARGIN = 0.5): a sparse (lossy) collective, which needs more
 steps to reach the same accuracy, is picked only where its prediction is at most half the fastest
 exact one's; choose's own default (1.0) is the plain argmin, which `bench comm` compares with the
-measured fastest. With overlap, aggregation runs under backprop: ``exact_fits`` says whether the
-fastest exact collective of every bucket, one after the other, fits in the backprop time it hides
-under (auto_compute_s); then "auto" keeps every bucket exact, since compressing saves no time there.
+measured fastest. The margin also applies to the step: with overlap, aggregation runs beside the
+forward+backward compute (auto_compute_s), so a step takes about max(compute, communication);
+``keep_exact`` says whether the per-bucket choice fails to bring that to lossy_margin times the
+all-exact step, and then "auto" keeps every bucket exact.
 """
 import importlib
 import pkgutil
@@ -30,7 +31,7 @@ from collections.abc import Mapping
 from tf_commlib.collectives.interface import Collective, Context
 
 __all__ = ["ALGORITHMS", "AUTO_MARGIN", "Collective", "Context", "breakdown", "check_margin", "check_seconds",
-           "choose", "exact_fits", "predict",
+           "choose", "keep_exact", "predict",
            "register",
            "resolve_algorithm_options", "with_compression"]
 
@@ -130,19 +131,25 @@ def check_seconds(value, name):
     return float(value)
 
 
-def exact_fits(buckets, m, n, density, hidden_s, params=None, options=None):
-    """True where the fastest exact candidate (dense, 2dtar) of every bucket, one after the other,
-    is predicted to take at most ``hidden_s`` seconds: the backprop that an overlapped aggregation
-    runs under, so a sparse collective would cost accuracy and save no time. ``buckets``: (d, shapes)
-    per bucket; hidden_s None: False (not known)."""
-    hidden_s = check_seconds(hidden_s, "hidden_s")
-    if hidden_s is None:
+def keep_exact(buckets, m, n, density, compute_s, params=None, options=None, lossy_margin=AUTO_MARGIN):
+    """True where "auto" should run every bucket exact because compressing would not make the step
+    fast enough: with aggregation overlapped with the ``compute_s`` seconds of forward+backward, a
+    step takes about max(compute_s, the buckets' collectives one after the other); the per-bucket
+    choice (choose with lossy_margin) must make that shorter, and at most lossy_margin times the step
+    with the fastest exact collective of every bucket. ``buckets``: (d, shapes) per bucket; compute_s None:
+    False (not known: the per-bucket choice stands)."""
+    compute_s = check_seconds(compute_s, "compute_s")
+    if compute_s is None:
         return False
     options = options or {}
     exact = [a for a in ALGORITHMS if not ALGORITHMS[a].sparse]
-    total = sum(min(predict(a, d, m, n, density, params, options.get(a), shapes) for a in exact)
-                for d, shapes in buckets)
-    return total <= hidden_s
+    exact_s = chosen_s = 0.0
+    for d, shapes in buckets:
+        exact_s += min(predict(a, d, m, n, density, params, options.get(a), shapes) for a in exact)
+        pick = choose(d, m, n, density, params, options=options, shapes=shapes, lossy_margin=lossy_margin)
+        chosen_s += predict(pick, d, m, n, density, params, options.get(pick), shapes)
+    sparse_step, exact_step = max(compute_s, chosen_s), max(compute_s, exact_s)
+    return not (sparse_step < exact_step and sparse_step <= lossy_margin * exact_step)
 
 
 def _discover():

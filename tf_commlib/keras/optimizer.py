@@ -76,9 +76,10 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
         (e.g. tf_commlib.costmodel.calibrate(topology) on the running cluster); default LinkParams().
       auto_margin: "auto" picks a sparse collective for a bucket only where its predicted time is at
         most auto_margin x the fastest exact one's (default 0.5; 1.0: the plain minimum).
-      auto_compute_s: seconds of backprop per step that overlapped aggregation hides under (e.g.
-        tf_commlib.costmodel.backward_seconds(topo, model, x, y, loss)); "auto" keeps every bucket
-        exact where the exact collectives are predicted to fit in it. None (default): not considered.
+      auto_compute_s: seconds of forward+backward per step, which overlapped aggregation runs beside
+        (e.g. tf_commlib.costmodel.compute_seconds(topo, model, x, y, loss)): "auto" keeps every
+        bucket exact unless its choice makes the predicted step, max(compute, communication), at most
+        auto_margin x the all-exact one. None (default): not considered.
       fusion_threshold_bytes, seed, algorithm_options, compression: passed to the GradientAggregators
         (algorithm_options = {algorithm: {option: value}}, see tf_commlib.collectives; compression
         "fp16" or "bf16" sends 16-bit values in dense and 2dtar, the dense-layer group included).

@@ -91,8 +91,8 @@ def run(args):
 
 def calibrate_for(model, topo, args, num_classes, loss):
     """What "auto" chooses with: the link parameters, measured at the sizes of this model's largest
-    bucket (costmodel.sizes_for), and the seconds of backprop per step that overlapped aggregation
-    hides under (costmodel.backward_seconds on a batch of the first stage's shape)."""
+    bucket (costmodel.sizes_for), and the seconds of forward+backward per step that overlapped
+    aggregation runs beside (costmodel.compute_seconds on a batch of the first stage's shape)."""
     from tf_commlib import costmodel
     from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
 
@@ -102,7 +102,7 @@ def calibrate_for(model, topo, args, num_classes, loss):
     stage, rng = args.stage_list[0], np.random.default_rng(args.seed)
     x = tf.constant(rng.uniform(size=(stage.batch, stage.resolution, stage.resolution, 3)), tf.float32)
     y = tf.one_hot(rng.integers(0, num_classes, stage.batch), num_classes)
-    return params, costmodel.backward_seconds(topo, model, x, y, loss)
+    return params, costmodel.compute_seconds(topo, model, x, y, loss)
 
 
 def train(args, topo, data):
@@ -113,7 +113,8 @@ def train(args, topo, data):
     cost_params, compute_s = (calibrate_for(model, topo, args, data.num_classes, loss) if args.calibrate
                               else (None, None))
     if compute_s is not None and topo.rank == 0:
-        print(f"dawnbench: calibrated; backprop {compute_s * 1e3:.0f} ms per step (auto_compute_s)", flush=True)
+        print(f"dawnbench: calibrated; forward+backward {compute_s * 1e3:.0f} ms per step (auto_compute_s)",
+              flush=True)
     opt = make_optimizer(args, data, topo, cost_params, compute_s)
     model.compile(opt, loss, jit_compile=False)
     opt = distributed_optimizer(model)   # through the LossScaleOptimizer compile adds under mixed_float16
