@@ -267,10 +267,15 @@ def test_compute_seconds_on_one_process_restores_the_statistics():
     before = [v.numpy() for v in model.non_trainable_variables]
     seconds = costmodel.compute_seconds(alone, model, x, y, loss, repeats=3)
     assert 0 < seconds < 60
+    # forward+backward of 16x the batch takes longer (a forward alone or a constant would not)
+    big_x, big_y = tf.tile(x, [16, 1, 1, 1]), tf.tile(y, [16, 1])
+    assert costmodel.compute_seconds(alone, model, big_x, big_y, loss, repeats=3) > 2 * seconds
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.non_trainable_variables))
     for kwargs, message in ((dict(repeats=0), "repeats must be an int >= 1"),
                             (dict(loss="mse"), "loss must be callable"),
-                            (dict(model=3), "model must be a Keras model")):
+                            (dict(model=3), "model must be a Keras model"),
+                            (dict(model=lambda x, training: x), "model must be a Keras model"),
+                            (dict(topo=None), "topo must be a tf_commlib topology")):
         args = {**dict(topo=alone, model=model, x=x, y=y, loss=loss), **kwargs}
         with pytest.raises(ValueError, match=message):
             costmodel.compute_seconds(**args)

@@ -139,6 +139,33 @@ def test_wrapping_one_sgd_twice_is_refused():
     assert copy.m == 0.9
 
 
+def test_auto_compute_s_reaches_the_aggregators(monkeypatch):
+    """On a slow link auto compresses the large bucket; with a forward+backward far longer than the
+    exact collectives it keeps every bucket exact, unless overlap=False. The residual variables are
+    the same either way (a checkpoint must not depend on a measured time)."""
+    from tf_commlib import alphabeta
+    from tf_commlib.collectives import ALGORITHMS
+    from tf_commlib.keras import optimizer as module
+    from tf_commlib.topology import Topology
+
+    two_by_two = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
+    monkeypatch.setattr(module, "current_topology", lambda: two_by_two)
+    slow = alphabeta.LinkParams(beta_inter=8 / 10e6)
+
+    def built(**kwargs):
+        opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), algorithm="auto", cost_params=slow,
+                                   **kwargs)
+        opt.build([keras.Variable(np.zeros((500, 400), np.float32)), keras.Variable(np.zeros(64, np.float32))])
+        (agg,) = opt.sparse_aggregators()
+        return agg.bucket_algorithms("auto"), sorted(v.name for v in agg.residual_variables())
+
+    picked, residuals = built()
+    assert any(ALGORITHMS[a].sparse for a in picked) and residuals
+    kept, kept_residuals = built(auto_compute_s=100.0)
+    assert not any(ALGORITHMS[a].sparse for a in kept) and kept_residuals == residuals
+    assert built(auto_compute_s=100.0, overlap=False) == (picked, residuals)
+
+
 def test_overlap_and_cost_params_survive_serialisation():
     from tf_commlib.alphabeta import LinkParams
 

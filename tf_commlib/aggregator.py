@@ -138,7 +138,10 @@ class GradientAggregator(ShardedHalves):
             self.owner = make((), tf.int64, "aggregator_state_owner")
             for i, bucket in enumerate(self.buckets):
                 d = sum(bucket.sizes)
-                for name in sorted({self._resolve(c, d, bucket.shapes) for c in self.candidates}):
+                # residuals also for auto's per-bucket choice where the step rule keeps it exact: the
+                # state (and a checkpoint of it) must not depend on a measured auto_compute_s
+                names = {self._resolve(c, d, bucket.shapes, rule) for c in self.candidates for rule in (True, False)}
+                for name in sorted(names):
                     coll = ALGORITHMS[name]
                     if coll.sparse:
                         options = coll.formula_options(self.algorithm_options.get(name), bucket.shapes, d)
@@ -180,11 +183,13 @@ class GradientAggregator(ShardedHalves):
         self.density.assign(density)
 
     # -- helpers ---------------------------------------------------------------------------
-    def _resolve(self, name, d, shapes=None):
-        """name, or for "auto" the cheapest collective for a bucket of d entries (of these shapes)."""
+    def _resolve(self, name, d, shapes=None, step_rule=True):
+        """name, or for "auto" the cheapest collective for a bucket of d entries (of these shapes);
+        step_rule=False: the per-bucket choice alone (without auto_compute_s's rule)."""
         if name != "auto":
             return name
-        exact = [a for a in ALGORITHMS if not ALGORITHMS[a].sparse] if self._auto_exact_only() else None
+        exact = ([a for a in ALGORITHMS if not ALGORITHMS[a].sparse]
+                 if step_rule and self._auto_exact_only() else None)
         return choose(d, self.topo.m, self.topo.n, self.initial_density, self.cost_params, candidates=exact,
                       options=self.algorithm_options, shapes=shapes, lossy_margin=self.auto_margin)
 

@@ -170,7 +170,8 @@ def compute_seconds(topo, model, x, y, loss, repeats=5):
     the median of `repeats`, timed on every rank at once (so CPU sharing is included), the slowest
     rank's: every rank returns the same number. Overlapped aggregation runs beside it
     (DistributedOptimizer(auto_compute_s=...)). `loss`: loss(y_true, y_pred). The model's
-    non-trainable variables (batch-norm statistics) are restored afterwards."""
+    non-trainable variables (batch-norm statistics) are restored afterwards. Call it at the batch
+    and resolution the choice is for (progressive resizing: one stage's)."""
     import tensorflow as tf
 
     from tf_commlib import primitives as P
@@ -180,8 +181,10 @@ def compute_seconds(topo, model, x, y, loss, repeats=5):
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     if not callable(loss):
         raise ValueError(f"loss must be callable as loss(y_true, y_pred), got {loss!r}")
-    if not callable(model):
+    if not (callable(model) and hasattr(model, "trainable_variables") and hasattr(model, "non_trainable_variables")):
         raise ValueError(f"model must be a Keras model, got {model!r}")
+    if not isinstance(getattr(topo, "size", None), int):
+        raise ValueError(f"topo must be a tf_commlib topology (tf_commlib.topology()), got {topo!r}")
     model(x, training=False)   # builds it if it is not yet (inference: no statistics change)
     state = list(model.non_trainable_variables)
     saved = [v.numpy() for v in state]
@@ -196,9 +199,10 @@ def compute_seconds(topo, model, x, y, loss, repeats=5):
         return tape.gradient(value, variables)
 
     try:
-        if topo.size > 1:   # all ranks start together
+        timing.ready(forward_backward())   # traced on every rank before the barrier
+        if topo.size > 1:   # the timed calls run on all ranks at once
             P.allreduce(tf.zeros([1]), topo.world, name=f"costmodel_compute_barrier_{next(_COMPUTE_CALLS)}").numpy()
-        seconds = timing.median_time(lambda: timing.ready(forward_backward()), repeats)
+        seconds = timing.median_time(lambda: timing.ready(forward_backward()), repeats, warmup=0)
     finally:
         for v, value in zip(state, saved):
             v.assign(value)

@@ -139,6 +139,7 @@ def keep_exact(buckets, m, n, density, compute_s, params=None, options=None, los
     with the fastest exact collective of every bucket. ``buckets``: (d, shapes) per bucket; compute_s None:
     False (not known: the per-bucket choice stands)."""
     compute_s = check_seconds(compute_s, "compute_s")
+    lossy_margin = check_margin(lossy_margin)
     if compute_s is None:
         return False
     options = options or {}

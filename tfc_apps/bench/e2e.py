@@ -238,9 +238,10 @@ def target_lines(rows, shaped_mbit):
         if r["config"] != BASELINE:
             continue
         where = f"{r['resolution']}px, fusion {r.get('fusion_threshold_bytes', float('nan')) / 2**20:.3g} MB"
-        groups.setdefault(where, []).append(r.get("overlap_ratio", float("nan")))
+        key = (r["resolution"], r.get("fusion_threshold_bytes"))
+        groups.setdefault(key, (where, []))[1].append(r.get("overlap_ratio", float("nan")))
         lines.append(_judge(where, r.get("overlap_ratio", float("nan")), shaped_mbit))
-    for where, ratios in groups.items():
+    for where, ratios in groups.values():
         measured = sorted(x for x in ratios if x == x)
         if len(measured) > 1:
             median = (measured[(len(measured) - 1) // 2] + measured[len(measured) // 2]) / 2

@@ -73,7 +73,8 @@ def parser():
       help="aggregate after the whole of backprop (default: each bucket as soon as its gradients exist)")
     a("--fusion-threshold-bytes", type=int, default=None, help="gradient bucket size (default: the library's)")
     a("--calibrate", action="store_true",
-      help="measure the link parameters first (tf_commlib.costmodel.calibrate), for the schedule's 'auto'; "
+      help="measure the link parameters (tf_commlib.costmodel.calibrate) and the forward+backward seconds "
+           "per step at the first stage's batch (costmodel.compute_seconds) first, for the schedule's 'auto'; "
            "the seconds it takes count in the wall time")
     a("--shard-optimizer", action="store_true",
       help="ZeRO-1: each rank updates and keeps optimizer state for its slice only, and the weights are "
