@@ -31,6 +31,7 @@ def test_aggregator_under_horovod(tmp_path):
         assert r["eager_equals_graph"]
         assert r["sent_forms_agree"]
         assert r["mismatch"] is not None and "gradient shapes differ" in r["mismatch"]
+        assert r["auto_mismatch"] is not None and "algorithm candidates" in r["auto_mismatch"], r["auto_mismatch"]
     # float32 bucket of 12 + 7 + 5000 entries split in shards of 2: residual of 2510; float16 bucket 6 -> 3
     assert reports[0]["residual_sizes"] == [2510, 3]
 

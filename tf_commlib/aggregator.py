@@ -102,6 +102,7 @@ class GradientAggregator(ShardedHalves):
         self.auto_margin = check_margin(auto_margin, "auto_margin")
         self.auto_compute_s = check_seconds(auto_compute_s, "auto_compute_s")
         self._exact_only = None   # "auto" within auto_compute_s: decided once the buckets are known
+        self._named = None        # the candidates, "auto" spelled out per bucket (consistency check)
         check_config(algorithm, density, selector, op, algorithm_options)
         self.algorithm_options = resolve_algorithm_options(with_compression(algorithm_options, compression))
         self.candidates = [algorithm] if isinstance(algorithm, str) else list(algorithm)
@@ -216,7 +217,12 @@ class GradientAggregator(ShardedHalves):
         """Every rank must be at the same step with the same shapes, dtypes, algorithm, density,
         selector and op (tf_commlib.consistency): checked at every call with check_consistency,
         else at the first call only. Returns grads that depend on the check having passed."""
-        mine = consistency.readable(grads, self.candidates, self.selector, self.op)
+        # "auto" spelled out per bucket: ranks that resolve it differently (other cost_params or
+        # auto_compute_s) fail the check instead of running different collectives (a hang)
+        if self._named is None and self.buckets is not None:
+            self._named = [c if c != "auto" else "auto:" + ",".join(self.bucket_algorithms(c))
+                           for c in self.candidates]
+        mine = consistency.readable(grads, self._named or self.candidates, self.selector, self.op)
         static = consistency.static_fingerprints(mine)
         step = self.step if step is None else step
 

@@ -87,4 +87,17 @@ try:
     out["mismatch"] = None
 except ValueError as e:
     out["mismatch"] = str(e)
+
+# "auto" resolved differently per rank (rank 0 told the step's compute hides every collective, the
+# others not): every rank must raise, naming the algorithms, not run different collectives.
+from tf_commlib.alphabeta import LinkParams  # noqa: E402
+
+slow = LinkParams(beta_inter=8 / 10e6)
+split = GradientAggregator(algorithm="auto", density=0.01, cost_params=slow,
+                           auto_compute_s=100.0 if topo.rank == 0 else 0.0)
+try:
+    split([tf.ones([400, 500], tf.float32)])
+    out["auto_mismatch"] = None
+except ValueError as e:
+    out["auto_mismatch"] = str(e)
 report(topo.rank, out)
