@@ -10,9 +10,9 @@ One job per bandwidth: the ranks run every configuration one after the other, sh
 pipeline (DataCache), which is filled before the first one, so no configuration pays for it. Each
 configuration is a run of the DAWNBench script's training (tfc_apps.dawnbench.run.train): its
 wall clock starts before the model is built and includes tracing, evaluation after every epoch
-and, for `auto`, the calibration of the link and of the compute per step. Without --data the digits of scikit-learn are
-written as a class-sorted ImageNet-layout folder (32 px). Inter-node bandwidth 0 is the same
-layout unshaped (4 ranks on 127.0.0.1)."""
+and, for `auto`, the calibration of the link and of the compute per step. Without --data the
+digits of scikit-learn are written as a class-sorted ImageNet-layout folder (32 px). Inter-node
+bandwidth 0 is the same layout unshaped (4 ranks on 127.0.0.1)."""
 import argparse
 import copy
 import json
