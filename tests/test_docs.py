@@ -95,6 +95,8 @@ FLAGS = {
         "a benchmark: 4 four-rank trainings at 5 Mbit/s (15 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 100 0 --configs dense_fp16 auto":
         "a benchmark: 6 four-rank trainings (10 min)",
+    "python -m tfc_apps.bench tta --batch 8 --epochs 16 --inter-mbit 0 --configs dense_fp16 hitopk":
+        "a benchmark: 2 four-rank trainings of 16 epochs, unshaped (9 min)",
     "python -m tfc_apps.bench tta --batch 8 --inter-mbit 10 --configs dense_fp16 hitopk auto":
         "a benchmark: 3 four-rank trainings at 10 Mbit/s (12 min)",
     "python -m tfc_apps.bench e2e --model small --resolutions 32 --batch 8 --inter-mbit 10 --configs dense_fp16 "
