@@ -1,4 +1,5 @@
-"""Checks of DistributedOptimizer's arguments and the options derived from them."""
+"""Checks of DistributedOptimizer's arguments and what it derives from them (the momentum it takes
+over from the wrapped optimizer, the qRGC group's options)."""
 import math
 import numbers
 
@@ -11,7 +12,7 @@ def _is_int(value):
 
 def check_arguments(optimizer, momentum_correction, momentum, nesterov, local_clip_norm,
                     momentum_masking, warmup, dense_layers, dense_warmup_epochs, qrgc,
-                    fusion_threshold_bytes, seed, name):
+                    fusion_threshold_bytes, seed, name, overlap, shard_optimizer):
     """ValueError naming the first bad argument of DistributedOptimizer (the collective's own
     arguments are checked by tf_commlib.aggregator.check_config)."""
     if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -20,7 +21,8 @@ def check_arguments(optimizer, momentum_correction, momentum, nesterov, local_cl
         raise ValueError("optimizer is already wrapped by a DistributedOptimizer (which took over its "
                          "momentum); wrap a new instance, e.g. type(opt).from_config(opt.get_config())")
     for arg, value in (("momentum_correction", momentum_correction), ("nesterov", nesterov),
-                       ("momentum_masking", momentum_masking), ("qrgc", qrgc)):
+                       ("momentum_masking", momentum_masking), ("qrgc", qrgc), ("overlap", overlap),
+                       ("shard_optimizer", shard_optimizer)):
         if not isinstance(value, bool):
             raise ValueError(f"{arg} must be True or False, got {value!r}")
     if momentum is not None and (isinstance(momentum, bool) or not isinstance(momentum, numbers.Real)
@@ -41,6 +43,24 @@ def check_arguments(optimizer, momentum_correction, momentum, nesterov, local_cl
         raise ValueError(f"seed must be None or an int, got {seed!r}")
     if name is not None and not isinstance(name, str):
         raise ValueError(f"name must be None or a string, got {name!r}")
+
+
+def take_momentum(optimizer, momentum_correction, momentum, nesterov):
+    """(m, nesterov) of DGC's momentum correction, which keeps the velocity in the wrapper: a
+    keras.optimizers.SGD (or an optimizer with ``movable_momentum``) hands over its momentum and
+    nesterov and is set to plain SGD; another optimizer needs ``momentum``. (0.0, nesterov) without
+    momentum_correction."""
+    if not momentum_correction:
+        return 0.0, nesterov
+    if isinstance(optimizer, keras.optimizers.SGD) or getattr(optimizer, "movable_momentum", False):
+        m = float(optimizer.momentum) if momentum is None else float(momentum)
+        nesterov = nesterov or optimizer.nesterov
+        optimizer.momentum, optimizer.nesterov = 0.0, False
+        return m, nesterov
+    if momentum is None:
+        raise ValueError("momentum_correction needs momentum= when the wrapped optimizer is "
+                         f"not keras.optimizers.SGD (got {type(optimizer).__name__})")
+    return float(momentum), nesterov
 
 
 def qrgc_options(algorithm_options):

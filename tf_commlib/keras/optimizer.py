@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from tf_commlib import link_bytes, ops
 from tf_commlib.aggregator import GradientAggregator, check_config, check_cost_params
-from tf_commlib.keras.arguments import check_arguments, qrgc_options
+from tf_commlib.keras.arguments import check_arguments, qrgc_options, take_momentum
 from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import AUTO_MARGIN, check_margin, check_seconds, with_compression
 from tf_commlib.collectives.interface import plain_python
@@ -126,27 +126,14 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
             raise ValueError(f"optimizer must be a Keras 3 optimizer (not a DistributedOptimizer), got {optimizer!r}")
         check_arguments(optimizer, momentum_correction, momentum, nesterov, local_clip_norm,
                         momentum_masking, warmup, dense_layers, dense_warmup_epochs, qrgc,
-                        fusion_threshold_bytes, seed, name)
-        for arg, value in (("overlap", overlap), ("shard_optimizer", shard_optimizer)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{arg} must be True or False, got {value!r}")
+                        fusion_threshold_bytes, seed, name, overlap, shard_optimizer)
         check_cost_params(cost_params)
         auto_margin = check_margin(auto_margin, "auto_margin")
         auto_compute_s = check_seconds(auto_compute_s, "auto_compute_s")
         schedule = parse_schedule(schedule, algorithm, dense_warmup_epochs)
         if shard_optimizer:
             check_shardable(optimizer)
-        m = 0.0
-        if momentum_correction:
-            if isinstance(optimizer, keras.optimizers.SGD) or getattr(optimizer, "movable_momentum", False):
-                m = float(optimizer.momentum) if momentum is None else float(momentum)
-                nesterov = nesterov or optimizer.nesterov
-                optimizer.momentum, optimizer.nesterov = 0.0, False
-            elif momentum is None:
-                raise ValueError("momentum_correction needs momentum= when the wrapped optimizer is "
-                                 f"not keras.optimizers.SGD (got {type(optimizer).__name__})")
-            else:
-                m = float(momentum)
+        m, nesterov = take_momentum(optimizer, momentum_correction, momentum, nesterov)
         super().__init__(learning_rate=0.0, name=name or "distributed_" + optimizer.name)
         self.schedule, self.m = schedule, m
         self.inner_optimizer = optimizer
