@@ -162,19 +162,15 @@ def merge_point(rows, seed, median_time, barrier):
     return max(median_time(lambda: ready(merge(stream))) / (2 * (rows // 2)), _MIN_COMPUTE)
 
 
-_COMPUTE_CALLS = iter(range(10**9))   # unique Horovod names for compute_seconds' allreduces
-
-
 def compute_seconds(topo, model, x, y, loss, repeats=5):
-    """Seconds of forward+backward per training step of `model` on the batch (x, y) (training=True),
-    the median of `repeats`, timed on every rank at once (so CPU sharing is included), the slowest
-    rank's: every rank returns the same number. Overlapped aggregation runs beside it
-    (DistributedOptimizer(auto_compute_s=...)). `loss`: loss(y_true, y_pred). The model's
+    """Seconds of forward+backward per training step of `model` on the batch (x, y) (training=True):
+    the median over `repeats` runs of the slowest rank's time, each run started on every rank at once
+    (tf_commlib.timing.Timer; CPU sharing is included), so every rank returns the same number.
+    Overlapped aggregation runs beside it (DistributedOptimizer(auto_compute_s=...)). `loss`: loss(y_true, y_pred). The model's
     non-trainable variables (batch-norm statistics) are restored afterwards. Call it at the batch
     and resolution the choice is for (progressive resizing: one stage's)."""
     import tensorflow as tf
 
-    from tf_commlib import primitives as P
     from tf_commlib import timing
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
@@ -198,17 +194,12 @@ def compute_seconds(topo, model, x, y, loss, repeats=5):
             value = loss(y, model(x, training=True))
         return tape.gradient(value, variables)
 
+    def run():
+        timing.ready(forward_backward())
+
     try:
-        timing.ready(forward_backward())   # traced on every rank before the barrier
-        if topo.size > 1:   # the timed calls run on all ranks at once
-            P.allreduce(tf.zeros([1]), topo.world, name=f"costmodel_compute_barrier_{next(_COMPUTE_CALLS)}").numpy()
-        seconds = timing.median_time(lambda: timing.ready(forward_backward()), repeats, warmup=0)
+        run()   # traced on every rank before the timed runs, each of which starts after a barrier
+        return timing.Timer(topo).interleaved({"forward_backward": run}, repeats, warmup=0)["forward_backward"]
     finally:
         for v, value in zip(state, saved):
             v.assign(value)
-    if topo.size > 1:
-        import horovod.tensorflow as hvd
-
-        seconds = float(hvd.allreduce(tf.constant(seconds, tf.float64), op=hvd.Max,
-                                      name=f"costmodel_compute_max_{next(_COMPUTE_CALLS)}").numpy())
-    return seconds
