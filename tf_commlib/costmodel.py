@@ -169,37 +169,17 @@ def compute_seconds(topo, model, x, y, loss, repeats=5):
     Overlapped aggregation runs beside it (DistributedOptimizer(auto_compute_s=...)). `loss`: loss(y_true, y_pred). The model's
     non-trainable variables (batch-norm statistics) are restored afterwards. Call it at the batch
     and resolution the choice is for (progressive resizing: one stage's)."""
-    import tensorflow as tf
-
     from tf_commlib import timing
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
-    if not callable(loss):
-        raise ValueError(f"loss must be callable as loss(y_true, y_pred), got {loss!r}")
-    if not (callable(model) and hasattr(model, "trainable_variables") and hasattr(model, "non_trainable_variables")):
-        raise ValueError(f"model must be a Keras model, got {model!r}")
     if not isinstance(getattr(topo, "size", None), int):
         raise ValueError(f"topo must be a tf_commlib topology (tf_commlib.topology()), got {topo!r}")
-    model(x, training=False)   # builds it if it is not yet (inference: no statistics change)
-    state = list(model.non_trainable_variables)
-    saved = [v.numpy() for v in state]
-    variables = model.trainable_variables
-    if not variables:
-        raise ValueError("model has no trainable variables: nothing to back-propagate")
-
-    @tf.function
-    def forward_backward():
-        with tf.GradientTape() as tape:
-            value = loss(y, model(x, training=True))
-        return tape.gradient(value, variables)
+    step = timing.forward_backward(model, x, y, loss)   # builds the model first: its statistics exist
 
     def run():
-        timing.ready(forward_backward())
+        timing.ready(step())
 
-    try:
+    with timing.model_state_kept(model):
         run()   # traced on every rank before the timed runs, each of which starts after a barrier
         return timing.Timer(topo).interleaved({"forward_backward": run}, repeats, warmup=0)["forward_backward"]
-    finally:
-        for v, value in zip(state, saved):
-            v.assign(value)

@@ -1,4 +1,6 @@
-"""Wall-clock medians, shared by the cost model's calibration and the benchmarks."""
+"""Wall-clock medians, shared by the cost model's calibration and the benchmarks, and the one
+forward+backward step they time (compute_seconds, bench e2e's and the DAWNBench script's breakdowns)."""
+import contextlib
 import time
 
 import numpy as np
@@ -73,3 +75,41 @@ class Timer:
                     times[name].append(time.perf_counter() - start)
         maxed = self.max_over_ranks([t for name in names for t in times[name]]).reshape(len(names), repeats)
         return {name: float(np.median(maxed[j])) for j, name in enumerate(names)}
+
+
+def forward_backward(model, x, y, loss):
+    """A training step's forward and backward pass on the batch (x, y), as a tf.function without
+    arguments returning the gradients of loss(y, model(x, training=True)) for model.trainable_variables
+    (fit's GradientTape step, without the update). Builds the model if it is not yet (an inference
+    call: no statistics change). Run it inside model_state_kept(model): a training pass moves the
+    batch-norm statistics."""
+    import tensorflow as tf
+
+    if not callable(loss):
+        raise ValueError(f"loss must be callable as loss(y_true, y_pred), got {loss!r}")
+    if not (callable(model) and hasattr(model, "trainable_variables") and hasattr(model, "non_trainable_variables")):
+        raise ValueError(f"model must be a Keras model, got {model!r}")
+    model(x, training=False)
+    variables = model.trainable_variables
+    if not variables:
+        raise ValueError("model has no trainable variables: nothing to back-propagate")
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            value = loss(y, model(x, training=True))
+        return tape.gradient(value, variables)
+    return step
+
+
+@contextlib.contextmanager
+def model_state_kept(model):
+    """Puts the model's non-trainable variables (batch-norm statistics, which a training pass updates
+    on each rank from its own data) back on exit, so that timing a step never alters training."""
+    state = list(model.non_trainable_variables)
+    saved = [v.numpy() for v in state]
+    try:
+        yield
+    finally:
+        for v, value in zip(state, saved):
+            v.assign(value)

@@ -84,19 +84,10 @@ def measure_phases(model, optimizer, dataset, loss_fn, topo, reps):
     step, on copies) and aggregation (twins of the optimizer's aggregators, fresh state), each timed
     apart on every rank in interleaved rounds (the slowest rank's time, median over ``reps``). The
     model's non-trainable state (BN statistics that a training pass updates) is put back afterwards."""
-    saved = [v.numpy() for v in model.non_trainable_variables]
-    try:
-        return _measure_phases(model, optimizer, dataset, loss_fn, topo, reps)
-    finally:
-        for v, value in zip(model.non_trainable_variables, saved):
-            v.assign(value)
-
-
-def _measure_phases(model, optimizer, dataset, loss_fn, topo, reps):
-    import keras
     import tensorflow as tf
 
-    from tf_commlib.timing import Timer, ready
+    from tf_commlib.timing import Timer, forward_backward, model_state_kept, ready
+    from tfc_apps.dawnbench.breakdown import update_copy
 
     it = iter(dataset)
     x, y = next(it)
@@ -104,37 +95,19 @@ def _measure_phases(model, optimizer, dataset, loss_fn, topo, reps):
     for _ in range(reps):
         ready(next(it))
     out = {"input": (time.perf_counter() - t) / reps}
-    variables = model.trainable_variables
+    step = forward_backward(model, x, y, loss_fn)
+    with model_state_kept(model):
+        grads = step()
+        update = update_copy(optimizer, model.trainable_variables, grads)
+        groups = [(agg.twin(topo), idx) for agg, idx in optimizer.aggregators()]
 
-    @tf.function
-    def forward_backward():
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        return tape.gradient(loss, variables)
+        @tf.function
+        def aggregate(gs):
+            return [agg.aggregate([gs[i] for i in idx], sent="indices")[0] for agg, idx in groups]
 
-    grads = forward_backward()
-    inner = optimizer.inner_optimizer
-    clone = type(inner).from_config(inner.get_config())
-    copies = [keras.Variable(v.numpy(), name=v.name) for v in variables]   # names: for exclusions
-    velocities = [tf.Variable(tf.zeros_like(g)) for g in grads] if optimizer.momentum_correction else []
-    clone.build(copies)
-
-    @tf.function
-    def update(gs):
-        if velocities:   # DistributedOptimizer's DGC momentum (u <- m u + g), then the plain step
-            gs = [tf.convert_to_tensor(u.assign(optimizer.m * u + g)) for u, g in zip(velocities, gs)]
-        clone.apply(gs, copies)
-        return copies[0]
-
-    groups = [(agg.twin(topo), idx) for agg, idx in optimizer.aggregators()]
-
-    @tf.function
-    def aggregate(gs):
-        return [agg.aggregate([gs[i] for i in idx], sent="indices")[0] for agg, idx in groups]
-
-    fns = {"forward_backward": lambda: ready(forward_backward()), "optimizer": lambda: ready(update(grads)),
-           "aggregation": lambda: ready(aggregate(grads))}
-    out.update(Timer(topo).interleaved(fns, reps))
+        fns = {"forward_backward": lambda: ready(step()), "optimizer": lambda: ready(update(grads)),
+               "aggregation": lambda: ready(aggregate(grads))}
+        out.update(Timer(topo).interleaved(fns, reps))
     return out
 
 

@@ -11,10 +11,10 @@ import time
 import keras
 import tensorflow as tf
 
-from tf_commlib import ops
+from tf_commlib import ops, timing
 from tf_commlib.aggregator import GradientAggregator
 from tf_commlib.collectives import ALGORITHMS
-from tf_commlib.keras import distributed_optimizer
+from tf_commlib.keras import DistributedOptimizer, distributed_optimizer
 
 
 _TRACED = {}   # (id(optimizer), phase, its settings, gradient shapes) -> (optimizer, traced function)
@@ -33,12 +33,8 @@ def measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, to
     """Seconds per step of: input, forward+backward, selection, communication, optimizer. The
     model's non-trainable state (BN moving statistics, which a training forward pass updates on
     each rank from its own data) is put back afterwards, so every rank keeps the same model."""
-    saved = [v.numpy() for v in model.non_trainable_variables]
-    try:
+    with timing.model_state_kept(model):
         return _measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, topo, reps)
-    finally:
-        for v, value in zip(model.non_trainable_variables, saved):
-            v.assign(value)
 
 
 def _measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, topo, reps):
@@ -54,14 +50,7 @@ def _measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, t
         except StopIteration:
             break
     out["input"] = (time.perf_counter() - t) / max(n, 1)
-    variables = model.trainable_variables
-
-    @tf.function
-    def fwd_bwd():
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        return tape.gradient(loss, variables)
-
+    fwd_bwd = timing.forward_backward(model, x, y, loss_fn)
     out["forward_backward"] = _timed(fwd_bwd, reps)
     grads = fwd_bwd()
     shapes = tuple((tuple(g.shape), g.dtype.name) for g in grads)
@@ -92,16 +81,30 @@ def _measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, t
 
     out["communication"] = max(0.0, _timed(aggregate, reps, list(grads)) - out["selection"])
 
-    def clone_apply():
-        inner = getattr(optimizer, "inner_optimizer", optimizer)
-        clone = type(inner).from_config(dict(inner.get_config(), learning_rate=0.01))
-        copies = [keras.Variable(v.numpy(), name=v.name) for v in variables]   # copies (names: for exclusions)
-        clone.build(copies)
-        return tf.function(lambda gs: clone.apply(gs, copies))
-
-    apply = _traced((optimizer, "optimizer", shapes), clone_apply)
+    apply = _traced((optimizer, "optimizer", shapes), lambda: update_copy(optimizer, model.trainable_variables, grads))
     out["optimizer"] = _timed(apply, reps, list(grads))
     return out
+
+
+def update_copy(optimizer, variables, grads):
+    """A tf.function update(gradients) doing what the optimizer's step does after aggregation (the
+    DGC momentum u <- m u + g of a DistributedOptimizer with momentum correction, then the wrapped
+    optimizer's step) on copies: a clone of the optimizer (its learning rate a constant: a schedule's
+    value does not change the time) on copies of the variables, so timing it changes no state."""
+    dist = optimizer if isinstance(optimizer, DistributedOptimizer) else None
+    inner = dist.inner_optimizer if dist else optimizer
+    clone = type(inner).from_config(dict(inner.get_config(), learning_rate=0.01))
+    copies = [keras.Variable(v.numpy(), name=v.name) for v in variables]   # names: for exclusions
+    velocities = [tf.Variable(tf.zeros_like(g)) for g in grads] if dist and dist.momentum_correction else []
+    clone.build(copies)
+
+    @tf.function
+    def update(gs):
+        if velocities:
+            gs = [tf.convert_to_tensor(u.assign(dist.m * u + g)) for u, g in zip(velocities, gs)]
+        clone.apply(gs, copies)
+        return copies[0]
+    return update
 
 
 def _traced(key, build):
