@@ -46,6 +46,16 @@ def test_table_rows_ratios_within_resolution_and_threshold():
     assert len([line for line in text.splitlines() if "hitopk@0.01" in line]) == 1
 
 
+def test_ratios_against_the_median_of_repeated_baseline_rows():
+    rows = [row("dense_fp16", 1.0, 0.5, 0.1, 0.6, images_per_s=v) for v in (10.0, 40.0, 20.0)]
+    rows.append(row("hitopk@0.01", 0.8, 0.5, 0.1, 0.2, images_per_s=30.0))
+    shown = e2e.table_rows(rows)
+    assert shown[3]["vs_base"] == pytest.approx(1.5)   # 30 / median(10, 40, 20), not the first or last run
+    assert [r["vs_base"] for r in shown[:3]] == pytest.approx([0.5, 2.0, 1.0])
+    assert e2e.medians(rows, (64, 1 << 20)) == {"dense_fp16": 20.0, "hitopk@0.01": 30.0}
+    assert e2e.medians(rows, (96, 1 << 20)) == {}
+
+
 def test_target_line_judged_only_at_100_mbit():
     met = row("dense_fp16", 1.10, 0.9, 0.1, 0.5)           # 1.10 / max(1.0, 0.5) = 1.10 <= 1.15
     missed = row("dense_fp16", 1.50, 0.9, 0.1, 0.5, resolution=96)

@@ -23,6 +23,7 @@ import argparse
 import io
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -183,13 +184,23 @@ COLUMNS = [("resolution", "res", "{}"), ("threshold_mb", "fusion MB", "{:.3g}"),
            ("input_ms", "input ms", "{:.1f}")]
 
 
+def medians(rows, group):
+    """{config: median images/s of its rows} at one (resolution, fusion threshold): a configuration
+    given more than once (``--configs dense_fp16 dense_fp16 ...``) counts by its median run."""
+    runs = {}
+    for q in rows:
+        if (q["resolution"], q.get("fusion_threshold_bytes")) == group:
+            runs.setdefault(q["config"], []).append(q["images_per_s"])
+    return {c: float(statistics.median(v)) for c, v in runs.items()}
+
+
 def table_rows(rows):
-    """The rows as the table shows them: ratios of images/s to dense_fp32 and to dense_fp16 at the
-    same resolution and fusion threshold (NaN where that configuration did not run), times in ms."""
+    """The rows as the table shows them: ratios of images/s to dense_fp32 and to dense_fp16 (their
+    median run where they ran more than once) at the same resolution and fusion threshold (NaN where
+    that configuration did not run), times in ms."""
     out = []
     for r in rows:
-        same = {q["config"]: q["images_per_s"] for q in rows if q["resolution"] == r["resolution"]
-                and q.get("fusion_threshold_bytes") == r.get("fusion_threshold_bytes")}
+        same = medians(rows, (r["resolution"], r.get("fusion_threshold_bytes")))
         ratio = lambda base: r["images_per_s"] / same[base] if base in same else float("nan")  # noqa: E731
         ms = {f"{name}_ms": r.get(key, float("nan")) * 1e3
               for name, key in (("step", "step_s"), ("compute", "compute_s"), ("comm", "comm_s"),
@@ -256,9 +267,8 @@ def plot(result, link, path):
     several = len({g[1] for g in groups}) > 1
     fig, ax = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / len(configs)
-    for j, c in enumerate(configs):
-        ys = [next((r["images_per_s"] for r in rows if r["config"] == c
-                    and (r["resolution"], r.get("fusion_threshold_bytes")) == g), 0) for g in groups]
+    for j, c in enumerate(configs):   # a configuration that ran more than once: its median run
+        ys = [medians(rows, g).get(c, 0) for g in groups]
         ax.bar([i + j * width for i in range(len(groups))], ys, width, label=c)
     ax.set_xticks([i + width * (len(configs) - 1) / 2 for i in range(len(groups))],
                   [f"{res}²" + (f"\n{thr / 2**20:.3g} MB" if several else "") for res, thr in groups])
