@@ -3,10 +3,24 @@ import numpy as np
 import pytest
 
 from tests import hvdrun
+from tests.workers.sequence_worker import cases_file
+
+TWO_RANKS = {"checkpoint": ("tests.workers.checkpoint_worker", [], None),
+             "backup": ("tests.workers.backup_worker", [], None)}
 
 
-def test_resume_equals_uninterrupted(tmp_path):
-    reports = hvdrun.run("checkpoint_worker.py", 2, tmp_path, topology="1x2", timeout=400)
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """checkpoint_worker.py's and backup_worker.py's reports: one after the other in one 2-rank job (1x2)."""
+    tmp = tmp_path_factory.mktemp("two_ranks")
+    reports = hvdrun.run("sequence_worker.py", 2, tmp, args=[cases_file(tmp, TWO_RANKS)], topology="1x2",
+                         timeout=1500)
+    return {name: [r[name] for r in reports] for name in TWO_RANKS}
+
+
+@pytest.mark.timeout(1600)   # the job of both workers when this test runs first
+def test_resume_equals_uninterrupted(two_ranks):
+    reports = two_ranks["checkpoint"]
     for r in reports:
         assert r["has_residual"] and r["has_momentum"]
         np.testing.assert_allclose(r["backup"], r["full"], rtol=0, atol=1e-6)
@@ -43,12 +57,12 @@ def test_per_rank_state_across_a_restart_on_4_ranks(tmp_path):
             np.testing.assert_allclose(np.asarray(got).reshape(want.shape), want, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.timeout(1200)   # two adaptive runs profile and choose (pymoo) once each
-def test_backup_and_restore_guarantees(tmp_path):
+@pytest.mark.timeout(1600)   # two adaptive runs profile and choose (pymoo) once each; and checkpoint_worker.py
+def test_backup_and_restore_guarantees(two_ranks):
     """tf_commlib.keras.BackupAndRestore (tests/workers/backup_worker.py): resumes with exactly the
     saved per-rank state; ranks one epoch apart resume at one epoch; two apart raise on every rank;
     AdaptiveDensity's choice survives a restart."""
-    reports = hvdrun.run("backup_worker.py", 2, tmp_path, topology="1x2", timeout=1100)
+    reports = two_ranks["backup"]
     for r in reports:
         assert r["residual"] > 0 and r["momentum"] > 0
         assert r["restored_exactly"], "the resumed run starts from the state saved at the interruption"

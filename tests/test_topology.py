@@ -1,22 +1,30 @@
-"""Topology and process sets under horovodrun, for the 2x2, 1x4 and 4x1 layouts."""
+"""Topology and process sets under horovodrun, for the 2x2, 1x4 and 4x1 layouts; 1x4 is the layout
+4 ranks on one machine get by default (no override); 2x2 also with shared memory turned off."""
 import numpy as np
 import pytest
 
 from tests import hvdrun
+from tests.workers.sequence_worker import cases_file
 from tf_commlib.topology import layout_sets, parse_layout
 
-
+# layout -> the override its job is started with (None: Horovod's layout, one node of 4 ranks) and
+# the TF_COMMLIB_SHM settings its ranks run topology_worker.py with, one after another in the job:
+# "0" first, so that it runs as in a job started with TF_COMMLIB_SHM=0 (no set has done its
+# shared-memory handshake yet; tf_commlib.shm reads the variable at each call)
+JOBS = {"2x2": ("2x2", ("0", "1")), "1x4": (None, ("1",)), "4x1": ("4x1", ("1",))}
 _runs = {}
 
 
 @pytest.fixture
 def topology_run(tmp_path):
-    """topology_worker.py's reports on 4 ranks for (layout, TF_COMMLIB_SHM), one run each."""
+    """topology_worker.py's reports on 4 ranks for (layout, TF_COMMLIB_SHM); one job per layout."""
     def run(layout, shm):
-        if (layout, shm) not in _runs:
-            _runs[layout, shm] = hvdrun.run("topology_worker.py", 4, tmp_path, topology=layout,
-                                            env={"TF_COMMLIB_SHM": shm})
-        return _runs[layout, shm]
+        if layout not in _runs:
+            override, settings = JOBS[layout]
+            cases = {f"shm{s}": ("tests.workers.topology_worker", [], {"TF_COMMLIB_SHM": s}) for s in settings}
+            _runs[layout] = hvdrun.run("sequence_worker.py", 4, tmp_path, args=[cases_file(tmp_path, cases)],
+                                       topology=override)
+        return [r[f"shm{shm}"] for r in _runs[layout]]
     return run
 
 
@@ -56,14 +64,22 @@ def test_reducescatter_modes(mode, topology_run):
         np.testing.assert_array_equal(r["reducescatter"][mode], want)   # a + b: one rounding, any order
 
 
-def test_default_layout_is_one_node(tmp_path):
-    reports = hvdrun.run("topology_worker.py", 2, tmp_path)
-    assert [(r["m"], r["n"]) for r in reports] == [(1, 2), (1, 2)]
+def test_default_layout_is_one_node(topology_run):
+    # the 1x4 job: started without TF_COMMLIB_TOPOLOGY (the launcher removes it), Horovod's local size
+    reports = topology_run("1x4", "1")
+    assert [(r["m"], r["n"]) for r in reports] == [(1, 4)] * 4
 
 
-def test_override_must_match_world_size(tmp_path):
-    log = hvdrun.run("topology_worker.py", 2, tmp_path, topology="2x2", expect_fail=True)
-    assert "2x2=4 ranks but the world size is 2" in log
+def test_override_must_match_world_size(monkeypatch):
+    """What each rank of a 2-rank job started with TF_COMMLIB_TOPOLOGY=2x2 runs: init() raises
+    before hvd.init(), on horovodrun's HOROVOD_SIZE (the 2x2 and 4x1 jobs above get their layout
+    from both variables)."""
+    from tf_commlib.topology import init
+
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    monkeypatch.setenv("TF_COMMLIB_TOPOLOGY", "2x2")
+    with pytest.raises(ValueError, match="2x2=4 ranks but the world size is 2"):
+        init()
 
 
 def test_parse_layout_and_sets():

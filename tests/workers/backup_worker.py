@@ -15,14 +15,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import tf_commlib  # noqa: E402
-import _fit  # noqa: E402
-from _report import report  # noqa: E402
-from tfc_apps import digits  # noqa: E402
-from tf_commlib import primitives as P  # noqa: E402
-from tf_commlib.keras import AdaptiveDensity, BackupAndRestore, DistributedOptimizer, default_callbacks  # noqa: E402
-from tf_commlib.keras.adaptive import profile_batches  # noqa: E402
+import tf_commlib
+from tests.workers import _fit
+from tests.workers._report import report
+from tfc_apps import digits
+from tf_commlib import primitives as P
+from tf_commlib.keras import AdaptiveDensity, BackupAndRestore, DistributedOptimizer, default_callbacks
+from tf_commlib.keras.adaptive import profile_batches
 
 topo = tf_commlib.init()
 shared = os.environ["HVD_TEST_OUT"]
