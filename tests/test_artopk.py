@@ -1,7 +1,12 @@
 """AR-Topk (tyagi): star, var, star_hier and var_hier inside tf.function against a numpy reference
 of the paper's algorithm, bit-for-bit on every rank, for several steps (STAR's root moving with
-the step), on 2x2, 1x4, 3x1 and 5 ranks flat; density 1.0 equals dense; error feedback conserves
-mass; the bytes moved in every step equal each collective's formula."""
+the step), on 2x2, 3x1 and 5 ranks flat (1x5); density 1.0 equals dense; error feedback conserves
+mass; the bytes moved in every step equal each collective's formula.
+
+One node of 4 ranks (1x4) is not run here: 1x5 is the same case (one node, the flat variants over
+its ranks, the hier ones with one-rank inter sets and a short last shard of each bucket) with one
+rank more, and the tiny tensor's short and empty shards, which 1x4 alone had with d = 5, come on
+1x5 with d = 7. tests/test_collectives.py still checks star/var's bytes on 1x4."""
 import math
 
 import numpy as np
@@ -106,7 +111,7 @@ def reference(name, inputs, density, m, n, bucket=0):
     return results, [res[divmod(r, n)] for r in range(m * n)], left[:d]
 
 
-@pytest.mark.parametrize("layout", ["2x2", "1x4", "3x1", "flat5"])
+@pytest.mark.parametrize("layout", ["2x2", "3x1", "flat5"])
 def test_ar_topk_matches_numpy_on_every_rank(layout, tmp_path):
     ranks = 5 if layout == "flat5" else math.prod(map(int, layout.split("x")))
     reports = hvdrun.run("artopk_worker.py", ranks, tmp_path, topology=None if layout == "flat5" else layout,
@@ -150,8 +155,8 @@ def test_ar_topk_matches_numpy_on_every_rank(layout, tmp_path):
         fixed = reference(name.replace("star", "root0"), [[x[:601] for x in xs] for xs in inputs], 0.05, m, n)[0]
         star = reference(name, [[x[:601] for x in xs] for xs in inputs], 0.05, m, n)[0]
         assert not np.array_equal(np.array(fixed), np.array(star)), name
-    tiny = [np.arange(1, 6, dtype=np.float32) * (r + 1) for r in range(ranks)]
-    for name in ("star_hier", "var_hier"):   # d = 5 < 2n: a short and (n = 4) an empty shard
+    tiny = [np.arange(1, 8, dtype=np.float32) * (r + 1) for r in range(ranks)]
+    for name in ("star_hier", "var_hier"):   # d = 7: a short shard (n = 2, 5) and (n = 5) an empty one
         want, want_res, _ = reference(name, [tiny], 0.5, m, n)
         for r in reports:
             np.testing.assert_array_equal(r[f"{name}@tiny"]["results"], want[0], err_msg=f"{name} tiny")

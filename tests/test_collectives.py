@@ -277,14 +277,17 @@ def test_bytes_moved_equal_the_collectives_formulas(run):
         assert sparse4["intra"] < dense4["intra"] and sparse4["inter"] == dense4["inter"]
 
 
-def test_collectives_are_not_constant_folded_on_some_ranks(tmp_path):
+def test_collectives_are_not_constant_folded_on_some_ranks(run):
     """A rank whose input Grappler can fold must still take part in every call (it once sent the
-    first call's length again: "Mismatched BROADCAST tensor shapes")."""
-    reports = hvdrun.run("folding_worker.py", 3, tmp_path)
-    for calls in reports:
-        assert [c["length"] for c in calls] == [5, 9, 2]
+    first call's length again: "Mismatched BROADCAST tensor shapes"); tests/workers/_folding.py,
+    at the end of each layout's collectives_worker run."""
+    layout, reports = run
+    others = len(reports) - 1   # ranks other than the root (0), which contribute 1.0
+    for r in reports:
+        calls = r["folding"]
+        assert [c["length"] for c in calls] == [5, 9, 2], layout
         for c in calls:
             n = c["length"]
-            assert c["sent"] == list(range(n))
-            assert c["gathered"] == [float(n), 1.0, 1.0]
-            assert c["summed"] == n + 2.0
+            assert c["sent"] == list(range(n)), (layout, r["rank"])
+            assert c["gathered"] == [float(n)] + [1.0] * others, (layout, r["rank"])
+            assert c["summed"] == n + float(others), (layout, r["rank"])

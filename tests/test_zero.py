@@ -4,7 +4,8 @@ On 4 ranks (2x2 and 1x4): the sharded update of SGD-momentum, Adam, AdamW, pto.L
 with and without DGC momentum correction, equals the unsharded one and the numpy reference on
 variables that straddle the slices; replicas are bit-identical; the state per rank is ~1/P; the
 bytes counted equal the formula. Sharded over a node's ranks (2x2) across a hitopk -> 2dtar switch.
-Single process: the argument errors."""
+Single process: the argument errors. Two launches of tests/workers/zero_worker.py: every 2x2 job in
+one (on_2x2), the 1x4 ones in the other (on_1x4)."""
 import keras
 import numpy as np
 import pytest
@@ -68,22 +69,50 @@ def check_exact(reports, kinds):
 
 
 KINDS = "sgd,adam,adamw,lars,lamb"
+SPARSE_KINDS = "lars,sgd,adam"
+SCHEDULES = ("2dtar", "hitopk,2dtar")
+
+
+@pytest.fixture(scope="module")
+def backups(tmp_path_factory):
+    """Where on_2x2's fit of each schedule keeps its BackupAndRestore backups."""
+    tmp = tmp_path_factory.mktemp("zero_backups")
+    return {schedule: tmp / f"backup_{i}" for i, schedule in enumerate(SCHEDULES)}
+
+
+@pytest.fixture(scope="module")
+def on_2x2(backups, tmp_path_factory):
+    """Per rank, per job: one zero_worker launch on 2x2 for every 2x2 job of this file (a launch of 4
+    ranks costs ~20 s before its first job): exact (2dtar), sparse, compression, a fit per schedule."""
+    args = ["exact", "2dtar", KINDS, "+", "sparse", SPARSE_KINDS, "+", "compression"]
+    for schedule in SCHEDULES:
+        args += ["+", "fit", backups[schedule], schedule]
+    return hvdrun.run("zero_worker.py", 4, tmp_path_factory.mktemp("zero_2x2"), topology="2x2", args=args,
+                      timeout=900)
+
+
+@pytest.fixture(scope="module")
+def on_1x4(on_2x2, backups, tmp_path_factory):
+    """Per rank, per job: one zero_worker launch on 1x4: exact (dense), then resuming from on_2x2's
+    fit's 2dtar backups (so it runs after on_2x2)."""
+    args = ["exact", "dense", KINDS, "+", "load_elsewhere", backups["2dtar"]]
+    return hvdrun.run("zero_worker.py", 4, tmp_path_factory.mktemp("zero_1x4"), topology="1x4", args=args,
+                      timeout=600)
 
 
 @pytest.mark.parametrize("layout, algorithm, slots", [("2x2", "2dtar", (0, 2, 1, 3)), ("1x4", "dense", (0, 1, 2, 3))])
-def test_sharded_updates_equal_unsharded_and_numpy(layout, algorithm, slots, tmp_path):
-    reports = hvdrun.run("zero_worker.py", 4, tmp_path, topology=layout, args=["exact", algorithm, KINDS], timeout=500)
+def test_sharded_updates_equal_unsharded_and_numpy(layout, algorithm, slots, request):
+    reports = [r["exact"] for r in request.getfixturevalue(f"on_{layout}")]
     check_exact(reports, KINDS.split(","))
     # dense: rank r owns slice r of each bucket; 2dtar: rank (node i, local l) owns slice l*m + i
     assert [r["slices"] for r in reports] == [[[2256, s * 564, 564], [80, s * 20, 20]] for s in slots]
 
 
-def test_sharded_over_a_node_with_hitopk_then_2dtar(tmp_path):
+def test_sharded_over_a_node_with_hitopk_then_2dtar(on_2x2):
     """hitopk for an epoch, then 2dtar (DAWNBench's switch): the update is sharded over a node's n = 2
     ranks, equals the unsharded one, replicas bit-identical, state 1/n, bytes = the formula."""
-    kinds = "lars,sgd,adam"
-    reports = hvdrun.run("zero_worker.py", 4, tmp_path, topology="2x2", args=["sparse", kinds], timeout=500)
-    for kind in kinds.split(","):
+    reports = [r["sparse"] for r in on_2x2]
+    for kind in SPARSE_KINDS.split(","):
         for correction in (False, True):
             name = f"{kind}_{correction}"
             for r in reports:
@@ -110,8 +139,8 @@ def test_sharded_over_a_node_with_hitopk_then_2dtar(tmp_path):
         assert all(start == l * s and dp == 2 * s for dp, start, s in r["slices"]), r["slices"]
 
 
-def test_16_bit_weight_deltas(tmp_path):
-    reports = hvdrun.run("zero_worker.py", 4, tmp_path, topology="2x2", args=["compression"], timeout=400)
+def test_16_bit_weight_deltas(on_2x2):
+    reports = [r["compression"] for r in on_2x2]
     weights = ref.zero_inputs(0, 1)[0]
     exact = [np.array(w) for w in reports[0]["exact_one"]["weights"]]
     for compression, rel, absolute in (("fp16", 2.0 ** -11, 2.0 ** -25), ("bf16", 2.0 ** -8, 0.0)):
@@ -158,12 +187,11 @@ def test_argument_errors():
 
 
 @pytest.mark.parametrize("schedule, share", [("2dtar", 0.26), ("hitopk,2dtar", 0.51)])
-def test_fit_sharded_lars_resume_and_other_layout(schedule, share, tmp_path):
+def test_fit_sharded_lars_resume_and_other_layout(schedule, share, request):
     """model.fit, interrupted and resumed from BackupAndRestore, ends where an uninterrupted fit
     does; with hitopk for epoch 0 then 2dtar, interrupted after epoch 0, so the resumed run starts
     at the switch with the restored residuals and slices."""
-    backup = tmp_path / "backup"
-    reports = hvdrun.run("zero_worker.py", 4, tmp_path, topology="2x2", args=["fit", backup, schedule], timeout=500)
+    reports = [r[f"fit {schedule}"] for r in request.getfixturevalue("on_2x2")]
     for r in reports:
         assert r["full"] == reports[0]["full"]               # replicas bit-identical after model.fit
         assert r["resumed"] == r["full"] != r["interrupted"]   # resume equals uninterrupted, bit for bit
@@ -172,7 +200,6 @@ def test_fit_sharded_lars_resume_and_other_layout(schedule, share, tmp_path):
         assert r["loss"][-1] < r["loss"][0]
     if schedule != "2dtar":
         return
-    reports = hvdrun.run("zero_worker.py", 4, tmp_path / "other", topology="1x4", args=["load_elsewhere", backup],
-                         timeout=300)
-    for r in reports:
-        assert "shard_optimizer state loads only into the same world size, layout and schedule kind" in r["error"]
+    for r in request.getfixturevalue("on_1x4"):   # the 2dtar backups, resumed on 1x4
+        assert "shard_optimizer state loads only into the same world size, layout and schedule kind" in \
+            r["load_elsewhere"]["error"]

@@ -1,7 +1,8 @@
 """AR-Topk (star, var, star_hier, var_hier) through GradientAggregator inside tf.function on two
 buckets for a few steps (the step, hence STAR's root, reaches the collective in its Context), on integer-valued
 inputs so that every sum is exact: reports inputs, results, final residuals and the bytes this
-rank's primitives sent in each step; and hier variants on a tensor so short that a shard is empty."""
+rank's primitives sent in each step; and hier variants on a tensor so short that a shard is short
+and (5 ranks per node) another empty."""
 import numpy as np
 import tensorflow as tf
 
@@ -39,9 +40,10 @@ for name in NAMES:
                                     "traces": [first, call.experimental_get_tracing_count()],   # root moved
                                     "residuals": [v.numpy().tolist() for v in agg.residual_variables()]}
 
-# d = 5 on n ranks per node: shards of 2, so with n = 4 the last one is empty (eager, step 0,
-# the aggregator's seed for step 0 and bucket 0)
-tiny = tf.constant(np.arange(1, 6, dtype=np.float32) * (topo.rank + 1))
+# d = 7 on n ranks per node: shards of ceil(7 / n), so with n = 2 the last one is short (4, 3) and
+# with n = 5 one is short and one empty (2, 2, 2, 1, 0) (eager, step 0, the aggregator's seed for
+# step 0 and bucket 0)
+tiny = tf.constant(np.arange(1, 8, dtype=np.float32) * (topo.rank + 1))
 for name in ("star_hier", "var_hier"):
     result, residual, _ = ALGORITHMS[name].fn(tiny, topo, 0.5, lambda x, k: ops.mstopk(x, k, seed=SEED * topo.size + topo.rank))
     out[f"{name}@tiny"] = {"results": result.numpy().tolist(), "residual": residual.numpy().tolist()}

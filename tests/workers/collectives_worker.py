@@ -1,10 +1,11 @@
 """Runs every collective for a few steps with error feedback on integer-valued inputs (so that
 every sum is exact) and reports inputs, results and residuals for the numpy reference, and the
-bytes this rank's primitives sent on each link (tf_commlib.link_bytes) in each call."""
+bytes this rank's primitives sent on each link (tf_commlib.link_bytes) in each call; then
+tests/workers/_folding.py's calls on constants Grappler could fold."""
 import tensorflow as tf
 
 import tf_commlib
-from tests.workers import _sparcml
+from tests.workers import _folding, _sparcml
 from tests.workers._report import report
 from tests.workers._sparcml import D, counted
 from tf_commlib import link_bytes
@@ -76,4 +77,7 @@ rows = tf.reshape(tf.range(6 * topo.size, dtype=tf.float32), [3 * topo.size, 2])
 out["bytes"]["world_reducescatter"] = [counted(lambda: P.reducescatter(rows, topo.world))[1]]
 out["bytes"]["world_alltoall"] = [counted(lambda: P.alltoall(rows, [3] * topo.size, topo.world))[1]]
 out["bytes"]["world_broadcast"] = [counted(lambda: P.broadcast(rows, topo.size - 1, topo.world))[1]]
+
+# last (it turns op determinism on for the rest of the process): constant folding on some ranks
+out["folding"] = _folding.run(topo)
 report(topo.rank, out)

@@ -1,10 +1,15 @@
-"""DistributedOptimizer(shard_optimizer=True) under horovodrun (tests/test_zero.py).
+"""DistributedOptimizer(shard_optimizer=True) under horovodrun (tests/test_zero.py); argv: one or
+more jobs separated by "+", run in order in the one launch.
 
-``exact <algorithm>``: SGD-momentum, Adam, AdamW, pto.LARS and pto.LAMB, with and without DGC
-momentum correction, sharded and unsharded, on pto_reference.ZERO_SHAPES (variables that straddle
-the slices; the job's first case in a tf.function, the others eagerly): the weights after STEPS steps, their sha256, the optimizer-state bytes, the bytes
-counted against the formula. ``compression``: one step of sharded LARS with fp16 / bf16 (16-bit
-weight deltas) on gradients that are exact in 16 bits, and three steps for the sha256."""
+``exact <algorithm> [kinds]``: SGD-momentum, Adam, AdamW, pto.LARS and pto.LAMB, with and without
+DGC momentum correction, sharded and unsharded, on pto_reference.ZERO_SHAPES (variables that
+straddle the slices; the job's first case in a tf.function, the others eagerly): the weights after
+STEPS steps, their sha256, the optimizer-state bytes, the bytes counted against the formula.
+``sparse <kinds>``: the same across a hitopk -> 2dtar switch, sharded over a node's ranks.
+``compression``: one step of sharded LARS with fp16 / bf16 (16-bit weight deltas) on gradients that
+are exact in 16 bits, and three steps for the sha256. ``fit <backup> <schedule>``: model.fit
+interrupted and resumed from BackupAndRestore; ``load_elsewhere <backup>``: resuming from another
+layout's backups."""
 import hashlib
 import sys
 
@@ -84,12 +89,11 @@ def train(kind, correction, shard, algorithm, compression="none", grads=None, st
                      "iterations": int(opt.iterations.numpy())}
 
 
-out = {"rank": topo.rank}
-mode = sys.argv[1]
-if mode == "exact":
-    algorithm = sys.argv[2]
-    out["cases"] = {}
-    kinds = sys.argv[3].split(",") if len(sys.argv) > 3 else ("sgd", "adam", "adamw", "lars", "lamb")
+def exact(algorithm, kinds="sgd,adam,adamw,lars,lamb"):
+    """SGD-momentum, Adam, AdamW, pto.LARS and pto.LAMB, with and without DGC momentum correction,
+    sharded and unsharded; the slices of the last sharded optimizer."""
+    out = {"cases": {}}
+    kinds = kinds.split(",")
     for kind in kinds:
         for correction in (False, True):
             case = {}
@@ -101,11 +105,14 @@ if mode == "exact":
             out["cases"][f"{kind}_{correction}"] = case
             print(f"rank {topo.rank}: {kind} {correction} done", flush=True)
     out["slices"] = [list(map(int, s)) for agg, _, _ in opt._groups for s in agg.shard_slices()]
-elif mode == "sparse":
-    # sharded over a node's ranks: hitopk for epoch 0, 2dtar from epoch 1 (the DAWNBench switch),
-    # two steps each; against the same run unsharded
-    out["cases"] = {}
-    kinds = sys.argv[2].split(",")
+    return out
+
+
+def sparse(kinds):
+    """Sharded over a node's ranks: hitopk for epoch 0, 2dtar from epoch 1 (the DAWNBench switch),
+    two steps each; against the same run unsharded."""
+    out = {"cases": {}}
+    kinds = kinds.split(",")
     # a weight of 10 entries and a bias of 3 over all 4 ranks (2dtar, slices of 4): the ranks' slices hold
     # different numbers of runs (variable, padding), so their graphs differ before the all-gather
     out["uneven_runs"] = train("lars", False, True, "2dtar", shapes=[(10,), (3,)])[2]["digest"]
@@ -117,13 +124,18 @@ elif mode == "sparse":
                 opt, _, case["sharded" if shard else "unsharded"] = train(
                     kind, correction, shard, "hitopk", graph=graph, steps=4, schedule={0: "hitopk", 1: "2dtar"},
                     epoch_steps=2)
-                sharded = opt if shard else sharded
+                if shard:
+                    sharded = opt
             out["cases"][f"{kind}_{correction}"] = case
             print(f"rank {topo.rank}: {kind} {correction} done", flush=True)
     out["slices"] = [[int(s) for s in p[2:]] for p in sharded._sharded.pieces]
-elif mode == "compression":
-    # gradients k/16, k in -8..8, the same on every rank: x/4 and the 16-bit sums are exact, so only
-    # the weight delta is rounded
+    return out
+
+
+def compression():
+    """Gradients k/16, k in -8..8, the same on every rank: x/4 and the 16-bit sums are exact, so only
+    the weight delta is rounded."""
+    out = {}
     rng = np.random.default_rng(3)
     grads = [[rng.integers(-8, 9, s).astype(np.float32) / 16 for s in ref.ZERO_SHAPES] for _ in range(STEPS)]
     for compression in ("fp16", "bf16"):
@@ -131,16 +143,19 @@ elif mode == "compression":
                             "three": train("lars", False, True, "2dtar", compression, grads)[2]}
     out["exact_one"] = train("lars", False, False, "2dtar", "none", grads, 1)[2]
     out["grads"] = [[g.tolist() for g in s] for s in grads]
-elif mode in ("fit", "load_elsewhere"):
-    # model.fit with sharded LARS (2dtar) and BackupAndRestore: a run interrupted after epoch STOP
-    # and resumed ends with the bits of an uninterrupted one; the backups refuse another layout
+    return out
+
+
+def fit(mode, backup, schedule="2dtar"):
+    """model.fit with sharded LARS and BackupAndRestore: a run interrupted after epoch STOP and
+    resumed ends with the bits of an uninterrupted one; the backups refuse another layout.
+    schedule: "2dtar" (sharded over all ranks) or "hitopk,2dtar" (hitopk for epoch 0, then 2dtar:
+    over a node's)."""
     from tests.workers import _fit
     from tfc_apps import digits
     from tf_commlib.keras import BackupAndRestore
 
-    backup = sys.argv[2]
-    # "2dtar" (sharded over all ranks) or "hitopk,2dtar" (hitopk for epoch 0, then 2dtar: over a node's)
-    schedule = dict(enumerate(sys.argv[3].split(","))) if len(sys.argv) > 3 else {0: "2dtar"}
+    schedule = dict(enumerate(schedule.split(",")))
     (x, y), _ = digits.load(topo.rank, topo.size)
     x, y = x[:96], y[:96]
 
@@ -152,26 +167,47 @@ elif mode in ("fit", "load_elsewhere"):
         model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
         return model
 
-    if mode == "fit":
-        stop = 1 if len(schedule) > 1 else 2   # a switch: the resumed run starts at it (hitopk's residuals flushed)
-        full = build()
-        _fit.fit(full, x, y, 3)
-        first = build()
-        try:
-            _fit.fit(first, x, y, 3, extra=[BackupAndRestore(backup, delete_checkpoint=False), _fit.Interrupt(stop)])
-        except RuntimeError:
-            pass
-        resumed = build()
-        _fit.fit(resumed, x, y, 3, extra=[BackupAndRestore(backup, delete_checkpoint=False)])
-        dist = full.optimizer
-        out.update(full=digest(full.weights), resumed=digest(resumed.weights),
-                   interrupted=digest(first.weights), state_bytes=dist._sharded.state_bytes(),
-                   weights_bytes=sum(int(np.prod(v.shape)) * 4 for v in full.trainable_variables),
-                   iterations=int(dist.iterations.numpy()), loss=full.history.history["loss"])
-    else:
+    if mode == "load_elsewhere":
         try:
             _fit.fit(build(), x, y, 3, extra=[BackupAndRestore(backup, delete_checkpoint=False)])
-            out["error"] = None
+            return {"error": None}
         except ValueError as e:
-            out["error"] = str(e)
+            return {"error": str(e)}
+    stop = 1 if len(schedule) > 1 else 2   # a switch: the resumed run starts at it (hitopk's residuals flushed)
+    full = build()
+    _fit.fit(full, x, y, 3)
+    first = build()
+    try:
+        _fit.fit(first, x, y, 3, extra=[BackupAndRestore(backup, delete_checkpoint=False), _fit.Interrupt(stop)])
+    except RuntimeError:
+        pass
+    resumed = build()
+    _fit.fit(resumed, x, y, 3, extra=[BackupAndRestore(backup, delete_checkpoint=False)])
+    dist = full.optimizer
+    return dict(full=digest(full.weights), resumed=digest(resumed.weights),
+                interrupted=digest(first.weights), state_bytes=dist._sharded.state_bytes(),
+                weights_bytes=sum(int(np.prod(v.shape)) * 4 for v in full.trainable_variables),
+                iterations=int(dist.iterations.numpy()), loss=full.history.history["loss"])
+
+
+def job_key(job):
+    """The report key of a job (its arguments without a backup path)."""
+    return " ".join(job[:1] + job[2:]) if job[0] in ("fit", "load_elsewhere") else job[0]
+
+
+# argv: jobs separated by "+", run in order in this one launch (a launch of 4 ranks costs ~20 s
+# before the first job starts); each job's report, with the rank, under job_key(job)
+JOBS = {"exact": exact, "sparse": sparse, "compression": compression,
+        "fit": lambda *a: fit("fit", *a), "load_elsewhere": lambda *a: fit("load_elsewhere", *a)}
+out = {"rank": topo.rank}
+jobs, job = [], []
+for arg in sys.argv[1:] + ["+"]:
+    if arg != "+":
+        job.append(arg)
+    elif job:
+        jobs.append(job)
+        job = []
+for job in jobs:
+    print(f"rank {topo.rank}: job {job_key(job)}", flush=True)
+    out[job_key(job)] = {"rank": topo.rank, **JOBS[job[0]](*job[1:])}
 report(topo.rank, out)
