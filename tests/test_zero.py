@@ -12,6 +12,7 @@ import pytest
 
 import pto
 from tests import hvdrun
+from tests.workers.sequence_worker import cases_file
 from tests import pto_reference as ref
 from tf_commlib.keras import DistributedOptimizer
 from tf_commlib.keras.sharded import SUPPORTED, world_sharded
@@ -80,24 +81,31 @@ def backups(tmp_path_factory):
     return {schedule: tmp / f"backup_{i}" for i, schedule in enumerate(SCHEDULES)}
 
 
+def _jobs(layout, jobs, tmp_path_factory, timeout):
+    """Per rank, {name: report}: zero_worker's jobs ({name: argv}) one after another in one launch
+    (tests/workers/sequence_worker.py; a launch of 4 ranks costs ~20 s before its first job)."""
+    tmp = tmp_path_factory.mktemp(f"zero_{layout}")
+    cases = {name: ("tests.workers.zero_worker", argv, None) for name, argv in jobs.items()}
+    reports = hvdrun.run("sequence_worker.py", 4, tmp, topology=layout, args=[cases_file(tmp, cases)],
+                         timeout=timeout)
+    return [{name: r[name] for name in jobs} for r in reports]
+
+
 @pytest.fixture(scope="module")
 def on_2x2(backups, tmp_path_factory):
-    """Per rank, per job: one zero_worker launch on 2x2 for every 2x2 job of this file (a launch of 4
-    ranks costs ~20 s before its first job): exact (2dtar), sparse, compression, a fit per schedule."""
-    args = ["exact", "2dtar", KINDS, "+", "sparse", SPARSE_KINDS, "+", "compression"]
-    for schedule in SCHEDULES:
-        args += ["+", "fit", backups[schedule], schedule]
-    return hvdrun.run("zero_worker.py", 4, tmp_path_factory.mktemp("zero_2x2"), topology="2x2", args=args,
-                      timeout=900)
+    """One launch on 2x2 for every 2x2 job of this file: exact (2dtar), sparse, compression, a fit
+    per schedule."""
+    jobs = {"exact": ["exact", "2dtar", KINDS], "sparse": ["sparse", SPARSE_KINDS], "compression": ["compression"],
+            **{f"fit {s}": ["fit", backups[s], s] for s in SCHEDULES}}
+    return _jobs("2x2", jobs, tmp_path_factory, 900)
 
 
 @pytest.fixture(scope="module")
 def on_1x4(on_2x2, backups, tmp_path_factory):
-    """Per rank, per job: one zero_worker launch on 1x4: exact (dense), then resuming from on_2x2's
-    fit's 2dtar backups (so it runs after on_2x2)."""
-    args = ["exact", "dense", KINDS, "+", "load_elsewhere", backups["2dtar"]]
-    return hvdrun.run("zero_worker.py", 4, tmp_path_factory.mktemp("zero_1x4"), topology="1x4", args=args,
-                      timeout=600)
+    """One launch on 1x4: exact (dense), then resuming from on_2x2's fit's 2dtar backups (so it runs
+    after on_2x2)."""
+    return _jobs("1x4", {"exact": ["exact", "dense", KINDS], "load_elsewhere": ["load_elsewhere", backups["2dtar"]]},
+                 tmp_path_factory, 600)
 
 
 @pytest.mark.parametrize("layout, algorithm, slots", [("2x2", "2dtar", (0, 2, 1, 3)), ("1x4", "dense", (0, 1, 2, 3))])

@@ -1,5 +1,5 @@
-"""DistributedOptimizer(shard_optimizer=True) under horovodrun (tests/test_zero.py); argv: one or
-more jobs separated by "+", run in order in the one launch.
+"""DistributedOptimizer(shard_optimizer=True) under horovodrun (tests/test_zero.py); argv: one job
+(tests/test_zero.py runs several in one launch through tests/workers/sequence_worker.py).
 
 ``exact <algorithm> [kinds]``: SGD-momentum, Adam, AdamW, pto.LARS and pto.LAMB, with and without
 DGC momentum correction, sharded and unsharded, on pto_reference.ZERO_SHAPES (variables that
@@ -190,24 +190,7 @@ def fit(mode, backup, schedule="2dtar"):
                 iterations=int(dist.iterations.numpy()), loss=full.history.history["loss"])
 
 
-def job_key(job):
-    """The report key of a job (its arguments without a backup path)."""
-    return " ".join(job[:1] + job[2:]) if job[0] in ("fit", "load_elsewhere") else job[0]
-
-
-# argv: jobs separated by "+", run in order in this one launch (a launch of 4 ranks costs ~20 s
-# before the first job starts); each job's report, with the rank, under job_key(job)
 JOBS = {"exact": exact, "sparse": sparse, "compression": compression,
         "fit": lambda *a: fit("fit", *a), "load_elsewhere": lambda *a: fit("load_elsewhere", *a)}
-out = {"rank": topo.rank}
-jobs, job = [], []
-for arg in sys.argv[1:] + ["+"]:
-    if arg != "+":
-        job.append(arg)
-    elif job:
-        jobs.append(job)
-        job = []
-for job in jobs:
-    print(f"rank {topo.rank}: job {job_key(job)}", flush=True)
-    out[job_key(job)] = {"rank": topo.rank, **JOBS[job[0]](*job[1:])}
-report(topo.rank, out)
+print(f"rank {topo.rank}: job {' '.join(sys.argv[1:])}", flush=True)
+report(topo.rank, {"rank": topo.rank, **JOBS[sys.argv[1]](*sys.argv[2:])})
