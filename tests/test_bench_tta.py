@@ -53,6 +53,26 @@ def test_ratios_and_verdict_per_bandwidth():
         assert all(key in r for r in lines), key
 
 
+def test_each_configuration_is_the_dawnbench_run_it_names(tmp_path):
+    """What each configuration trains with, through the DAWNBench script's own parser: the baseline is
+    dense fp16 overlapped, fp32 waits for backprop, hitopk is DGC at density 0.01 with its momentum
+    kept where v was sent (no momentum factor masking: the sent values add up to momentum SGD's)."""
+    from tfc_apps.dawnbench import config as dawnbench_config
+
+    args = tta.resolve(tta.parser().parse_args(["--quick"]))
+    for split in ("train", "val"):
+        (tmp_path / split).mkdir()
+    args.data = str(tmp_path)
+    parsed = {c: dawnbench_config.parse(tta.dawnbench_argv(args, c, "log")) for c in tta.CONFIGS}
+    assert parsed[tta.BASELINE].compression == "fp16" and not parsed[tta.BASELINE].no_overlap
+    assert parsed["dense_fp32"].no_overlap and parsed["dense_fp32"].compression == "none"
+    hitopk = parsed["hitopk"]
+    assert (hitopk.schedule_map, hitopk.density, hitopk.selector) == ({0: "hitopk"}, 0.01, "mstopk")
+    assert hitopk.no_momentum_masking and hitopk.dgc_warmup == 2
+    assert not any(parsed[c].no_momentum_masking for c in tta.CONFIGS if c != "hitopk")
+    assert parsed["auto"].calibrate and all(p.stage_list[0].batch == args.batch for p in parsed.values())
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--inter-mbit", "-1"], "--inter-mbit must be"),
     (["--target", "1.5"], "--target must be"),

@@ -55,7 +55,10 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
       momentum_correction, momentum, nesterov: DGC momentum correction (see the module doc).
       local_clip_norm: DGC local gradient clipping: each rank clips its gradient's global norm to
         local_clip_norm / sqrt(N) before accumulating.
-      momentum_masking: DGC momentum factor masking: u is zeroed where v was sent.
+      momentum_masking: DGC momentum factor masking: u is zeroed where v was sent. False keeps u, so
+        the values sent add up to exactly the updates momentum SGD applies (later); where a
+        coordinate is sent often, masking turns its momentum off. Measured (docs/benchmarks.md,
+        bench tta): off reaches the target sooner and ends 1-2 points higher at density 0.01.
       warmup: number of DGC warm-up epochs; density over them 0.25, 0.0625, 0.015625, 0.004
         (never below the target), then ``density``.
       dense_layers: predicate(variable) -> True for variables aggregated densely (RedSync

@@ -83,6 +83,9 @@ def parser():
            "all-gathered inside the node; DGC's momentum correction is off (the wrapped optimizer's momentum "
            "is kept in slices). The step breakdown still times the unsharded update")
     a("--dgc-warmup", type=int, default=0, help="DGC density warm-up epochs")
+    a("--no-momentum-masking", action="store_true",
+      help="keep DGC's momentum where a sparse collective sent v (DistributedOptimizer(momentum_masking=False)): "
+           "the sent values then add up to exactly what momentum SGD applies, only later")
     a("--optimizer", choices=("lars", "lamb", "sgd"), default="lars")
     a("--lr", type=float, default=None, help="peak learning rate (default per optimizer)")
     a("--warmup-epochs", type=float, default=2.0, help="linear LR warm-up, then linear decay to 0")

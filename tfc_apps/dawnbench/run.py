@@ -50,7 +50,8 @@ def make_optimizer(args, data, topo, cost_params=None, compute_s=None):
                                 # sharded: the wrapped optimizer's momentum, kept in slices (DGC's
                                 # correction keeps a full-size velocity per rank)
                                 momentum_correction=args.optimizer != "lamb" and not args.shard_optimizer,
-                                warmup=args.dgc_warmup, seed=args.seed, compression=args.compression,
+                                momentum_masking=not args.no_momentum_masking, warmup=args.dgc_warmup,
+                                seed=args.seed, compression=args.compression,
                                 overlap=not args.no_overlap, cost_params=cost_params, auto_compute_s=compute_s,
                                 shard_optimizer=args.shard_optimizer,
                                 **({} if args.fusion_threshold_bytes is None
