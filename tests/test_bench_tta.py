@@ -69,7 +69,9 @@ def test_each_configuration_is_the_dawnbench_run_it_names(tmp_path):
     hitopk = parsed["hitopk"]
     assert (hitopk.schedule_map, hitopk.density, hitopk.selector) == ({0: "hitopk"}, 0.01, "mstopk")
     assert hitopk.no_momentum_masking and hitopk.dgc_warmup == 2
-    assert not any(parsed[c].no_momentum_masking for c in tta.CONFIGS if c != "hitopk")
+    auto = parsed["auto"]   # where it picks hitopk for a bucket: the same DGC settings
+    assert (auto.density, auto.selector, auto.dgc_warmup, auto.no_momentum_masking) == (0.01, "mstopk", 2, True)
+    assert not any(parsed[c].no_momentum_masking for c in tta.CONFIGS if c not in ("hitopk", "auto"))
     assert parsed["auto"].calibrate and all(p.stage_list[0].batch == args.batch for p in parsed.values())
 
 

@@ -29,7 +29,9 @@ CONFIGS = {
     "hitopk": {"schedule": "0:hitopk", "density": 0.01, "selector": "mstopk", "dgc_warmup": 2,
                "no_momentum_masking": True},
     "powersgd": {"schedule": "0:powersgd"},
-    "auto": {"schedule": "0:auto", "compression": "fp16", "calibrate": True},
+    # where auto picks hitopk for a bucket, it runs with hitopk's settings
+    "auto": {"schedule": "0:auto", "compression": "fp16", "calibrate": True, "density": 0.01, "dgc_warmup": 2,
+             "no_momentum_masking": True},
 }
 BASELINE = "dense_fp16"
 LAYOUT = (2, 2)   # nodes x ranks per node
