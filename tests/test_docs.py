@@ -89,6 +89,8 @@ FLAGS = {
     "python -m tfc_apps.bench e2e": "a benchmark: ResNet-50 on 4 ranks at 3 resolutions",
     "python -m tfc_apps.bench tta": "a benchmark: 18 four-rank trainings, under an hour",
     "python -m tfc_apps.bench tta --inter-mbit 25": "a benchmark: 6 four-rank trainings (12 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 25 --configs dense_fp16 hitopk auto":
+        "a benchmark: 3 four-rank trainings at 25 Mbit/s (5 min)",
     "python -m tfc_apps.bench tta --inter-mbit 0 --configs dense_fp16 2dtar_fp16 auto":
         "a benchmark: 3 four-rank trainings, unshaped (5 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --configs dense_fp16 2dtar_fp16 hitopk powersgd --epochs 12":
