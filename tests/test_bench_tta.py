@@ -59,11 +59,15 @@ def test_each_configuration_is_the_dawnbench_run_it_names(tmp_path):
     kept where v was sent (no momentum factor masking: the sent values add up to momentum SGD's)."""
     from tfc_apps.dawnbench import config as dawnbench_config
 
-    args = tta.resolve(tta.parser().parse_args(["--quick"]))
     for split in ("train", "val"):
         (tmp_path / split).mkdir()
-    args.data = str(tmp_path)
-    parsed = {c: dawnbench_config.parse(tta.dawnbench_argv(args, c, "log")) for c in tta.CONFIGS}
+
+    def parse(argv):
+        args = tta.resolve(tta.parser().parse_args(argv))
+        args.data = str(tmp_path)
+        return args, {c: dawnbench_config.parse(tta.dawnbench_argv(args, c, "log")) for c in tta.CONFIGS}
+
+    args, parsed = parse([])
     assert parsed[tta.BASELINE].compression == "fp16" and not parsed[tta.BASELINE].no_overlap
     assert parsed["dense_fp32"].no_overlap and parsed["dense_fp32"].compression == "none"
     hitopk = parsed["hitopk"]
@@ -72,7 +76,12 @@ def test_each_configuration_is_the_dawnbench_run_it_names(tmp_path):
     auto = parsed["auto"]   # where it picks hitopk for a bucket: the same DGC settings
     assert (auto.density, auto.selector, auto.dgc_warmup, auto.no_momentum_masking) == (0.01, "mstopk", 2, True)
     assert not any(parsed[c].no_momentum_masking for c in tta.CONFIGS if c not in ("hitopk", "auto"))
-    assert parsed["auto"].calibrate and all(p.stage_list[0].batch == args.batch for p in parsed.values())
+    assert parsed["auto"].calibrate and all(p.stage_list[0].batch == args.batch == 8 for p in parsed.values())
+    # the DGC warm-up leaves the last epoch at density 0.01: --quick's 2 epochs warm up 1
+    _, quick = parse(["--quick"])
+    assert quick["hitopk"].dgc_warmup == quick["auto"].dgc_warmup == 1
+    _, one = parse(["--epochs", "1"])
+    assert one["hitopk"].dgc_warmup == 0
 
 
 @pytest.mark.parametrize("argv, message", [

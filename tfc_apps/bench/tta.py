@@ -99,9 +99,11 @@ def dawnbench_argv(args, config, log_dir):
             "--breakdown-steps", "0", "--seed", str(args.seed), "--log-dir", log_dir]
     if args.steps_per_epoch:
         argv += ["--steps-per-epoch", str(args.steps_per_epoch)]
-    for key in ("density", "selector", "compression", "dgc_warmup"):
+    for key in ("density", "selector", "compression"):
         if key in opts:
             argv += [f"--{key.replace('_', '-')}", str(opts[key])]
+    if opts.get("dgc_warmup"):   # the warm-up leaves at least the last epoch at the target density
+        argv += ["--dgc-warmup", str(min(opts["dgc_warmup"], args.epochs - 1))]
     if args.fusion_threshold_bytes is not None:
         argv += ["--fusion-threshold-bytes", str(args.fusion_threshold_bytes)]
     argv += [f"--{flag.replace('_', '-')}" for flag in ("no_overlap", "calibrate", "no_momentum_masking")
