@@ -58,7 +58,7 @@ class Record(keras.callbacks.Callback):
 
 
 rng = np.random.default_rng(0)   # the same data on every rank: the replicas must stay identical
-x = rng.standard_normal((STEPS * BATCH, 48, 48, 16)).astype(np.float32)
+x = rng.standard_normal((STEPS * BATCH, 64, 64, 16)).astype(np.float32)   # the first conv's backward: tens of ms
 y = rng.integers(0, 40, STEPS * BATCH)
 out = {"rank": topo.rank, "cases": {}, "seconds": {"start": time.perf_counter()}}
 for case in sys.argv[1:]:
