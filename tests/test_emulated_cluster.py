@@ -87,3 +87,28 @@ def test_inter_node_link_is_shaped(cluster):
 def test_local_mode_without_namespaces(tmp_path):
     reports, _ = hvdrun.run_cluster("topology_worker.py", tmp_path, local=M, np_per_node=N, timeout=120)
     _check_layout(reports, M, N, shm_across_nodes=True)
+
+
+RACE = """
+import os, signal, sys, time
+flag = sys.argv[1]
+if os.environ["HOROVOD_RANK"] == "1":   # dies first, by SIGKILL
+    open(flag, "w").close()
+    os.kill(os.getpid(), signal.SIGKILL)
+while not os.path.exists(flag):   # rank 0 sees it and aborts ~10 ms later: inside one 50 ms poll
+    time.sleep(0.001)
+time.sleep(0.01)
+os.abort()
+"""
+
+
+def test_the_first_rank_to_die_gives_the_exit_status(tmp_path):
+    # rank 1 is killed, rank 0 aborts right after; the launcher reports rank 1's SIGKILL (137), not
+    # the lowest failed rank's SIGABRT (134) although both died between two of its polls
+    for i in range(3):
+        flag = tmp_path / f"dead{i}"
+        p = subprocess.run([sys.executable, "-m", "tfc_apps.cluster_launch", "--local", "1", "--np-per-node", "2",
+                            "--timeout", "60", "--", sys.executable, "-c", RACE, str(flag)],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 137, p.stderr[-3000:]
+        assert "rank 1 exited with status -9" in p.stderr, p.stderr[-3000:]

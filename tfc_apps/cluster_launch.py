@@ -9,8 +9,8 @@ address, which every namespace reaches) and get_host_assignments, then N ranks p
 with ``ip netns exec tfc-nodeI env HOROVOD_...=... CMD``. Ranks are node-major (rank = node*N +
 local) and Horovod's local/cross ranks describe the M x N layout, so tf_commlib.init() finds it
 without TF_COMMLIB_TOPOLOGY. ``--local M`` runs the same layout on 127.0.0.1 without namespaces.
-Output lines are prefixed ``[rank]<stdout>:`` as horovodrun does; the first non-zero exit code is
-returned (124 on timeout) and the remaining ranks are killed.
+Output lines are prefixed ``[rank]<stdout>:`` as horovodrun does; the exit code of the first rank
+to fail is returned (124 on timeout) and the remaining ranks are killed.
 """
 import argparse
 import os
@@ -62,6 +62,12 @@ def launch(args, command):
     port = rendezvous.start()
     rendezvous.init(slots)
     procs, readers, first = [], [], None
+    exits = []   # (time, rank, returncode) as each rank exits: a dead rank's peers fail soon after it,
+    # often within one poll, so the first failure is the first to exit, not the lowest rank to have failed
+
+    def reap(rank, p):
+        p.wait()
+        exits.append((time.monotonic(), rank, p.returncode))
     try:
         for slot in slots:
             _, netns, iface = nodes[slot.cross_rank]
@@ -77,14 +83,18 @@ def launch(args, command):
             procs.append(p)
             for stream, name, dst in ((p.stdout, "stdout", sys.stdout), (p.stderr, "stderr", sys.stderr)):
                 readers.append(in_thread(prefix_connection, (stream, dst, name, slot.rank, False)))
+            in_thread(reap, (slot.rank, p))
         deadline = time.monotonic() + args.timeout if args.timeout else None
-        while first is None and [p.poll() for p in procs].count(None):
-            failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)]
+        while first is None:
+            done = sorted(exits)
+            failed = [(r, rc) for _, r, rc in done if rc != 0]   # in the order they exited
             if failed:
                 rank, rc = failed[0]
                 first = 128 - rc if rc < 0 else rc
                 print(f"cluster_launch: rank {rank} exited with status {rc}; terminating the other ranks",
                       file=sys.stderr, flush=True)
+            elif len(done) == len(procs):
+                first = 0
             elif stop:
                 first = 128 + stop[0]
                 print(f"cluster_launch: got signal {stop[0]}; terminating all ranks",
@@ -93,10 +103,8 @@ def launch(args, command):
                 first = 124
                 print(f"cluster_launch: timed out after {args.timeout}s; killing all ranks",
                       file=sys.stderr, flush=True)
-            time.sleep(0.05)
-        if first is None:   # everybody finished; the first to fail (if any) in rank order
-            first = next((128 - p.returncode if p.returncode < 0 else p.returncode
-                          for p in procs if p.returncode), 0)
+            else:
+                time.sleep(0.05)
     finally:
         stop_groups(procs, grace=GRACE_S)   # SIGTERM each rank's process group, SIGKILL after GRACE_S
         for t in readers:
