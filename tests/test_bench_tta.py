@@ -88,6 +88,7 @@ def test_each_configuration_is_the_dawnbench_run_it_names(tmp_path):
     (["--inter-mbit", "-1"], "--inter-mbit must be"),
     (["--target", "1.5"], "--target must be"),
     (["--epochs", "0"], "--epochs must be"),
+    (["--repeats", "0"], "--repeats must be"),
     (["--configs", "nope"], "invalid choice"),
     (["--data", "/nonexistent"], "--data"),
 ])
@@ -120,3 +121,48 @@ def test_quick_run_prints_one_table_per_bandwidth_with_monotone_time(tmp_path):
     assert [line.split()[0] for line in table[head + 2:head + 5]] == configs
     assert any(w in table[head + 5] for w in ("won", "no configuration reached"))
     assert (out / "tta.png").stat().st_size > 10_000
+
+
+def test_repeats_run_each_seed_and_print_medians(tmp_path):
+    out = tmp_path / "tta"
+    rc, log = local_run.run(["-m", "tfc_apps.bench", "tta", "--quick", "--configs", "dense_fp16", "--repeats", "2",
+                             "--seed", "3", "--out", str(out)], timeout=900, check=False)
+    assert rc == 0, log[-4000:]
+    results = json.loads((out / "tta.json").read_text())
+    assert [(r["config"], r["seed"]) for r in results] == [("dense_fp16", 3), ("dense_fp16", 4)]
+    assert all((out / "mbit0" / f"dense_fp16_seed{s}" / "metrics.jsonl").exists() for s in (3, 4))
+    # another seed: other initial weights, data order and augmentation, so another trajectory
+    assert results[0]["epochs"][0]["loss"] != results[1]["epochs"][0]["loss"]
+    assert all(r["tta_vs_baseline"] in (None, 1.0) for r in results)
+    table = [line for line in log.splitlines() if line.strip()]
+    head = next(i for i, line in enumerate(table) if line.startswith("inter-node unshaped"))
+    assert "medians of 2 seeds" in table[head] and table[head + 1].endswith("tta s of each seed")
+    assert table[head + 2].split()[0] == "dense_fp16"
+
+
+def test_repeats_give_medians_over_seeds_and_ratios_to_the_same_seed():
+    # 3 seeds; the baseline's ratio is taken per seed; a seed that never reaches the target counts as
+    # slower than any that does
+    spec = {("dense_fp16", 0): ([0.5, 0.92], 10.0), ("dense_fp16", 1): ([0.5, 0.5, 0.92], 10.0),
+            ("dense_fp16", 2): ([0.5, 0.92], 12.0),
+            ("auto", 0): ([0.5, 0.5, 0.91], 10.0), ("auto", 1): ([0.5, 0.91], 10.0), ("auto", 2): ([0.5, 0.6], 9.0),
+            ("powersgd", 0): ([0.5, 0.6], 1.0), ("powersgd", 1): ([0.5, 0.6], 1.0), ("powersgd", 2): ([0.95], 1.0)}
+    results = [tta.summarize(rows(t, epoch_s=e), c, 0, "link", 0.9, seed) for (c, seed), (t, e) in spec.items()]
+    tta.add_ratios(results)
+    by = {(r["config"], r["seed"]): r for r in results}
+    assert by["auto", 1]["tta_vs_baseline"] == pytest.approx(22.0 / 33.0)   # seed 1's baseline: 3 epochs
+    med = {r["config"]: r for r in tta.medians(results)}
+    assert med["dense_fp16"]["runs"] == 3 and med["dense_fp16"]["tta_each_s"] == [22.0, 33.0, 26.0]
+    assert med["dense_fp16"]["tta_s"] == 26.0 and med["dense_fp16"]["tta_vs_baseline"] == 1.0
+    # auto: 33, 22, never -> median 33; ratios 33/22, 22/33, never -> median 1.5
+    assert med["auto"]["tta_s"] == 33.0 and med["auto"]["tta_vs_baseline"] == pytest.approx(1.5)
+    assert med["auto"]["tta_epoch"] == 3 and med["powersgd"]["tta_s"] is None   # never, never, 2 s
+    assert med["dense_fp16"]["final_top1"] == 0.92 and "epochs" not in med["auto"]
+    assert tta._median([1.0, 3.0]) == 2.0 and tta._median([1.0, None]) is None and tta._median([2.0]) == 2.0
+    table = tta.tables(results, 0.9)
+    assert "medians of 3 seeds" in table and "22.0 33.0 26.0" in table and "33.0 22.0 never" in table
+    assert "the baseline dense_fp16 won (26 s)" in table and "auto, needed 1.50x its time" in table
+    # one seed: the rows are the runs themselves, the table as without --repeats
+    single = [r for r in results if r["seed"] == 0]
+    assert [r["tta_s"] for r in tta.medians(single)] == [r["tta_s"] for r in single]
+    assert "seeds" not in tta.tables(single, 0.9)

@@ -12,11 +12,15 @@ configuration is a run of the DAWNBench script's training (tfc_apps.dawnbench.ru
 wall clock starts before the model is built and includes tracing, evaluation after every epoch
 and, for `auto`, the calibration of the link and of the compute per step. Without --data the
 digits of scikit-learn are written as a class-sorted ImageNet-layout folder (32 px). Inter-node
-bandwidth 0 is the same layout unshaped (4 ranks on 127.0.0.1)."""
+bandwidth 0 is the same layout unshaped (4 ranks on 127.0.0.1). With --repeats K every configuration
+runs K times (seeds --seed .. --seed+K-1: initial weights, data order and augmentation), each seed's
+configurations one after the other, and the table gives medians over the seeds: time to target, and
+the ratio to the baseline of the same seed."""
 import argparse
 import copy
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -55,9 +59,12 @@ def parser():
     a("--quick", action="store_true",
       help="a few minutes: 2 epochs of 4 steps, unshaped only, dense_fp32 dense_fp16 hitopk (unless given)")
     a("--seed", type=int, default=0)
+    a("--repeats", type=int, default=1,
+      help="runs per configuration and bandwidth, with seeds --seed, --seed+1, ...; the table gives medians")
     a("--out", default="bench_out/tta")
     a("--json", action="store_true", help="print one JSON object per run instead of the tables")
-    a("--timeout", type=int, default=3600, help="seconds one bandwidth's job may take before its ranks are killed")
+    a("--timeout", type=int, default=3600,
+      help="seconds one bandwidth's job may take per seed before its ranks are killed")
     a("--worker", action="store_true", help=argparse.SUPPRESS)
     a("--run-dir", default=None, help=argparse.SUPPRESS)
     return p
@@ -78,7 +85,7 @@ def resolve(args):
         raise ValueError(f"--inter-mbit must be >= 0 (0: unshaped), got {args.inter_mbit}")
     if not 0 < args.target <= 1:
         raise ValueError(f"--target must be a top-1 in (0, 1], got {args.target!r}")
-    for name in ("epochs", "batch"):
+    for name in ("epochs", "batch", "repeats"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)!r}")
     if args.fusion_threshold_bytes is not None and args.fusion_threshold_bytes < 0:
@@ -90,12 +97,21 @@ def resolve(args):
     return args
 
 
-def dawnbench_argv(args, config, log_dir):
-    """The DAWNBench script's command line for one configuration."""
+def seeds(args):
+    return [args.seed + i for i in range(args.repeats)]
+
+
+def run_name(args, config, seed):
+    """A run's folder under its bandwidth's: the configuration's name, and the seed's with --repeats."""
+    return config if args.repeats == 1 else f"{config}_seed{seed}"
+
+
+def dawnbench_argv(args, config, log_dir, seed=None):
+    """The DAWNBench script's command line for one configuration (seed: --seed's by default)."""
     opts = CONFIGS[config]
     argv = ["--data", args.data, "--model", args.model, "--optimizer", "sgd", "--warmup-epochs", "1",
             "--stages", f"{args.resolution}:{args.epochs}:{args.batch}", "--schedule", opts["schedule"],
-            "--breakdown-steps", "0", "--seed", str(args.seed), "--log-dir", log_dir]
+            "--breakdown-steps", "0", "--seed", str(args.seed if seed is None else seed), "--log-dir", log_dir]
     if args.steps_per_epoch:
         argv += ["--steps-per-epoch", str(args.steps_per_epoch)]
     for key in ("density", "selector", "compression"):
@@ -111,7 +127,7 @@ def dawnbench_argv(args, config, log_dir):
 
 
 def worker(args):
-    """On every rank: the input pipeline once, filled; then each configuration's training."""
+    """On every rank, per seed: the input pipeline once, filled; then each configuration's training."""
     import keras
 
     import tf_commlib
@@ -119,24 +135,26 @@ def worker(args):
     from tfc_apps.dawnbench.data import Data
     from tfc_apps.dawnbench.run import train
 
-    parsed = {c: dawnbench_config.parse(dawnbench_argv(args, c, os.path.join(args.run_dir, c)))
-              for c in args.configs}
-    first = parsed[args.configs[0]]
     topo = tf_commlib.init()
-    data = Data(first, topo)
-    try:
-        stage = first.stage_list[0]
-        for _ in data.train(stage, 0):   # fills the cache: no configuration pays for it
-            pass
-        for _ in data.val(stage) or ():
-            pass
-        for config in args.configs:
-            keras.backend.clear_session()
-            if topo.rank == 0:
-                print(f"# tta: {config}", file=sys.stderr, flush=True)
-            train(copy.copy(parsed[config]), topo, data)
-    finally:
-        data.close()
+    for seed in seeds(args):
+        parsed = {c: dawnbench_config.parse(dawnbench_argv(args, c, os.path.join(args.run_dir, run_name(args, c, seed)),
+                                                           seed)) for c in args.configs}
+        first = parsed[args.configs[0]]
+        data = Data(first, topo)   # the seed's data order and shards
+        try:
+            stage = first.stage_list[0]
+            for _ in data.train(stage, 0):   # fills the cache: no configuration pays for it
+                pass
+            for _ in data.val(stage) or ():
+                pass
+            for config in args.configs:
+                keras.backend.clear_session()
+                if topo.rank == 0:
+                    print(f"# tta: {config}" + (f" seed {seed}" if args.repeats > 1 else ""), file=sys.stderr,
+                          flush=True)
+                train(copy.copy(parsed[config]), topo, data)
+        finally:
+            data.close()
     return 0
 
 
@@ -148,12 +166,12 @@ def read_run(run_dir, config):
         return [r for r in (json.loads(line) for line in f if line.strip()) if "epoch" in r]
 
 
-def summarize(rows, config, inter_mbit, link, target):
+def summarize(rows, config, inter_mbit, link, target, seed=0):
     """One run's JSON object (contract: config, inter_mbit, tta_s, final_top1, samples_per_s,
     inter_mb_per_step, baseline)."""
     rates = sorted(r["images_per_s"] for r in (rows[1:] or rows))
     reached = next((r for r in rows if r["top1"] is not None and r["top1"] >= target), None)
-    return {"config": config, "inter_mbit": inter_mbit, "link": link, "target_top1": target,
+    return {"config": config, "inter_mbit": inter_mbit, "seed": seed, "link": link, "target_top1": target,
             "tta_s": None if reached is None else reached["wall_s"],
             "tta_epoch": None if reached is None else reached["epoch"],
             "final_top1": rows[-1]["top1"], "best_top1": max(r["top1"] for r in rows),
@@ -168,17 +186,45 @@ def summarize(rows, config, inter_mbit, link, target):
 
 
 def add_ratios(results):
-    """tta_vs_baseline: a run's time to target over the baseline's at its bandwidth (None where either
-    never reached it)."""
+    """tta_vs_baseline: a run's time to target over the baseline's at its bandwidth and seed (None where
+    either never reached it)."""
     for r in results:
-        base = next((b for b in results if b["inter_mbit"] == r["inter_mbit"] and b["baseline"]), None)
+        base = next((b for b in results if b["inter_mbit"] == r["inter_mbit"] and b.get("seed") == r.get("seed")
+                     and b["baseline"]), None)
         ok = base is not None and base["tta_s"] and r["tta_s"] is not None
         r["tta_vs_baseline"] = r["tta_s"] / base["tta_s"] if ok else None
         r["speed_vs_baseline"] = r["samples_per_s"] / base["samples_per_s"] if base else None
 
 
+def _median(values):
+    """The median, None counting as never (larger than any value); None if the median is never."""
+    ordered = sorted(values, key=lambda v: (v is None, v or 0))
+    mid = ordered[(len(ordered) - 1) // 2:len(ordered) // 2 + 1]
+    return None if None in mid else statistics.fmean(mid)
+
+
+def medians(results):
+    """One row per (bandwidth, configuration): a single run as it is; K runs (--repeats) as the
+    medians over their seeds of time to target, its epoch, final top-1, samples/s and wall time, and
+    of each seed's ratio to the same seed's baseline; `runs` counts them and `tta_each_s` lists them."""
+    groups = {}
+    for r in results:
+        groups.setdefault((r["inter_mbit"], r["config"]), []).append(r)
+    out = []
+    for runs in groups.values():
+        row = dict(runs[0], runs=len(runs), tta_each_s=[r["tta_s"] for r in runs])
+        if len(runs) > 1:
+            row.pop("epochs", None)
+            for key in ("tta_s", "tta_epoch", "tta_vs_baseline", "final_top1", "samples_per_s",
+                        "speed_vs_baseline", "inter_mb_per_step", "wall_s"):
+                row[key] = _median([r.get(key) for r in runs])
+        out.append(row)
+    return out
+
+
 def verdict(runs):
-    """Which configuration reached the target first at one bandwidth, and by how much."""
+    """Which configuration reached the target first at one bandwidth, and by how much (runs: one row
+    per configuration, from medians())."""
     reached = sorted((r for r in runs if r["tta_s"] is not None), key=lambda r: r["tta_s"])
     if not reached:
         return "no configuration reached the target: raise --epochs or lower --target"
@@ -189,11 +235,13 @@ def verdict(runs):
         return f"{best['config']} won: {best['tta_s']:.0f} s; the baseline {BASELINE} never reached the target"
     if best["baseline"]:
         second = reached[1] if len(reached) > 1 else None
+        ratio = second and (second.get("tta_vs_baseline") or second["tta_s"] / base["tta_s"])
         tail = (f"; the best compressed or other configuration, {second['config']}, needed "
-                f"{second['tta_s'] / base['tta_s']:.2f}x its time") if second else ""
+                f"{ratio:.2f}x its time") if second else ""
         return f"the baseline {BASELINE} won ({base['tta_s']:.0f} s): compression lost here{tail}"
-    return (f"{best['config']} won: {best['tta_s']:.0f} s, {best['tta_s'] / base['tta_s']:.2f}x the baseline's "
-            f"{base['tta_s']:.0f} s ({base['tta_s'] / best['tta_s']:.2f}x faster)")
+    ratio = best.get("tta_vs_baseline") or best["tta_s"] / base["tta_s"]
+    return (f"{best['config']} won: {best['tta_s']:.0f} s, {ratio:.2f}x the baseline's "
+            f"{base['tta_s']:.0f} s ({1 / ratio:.2f}x faster)")
 
 
 def json_lines(results):
@@ -206,18 +254,23 @@ def fmt(v, spec, none="never"):
 
 
 def tables(results, target):
-    out = []
-    for mbit in dict.fromkeys(r["inter_mbit"] for r in results):
-        runs = [r for r in results if r["inter_mbit"] == mbit]
+    rows, out = medians(results), []
+    repeated = max(r["runs"] for r in rows) > 1
+    for mbit in dict.fromkeys(r["inter_mbit"] for r in rows):
+        runs = [r for r in rows if r["inter_mbit"] == mbit]
         out.append(f"inter-node {'unshaped' if mbit == 0 else f'{mbit} Mbit/s'} ({runs[0]['link']}); "
-                   f"time to top-1 >= {target}")
+                   f"time to top-1 >= {target}" + (f"; medians of {runs[0]['runs']} seeds" if repeated else ""))
         out.append(f"{'config':>11} {'tta s':>7} {'vs base':>7} {'epoch':>5} {'final top1':>10} {'samples/s':>9} "
-                   f"{'vs base':>7} {'inter MB/step':>13} {'wall s':>7}")
+                   f"{'vs base':>7} {'inter MB/step':>13} {'wall s':>7}" + ("  tta s of each seed" if repeated else ""))
         for r in runs:
+            epoch = r["tta_epoch"]
+            epoch = "-" if epoch is None else f"{epoch:.0f}" if epoch == int(epoch) else f"{epoch:.1f}"
             out.append(f"{r['config']:>11} {fmt(r['tta_s'], '7.1f'):>7} {fmt(r['tta_vs_baseline'], '7.2f', '-'):>7} "
-                       f"{fmt(r['tta_epoch'], '5d', '-'):>5} {r['final_top1']:10.4f} {r['samples_per_s']:9.1f} "
+                       f"{epoch:>5} "
+                       f"{r['final_top1']:10.4f} {r['samples_per_s']:9.1f} "
                        f"{fmt(r['speed_vs_baseline'], '7.2f', '-'):>7} {r['inter_mb_per_step']:13.3f} "
-                       f"{r['wall_s']:7.1f}")
+                       f"{r['wall_s']:7.1f}" + (f"  {' '.join(fmt(t, '.1f') for t in r['tta_each_s'])}"
+                                                if repeated else ""))
         out.append(verdict(runs))
         out.append("")
     return "\n".join(out)
@@ -230,10 +283,14 @@ def plot(results, target, title, path):
 
     bands = list(dict.fromkeys(r["inter_mbit"] for r in results))
     fig, axes = plt.subplots(1, len(bands), figsize=(5.2 * len(bands), 4.4), squeeze=False)
+    colors = {c: f"C{i}" for i, c in enumerate(dict.fromkeys(r["config"] for r in results))}
     for ax, mbit in zip(axes[0], bands):
-        for r in (r for r in results if r["inter_mbit"] == mbit):
+        labelled = set()
+        for r in (r for r in results if r["inter_mbit"] == mbit):   # with --repeats: a line per seed
+            label = None if r["config"] in labelled else r["config"] + (" (baseline)" if r["baseline"] else "")
+            labelled.add(r["config"])
             ax.plot([e["wall_s"] for e in r["epochs"]], [e["top1"] for e in r["epochs"]], marker="o",
-                    lw=2.2 if r["baseline"] else 1.2, label=r["config"] + (" (baseline)" if r["baseline"] else ""))
+                    color=colors[r["config"]], lw=2.2 if r["baseline"] else 1.2, label=label)
         ax.axhline(target, color="gray", ls="--", lw=0.8)
         ax.set_title("unshaped" if mbit == 0 else f"inter-node {mbit} Mbit/s", fontsize=10)
         ax.set_xlabel("wall-clock seconds")
@@ -267,12 +324,14 @@ def measure(args):
     for mbit in args.inter_mbit:
         run_dir = os.path.join(args.out, f"mbit{mbit}")
         for config in args.configs:   # a run's old rows would be appended to (a resumed DAWNBench log)
-            old = os.path.join(run_dir, config, "metrics.jsonl")
-            if os.path.exists(old):
-                os.remove(old)
+            for seed in seeds(args):
+                old = os.path.join(run_dir, run_name(args, config, seed), "metrics.jsonl")
+                if os.path.exists(old):
+                    os.remove(old)
         forwarded = ["--data", args.data, "--configs", *args.configs, "--epochs", str(args.epochs),
                      "--batch", str(args.batch), "--model", args.model, "--resolution", str(args.resolution),
-                     "--seed", str(args.seed), "--target", str(args.target), "--run-dir", run_dir,
+                     "--seed", str(args.seed), "--repeats", str(args.repeats), "--target", str(args.target),
+                     "--run-dir", run_dir,
                      *([] if args.fusion_threshold_bytes is None
                        else ["--fusion-threshold-bytes", str(args.fusion_threshold_bytes)]),
                      *(["--quick"] if args.quick else [])]
@@ -281,14 +340,15 @@ def measure(args):
             print(f"# {link}", file=sys.stderr, flush=True)
             try:
                 local_run.run(["-m", "tfc_apps.bench", "tta", "--worker", *forwarded], launcher=prefix,
-                              capture=False, timeout=args.timeout)
+                              capture=False, timeout=args.timeout * args.repeats)
             except local_run.JobFailed as e:
                 print(f"bench tta: the ranks failed at {mbit} Mbit/s: {str(e)[:2000]}", file=sys.stderr)
                 failed.append(mbit)
-        for config in args.configs:
-            rows = read_run(run_dir, config)
-            if rows:
-                results.append(summarize(rows, config, mbit, link, args.target))
+        for seed in seeds(args):
+            for config in args.configs:
+                rows = read_run(run_dir, run_name(args, config, seed))
+                if rows:
+                    results.append(summarize(rows, config, mbit, link, args.target, seed))
     add_ratios(results)
     return results, failed
 
