@@ -87,6 +87,12 @@ FLAGS = {
     "python -m tfc_apps.bench pto": "a benchmark: jobs at P = 1, 2, 4",
     "python -m tfc_apps.bench pto --ranks 4 --models resnet50 --repeats 7": "a benchmark: one 4-rank job (8 min)",
     "python -m tfc_apps.bench e2e": "a benchmark: ResNet-50 on 4 ranks at 3 resolutions",
+    "python -m tfc_apps.bench e2e --inter-mbit 100 --resolutions 64 --configs dense_fp32 dense_fp16 dense_fp16 "
+    "dense_fp16": "a benchmark: ResNet-50 on the emulated cluster (6 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 0 --configs dense_fp16 2dtar_fp16 auto --repeats 5":
+        "a benchmark: 15 four-rank trainings (11 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 25 --configs dense_fp16 hitopk auto --repeats 3":
+        "a benchmark: 9 four-rank trainings on the emulated cluster (13 min)",
     "python -m tfc_apps.bench tta": "a benchmark: 18 four-rank trainings, under an hour",
     "python -m tfc_apps.bench tta --inter-mbit 25": "a benchmark: 6 four-rank trainings (12 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --configs dense_fp16 hitopk auto":
