@@ -35,16 +35,17 @@ def test_distributed_optimizer_is_found_through_wrappers(float16_policy):
         tk.distributed_optimizer("sgd")
 
 
-def test_wrapping_a_loss_scale_optimizer_moves_it_outside():
+def test_with_loss_scale_puts_the_loss_scaling_outside():
     sgd = keras.optimizers.SGD(0.1, momentum=0.9)
-    opt = tk.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(sgd, initial_scale=512.0,
-                                                                      dynamic_growth_steps=7),
-                                  algorithm="hitopk", density=0.05)
+    keras_lso = keras.optimizers.LossScaleOptimizer(sgd, initial_scale=512.0, dynamic_growth_steps=7)
+    with pytest.raises(ValueError, match="use tf_commlib.keras.with_loss_scale"):
+        tk.DistributedOptimizer(keras_lso)
+    opt = tk.with_loss_scale(keras_lso, algorithm="hitopk", density=0.05)
     assert type(opt) is tk.LossScaleOptimizer
     assert (opt.initial_scale, opt.dynamic_growth_steps) == (512.0, 7)
     dist = opt.inner_optimizer
-    assert type(dist) is tk.DistributedOptimizer and dist.inner_optimizer is sgd
-    assert (dist.algorithm, dist.target_density, dist.m, sgd.momentum) == ("hitopk", 0.05, 0.9, 0.0)
+    assert type(dist) is tk.DistributedOptimizer and dist.inner_optimizer.momentum == 0.0
+    assert (dist.algorithm, dist.target_density, dist.m, sgd.momentum) == ("hitopk", 0.05, 0.9, 0.9)
     again = keras.optimizers.deserialize(keras.optimizers.serialize(opt))
     assert type(again) is tk.LossScaleOptimizer and type(again.inner_optimizer) is tk.DistributedOptimizer
     assert again.initial_scale == 512.0 and again.inner_optimizer.algorithm == "hitopk"
@@ -54,7 +55,9 @@ def test_bad_loss_scale_arguments_are_refused():
     built = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
     built.build([keras.Variable(np.ones(3, np.float32))])
     with pytest.raises(ValueError, match="optimizer is a LossScaleOptimizer that has already been built"):
-        tk.DistributedOptimizer(built)
+        tk.with_loss_scale(built)
+    with pytest.raises(ValueError, match="optimizer must be a keras.optimizers.LossScaleOptimizer"):
+        tk.with_loss_scale(keras.optimizers.SGD(0.1))
     opt = tk.DistributedOptimizer(keras.optimizers.SGD(0.1))
     with pytest.raises(ValueError, match="loss_scale_factor"):
         opt.loss_scale_factor = 128.0

@@ -14,7 +14,7 @@ import pto
 from tests import hvdrun
 from tests.workers.sequence_worker import cases_file
 from tests import pto_reference as ref
-from tf_commlib.keras import DistributedOptimizer
+from tf_commlib.keras import DGC, DistributedOptimizer
 from tf_commlib.keras.sharded import SUPPORTED, world_sharded
 
 DECAYED = [len(s) > 1 for s in ref.ZERO_SHAPES]   # the 1-D ones are named bias*
@@ -180,14 +180,14 @@ def test_argument_errors():
         assert world_sharded(dist.schedule) is world, kwargs
     for opt in (keras.optimizers.RMSprop(0.1), keras.optimizers.Lamb(0.1), keras.optimizers.Nadam()):
         with pytest.raises(ValueError, match=f"shard_optimizer: {type(opt).__name__} has no slice-wise form") as e:
-            DistributedOptimizer(opt, algorithm="dense", momentum_correction=False, shard_optimizer=True)
+            DistributedOptimizer(opt, algorithm="dense", shard_optimizer=True, dgc=DGC(momentum_correction=False))
         assert SUPPORTED in str(e.value)
     for kwargs in ({"clipnorm": 1.0}, {"clipvalue": 1.0}, {"global_clipnorm": 1.0}, {"use_ema": True},
                    {"gradient_accumulation_steps": 2}):
         with pytest.raises(ValueError, match=f"shard_optimizer does not support the wrapped optimizer's {next(iter(kwargs))}"):
             DistributedOptimizer(keras.optimizers.SGD(0.1, **kwargs), algorithm="dense", shard_optimizer=True)
     for opt in (keras.optimizers.SGD(0.1), keras.optimizers.Adam(), keras.optimizers.AdamW(), pto.LARS(0.1), pto.LAMB()):
-        dist = DistributedOptimizer(opt, algorithm="2dtar", momentum_correction=False, shard_optimizer=True)
+        dist = DistributedOptimizer(opt, algorithm="2dtar", shard_optimizer=True, dgc=DGC(momentum_correction=False))
         config = dist.get_config()
         assert config["shard_optimizer"] is True
         assert DistributedOptimizer.from_config(config).shard_optimizer is True

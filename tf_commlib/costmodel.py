@@ -166,7 +166,7 @@ def compute_seconds(topo, model, x, y, loss, repeats=5):
     """Seconds of forward+backward per training step of `model` on the batch (x, y) (training=True):
     the median over `repeats` runs of the slowest rank's time, each run started on every rank at once
     (tf_commlib.timing.Timer; CPU sharing is included), so every rank returns the same number.
-    Overlapped aggregation runs beside it (DistributedOptimizer(auto_compute_s=...)). `loss`: loss(y_true, y_pred). The model's
+    Overlapped aggregation runs beside it (DistributedOptimizer(auto=Auto(compute_s=...))). `loss`: loss(y_true, y_pred). The model's
     non-trainable variables (batch-norm statistics) are restored afterwards. Call it at the batch
     and resolution the choice is for (progressive resizing: one stage's)."""
     from tf_commlib import timing

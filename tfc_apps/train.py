@@ -18,8 +18,8 @@ import numpy as np
 import tf_commlib
 from tfc_apps import digits
 from tf_commlib.collectives import ALGORITHMS
-from tf_commlib.keras import (AdaptiveDensity, BackupAndRestore, DistributedOptimizer, default_callbacks,
-                              distributed_optimizer)
+from tf_commlib.keras import (DGC, AdaptiveDensity, BackupAndRestore, DistributedOptimizer, Selection,
+                              default_callbacks, distributed_optimizer)
 from tf_commlib.keras.adaptive import profile_batches
 
 
@@ -142,7 +142,10 @@ def weights_sha256(model):
 
 
 def main(argv=None):
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.candidates is not None and args.density != "adaptive":
+        p.error("--candidates goes with --density adaptive")
     if args.deterministic:
         import tensorflow as tf
 
@@ -154,11 +157,10 @@ def main(argv=None):
     lr = keras.optimizers.schedules.CosineDecay(args.lr, steps)
     opt = DistributedOptimizer(
         keras.optimizers.SGD(lr, momentum=args.momentum), algorithm=args.algorithm,
-        density=args.density, selector=args.selector,
-        momentum_correction=not args.no_momentum_correction,
-        momentum_masking=not args.no_momentum_masking, warmup=args.warmup,
-        local_clip_norm=args.local_clip_norm, schedule=parse_schedule_arg(args.schedule),
-        seed=args.seed, candidates=None if args.candidates is None else [float(c) for c in args.candidates.split(",")])
+        density=args.density if args.candidates is None else [float(c) for c in args.candidates.split(",")],
+        dgc=DGC(momentum_correction=not args.no_momentum_correction, momentum_masking=not args.no_momentum_masking,
+                warmup=args.warmup or 0, local_clip_norm=args.local_clip_norm),
+        selection=Selection(selector=args.selector, seed=args.seed), schedule=parse_schedule_arg(args.schedule))
     model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], jit_compile=False)
 

@@ -3,13 +3,13 @@ import keras
 import numpy as np
 
 from tfc_apps import digits
-from tf_commlib.keras import DistributedOptimizer, default_callbacks
+from tf_commlib.keras import Selection, DistributedOptimizer, default_callbacks
 
 
 def build(**optimizer_kwargs):
     model = digits.small_cnn(seed=1)
     opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm="hitopk",
-                               density=0.05, seed=5, **optimizer_kwargs)
+                               density=0.05, **optimizer_kwargs, selection=Selection(seed=5))
     model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     return model
 

@@ -12,7 +12,7 @@ import tf_commlib
 from tests.workers._report import report
 from tfc_apps import digits
 from tf_commlib.alphabeta import LinkParams
-from tf_commlib.keras import DistributedOptimizer
+from tf_commlib.keras import Selection, DistributedOptimizer
 from tf_commlib.keras.adaptive import DensityProfiler, profile_batches
 
 ALGORITHM = sys.argv[1]
@@ -23,8 +23,8 @@ batches = profile_batches(x, y, 16, count=3)
 
 def run(profile):
     model = digits.small_cnn(0)
-    opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm=ALGORITHM, density="adaptive",
-                               seed=0)
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm=ALGORITHM,
+                               density="adaptive", selection=Selection(seed=0))
     model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     profiler = DensityProfiler(model, batches, steps=2)
     rows, traced = None, None
@@ -35,7 +35,7 @@ def run(profile):
         profiler.step(*batches[i % len(batches)])
     state = [v.numpy() for v in profiler.state()]
     traces = (traced, profiler.step.experimental_get_tracing_count())
-    return state, rows, traces, [float(a.density.numpy()) for a in opt.sparse_aggregators()]
+    return state, rows, traces, [float(a.density.numpy()) for a in opt.lossy_aggregators()]
 
 
 with_profile, rows, traces, densities = run(True)

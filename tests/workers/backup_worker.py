@@ -20,7 +20,7 @@ from tests.workers import _fit
 from tests.workers._report import report
 from tfc_apps import digits
 from tf_commlib import primitives as P
-from tf_commlib.keras import AdaptiveDensity, BackupAndRestore, DistributedOptimizer, default_callbacks
+from tf_commlib.keras import DGC, Selection, AdaptiveDensity, BackupAndRestore, DistributedOptimizer, default_callbacks
 from tf_commlib.keras.adaptive import profile_batches
 
 topo = tf_commlib.init()
@@ -129,8 +129,8 @@ log("# 4. Adaptiv")
 # 4. AdaptiveDensity's state
 def adaptive_model():
     model = digits.small_cnn(seed=1)
-    opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm="hitopk", density="adaptive",
-                               candidates=[0.1, 0.02], warmup=1, seed=5)
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm="hitopk",
+                               density=[0.1, 0.02], dgc=DGC(warmup=1), selection=Selection(seed=5))
     model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     return model
 

@@ -9,6 +9,7 @@ import tensorflow as tf
 import tf_commlib
 from tests.workers import _fit
 from tests.workers._report import report
+from tf_commlib.keras import DGC
 from tfc_apps import digits
 
 topo = tf_commlib.init()
@@ -19,7 +20,7 @@ EPOCHS, STOP = 4, 2
 
 
 def build():
-    return _fit.build(warmup=1)
+    return _fit.build(dgc=DGC(warmup=1))
 
 
 def fit(model, epochs, initial_epoch=0, extra=()):

@@ -13,7 +13,7 @@ from tests.workers._report import report
 from tf_commlib import link_bytes, ops
 from tf_commlib.aggregator import GradientAggregator
 from tf_commlib.collectives import ALGORITHMS
-from tf_commlib.keras import DistributedOptimizer
+from tf_commlib.keras import Selection, DistributedOptimizer
 
 D, STEPS, DENSITY = 1000, 2, 0.05
 VARIANTS = {"naive_ag": ("naive_ag", {}), "hitopk": ("hitopk", {}),
@@ -78,8 +78,8 @@ for codec in ("none", "fp16", "mean"):
                                 "counted": counted, "formula": agg.sent_bytes()}
 ws = [keras.Variable(np.ones(s, np.float32)) for s in shapes]
 opt = DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="hitopk", density=0.2,
-                           dense_layers=lambda v: False, seed=3,
-                           algorithm_options={"hitopk": {"value_codec": "fp16"}})
+                           algorithm_options={"hitopk": {"value_codec": "fp16"}},
+                           selection=Selection(dense_layers=lambda v: False, seed=3))
 for _ in range(2):
     opt.apply(grads, ws)
 out["weights"] = [w.numpy().ravel().tolist() for w in ws]
@@ -89,8 +89,9 @@ out["qrgc_optimizer"] = {"weights": {}, "sent": {}}
 for codec in ("mean", "none"):
     ws = [keras.Variable(np.ones(s, np.float32)) for s in shapes]
     options = None if codec == "mean" else {"hitopk": {"value_codec": "none"}}
-    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="hitopk", density=0.2, qrgc=True,
-                               dense_layers=lambda v: False, seed=3, algorithm_options=options)
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="hitopk", density=0.2,
+                               algorithm_options=options,
+                               selection=Selection(qrgc=True, dense_layers=lambda v: False, seed=3))
     for _ in range(2):
         opt.apply(grads, ws)
     out["qrgc_optimizer"]["weights"][codec] = [w.numpy().ravel().tolist() for w in ws]

@@ -5,17 +5,17 @@ import tensorflow as tf
 
 import tf_commlib
 from tests.workers._report import report
-from tf_commlib.keras import DistributedOptimizer
+from tf_commlib.keras import DGC, DistributedOptimizer, Selection
 
 topo = tf_commlib.init()
 SHAPES, STEPS, LR = [(10, 8), (300,)], 5, 0.1
 CASES = {
-    "plain_momentum": dict(density=1.0, momentum_correction=False, momentum_masking=False),
-    "corrected_dense": dict(density=1.0, momentum_correction=True, momentum_masking=False),
-    "dgc": dict(density=0.2, momentum_correction=True, momentum_masking=True),
-    "dgc_nesterov": dict(density=0.2, momentum_correction=True, momentum_masking=True, nesterov=True),
-    "dgc_no_mask": dict(density=0.2, momentum_correction=True, momentum_masking=False),
-    "ef_only": dict(density=0.2, momentum_correction=False, momentum_masking=False),
+    "plain_momentum": dict(density=1.0, dgc=DGC(momentum_correction=False, momentum_masking=False)),
+    "corrected_dense": dict(density=1.0, dgc=DGC(momentum_correction=True, momentum_masking=False)),
+    "dgc": dict(density=0.2, dgc=DGC(momentum_correction=True, momentum_masking=True)),
+    "dgc_nesterov": dict(density=0.2, dgc=DGC(momentum_correction=True, momentum_masking=True, nesterov=True)),
+    "dgc_no_mask": dict(density=0.2, dgc=DGC(momentum_correction=True, momentum_masking=False)),
+    "ef_only": dict(density=0.2, dgc=DGC(momentum_correction=False, momentum_masking=False)),
 }
 
 
@@ -27,8 +27,8 @@ def grads(step):
 out = {}
 for name, kw in CASES.items():
     ws = [keras.Variable(np.ones(s, np.float32), name=f"w{i}") for i, s in enumerate(SHAPES)]
-    opt = DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9), algorithm="naive_ag",
-                               selector="exact_topk", dense_layers=lambda v: False, **kw)
+    opt = DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9), algorithm="naive_ag", **kw,
+                               selection=Selection(selector="exact_topk", dense_layers=lambda v: False))
     for step in range(STEPS):  # a custom GradientTape loop: d(sum(w * g))/dw = g
         gs = [tf.constant(g) for g in grads(step)]
         with tf.GradientTape() as tape:
@@ -42,7 +42,7 @@ report(topo.rank, out)
 # qRGC: every sparse variable but the output layer (the last) is quantized to one value per sign.
 ws = [keras.Variable(np.ones(s, np.float32), name=f"q{i}") for i, s in enumerate(SHAPES)]
 opt = DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9), algorithm="naive_ag",
-                           density=0.2, qrgc=True, dense_layers=lambda v: False)
+                           density=0.2, selection=Selection(qrgc=True, dense_layers=lambda v: False))
 opt.apply(grads(0), ws)
 out["qrgc_first_changes"] = sorted(set(np.round(1 - ws[0].numpy().ravel(), 6).tolist()))
 out["qrgc_last_changes"] = len(set(np.round(1 - ws[1].numpy().ravel(), 6).tolist()))

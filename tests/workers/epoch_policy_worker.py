@@ -6,7 +6,7 @@ import numpy as np
 
 import tf_commlib
 from tests.workers._report import report
-from tf_commlib.keras import DistributedOptimizer, default_callbacks
+from tf_commlib.keras import DGC, DistributedOptimizer, default_callbacks
 
 topo = tf_commlib.init()
 x = np.random.default_rng(topo.rank).normal(size=(32, 20)).astype("float32")
@@ -16,7 +16,7 @@ for initial_epoch in (0, 3):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(200), keras.layers.Dense(3)])
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), algorithm="hitopk", density=0.01,
-                               warmup=2, schedule={0: "hitopk", 3: "naive_ag"})
+                               schedule={0: "hitopk", 3: "naive_ag"}, dgc=DGC(warmup=2))
     model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     seen = []
 

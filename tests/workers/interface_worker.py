@@ -11,7 +11,7 @@ from tf_commlib import link_bytes
 from tf_commlib import primitives as P
 from tf_commlib.aggregator import GradientAggregator
 from tf_commlib.collectives import Collective, dense, register
-from tf_commlib.keras import DistributedOptimizer
+from tf_commlib.keras import Selection, DistributedOptimizer
 
 topo = tf_commlib.init()
 SHAPES, STEPS = [(40,), (6, 5)], 3   # two buckets with fusion_threshold_bytes=160
@@ -52,7 +52,8 @@ for mode in ("eager", "graph"):
 # DistributedOptimizer passes algorithm_options to its aggregators
 ws = [keras.Variable(np.ones(s, np.float32), name=f"w{i}") for i, s in enumerate(SHAPES)]
 opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), algorithm="probe",
-                           dense_layers=lambda v: False, algorithm_options={"probe": {"tag": "opt"}})
+                           algorithm_options={"probe": {"tag": "opt"}},
+                           selection=Selection(dense_layers=lambda v: False))
 opt.apply(grads(0), ws)
 out["optimizer_options"] = seen_options[-1]
 out["optimizer_sent"] = opt.sent_bytes_at(0)

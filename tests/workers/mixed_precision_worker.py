@@ -5,7 +5,7 @@ LossScaleOptimizer; one epoch per collective (schedule), and at step OVERFLOW of
 alone feeds a batch that overflows float16. Reports, per epoch, what that step changed. Then the
 same for 2 epochs of the sharded update (shard_optimizer=True, 2dtar, fp16 deltas, Adam), and for
 2 epochs of it sharded over a node's ranks (hitopk, then 2dtar).
-``forms``: DistributedOptimizer(keras LossScaleOptimizer(SGD)) trains (and grows its scale) with
+``forms``: with_loss_scale(keras LossScaleOptimizer(SGD)) trains (and grows its scale) with
 AdaptiveDensity profiling through the wrapper, a
 custom loop with a per-rank keras LossScaleOptimizer is refused, mixed_bfloat16 trains."""
 import hashlib
@@ -18,8 +18,8 @@ import tensorflow as tf
 
 import tf_commlib
 from tests.workers._report import report
-from tf_commlib.keras import (AdaptiveDensity, DistributedOptimizer, default_callbacks,
-                              distributed_optimizer)
+from tf_commlib.keras import (DGC, AdaptiveDensity, DistributedOptimizer, Selection, default_callbacks,
+                              distributed_optimizer, with_loss_scale)
 from tf_commlib.keras.adaptive import profile_batches
 
 START = time.perf_counter()
@@ -92,7 +92,7 @@ def collectives():
     algorithms = ["dense", "2dtar", "hitopk", "ssar_rd", "ssar_split_ag", "dsar_split_ag",
                   "star", "var", "star_hier", "var_hier"]
     opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm=algorithms[0], density=0.05,
-                               seed=3, schedule=dict(enumerate(algorithms)))
+                               schedule=dict(enumerate(algorithms)), selection=Selection(seed=3))
     model = model_with(opt, "mixed_float16")
     probe = OverflowProbe()
     x, y = data(topo.rank, OVERFLOW)
@@ -110,8 +110,8 @@ def collectives():
     # then sharded over a node's ranks: hitopk for epoch 0, 2dtar (fp16) for epoch 1
     for key, schedule in (("sharded", {0: "2dtar"}), ("sharded_node", {0: "hitopk", 1: "2dtar"})):
         sharded = DistributedOptimizer(keras.optimizers.Adam(0.01), algorithm=schedule[0], schedule=schedule,
-                                       density=0.05, seed=3, compression="fp16", momentum_correction=False,
-                                       shard_optimizer=True)
+                                       density=0.05, compression="fp16",
+                                       shard_optimizer=True, selection=Selection(seed=3), dgc=DGC(momentum_correction=False))
         model = model_with(sharded, "mixed_float16")
         probe = OverflowProbe()
         hist = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
@@ -128,9 +128,9 @@ def collectives():
 def forms():
     out = {}
     # DistributedOptimizer around a LossScaleOptimizer: moved outside, with its scale settings
-    opt = DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
-                                                                   initial_scale=256.0, dynamic_growth_steps=3),
-                               algorithm="hitopk", density="adaptive", candidates=(0.1, 0.02))
+    opt = with_loss_scale(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
+                                                              initial_scale=256.0, dynamic_growth_steps=3),
+                          algorithm="hitopk", density=(0.1, 0.02))
     model = model_with(opt, "mixed_float16")
     x, y = data(topo.rank)
     adaptive = AdaptiveDensity(profile_batches(x, y, BATCH), profile_steps=1, verbose=False)

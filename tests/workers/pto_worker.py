@@ -99,7 +99,7 @@ out["after_errors"] = same_bits(pto.parallel_map(norms, inputs[:4]), [norms(e) f
 
 if sys.argv[1:] == ["all"]:
     from tfc_apps import digits
-    from tf_commlib.keras import DistributedOptimizer, default_callbacks
+    from tf_commlib.keras import DGC, Selection, DistributedOptimizer, default_callbacks
 
     # PTO on and off: the same bits (identical inputs on every rank, as after aggregation)
     ws0 = ref.map_inputs(1)[:5]
@@ -127,7 +127,7 @@ if sys.argv[1:] == ["all"]:
     for name, correction in (("dgc_lars", True), ("plain_lars", False)):
         vs = [keras.Variable(w) for w in weights[:3]]
         opt = DistributedOptimizer(pto.LARS(0.5, momentum=0.9, weight_decay_rate=0.01, eeta=0.01),
-                                   algorithm="dense", momentum_correction=correction)
+                                   algorithm="dense", dgc=DGC(momentum_correction=correction))
         for gs in tape_grads:
             with tf.GradientTape() as tape:
                 loss = tf.add_n([tf.reduce_sum(v * g) for v, g in zip(vs, gs)])
@@ -148,10 +148,10 @@ if sys.argv[1:] == ["all"]:
         model = digits.small_cnn(seed=topo.rank)   # different on purpose: the broadcast fixes it
         if kind == "lars":
             inner = pto.LARS(2.0, weight_decay_rate=1e-4, exclude_from_weight_decay=["bias"])
-            opt = DistributedOptimizer(inner, algorithm="hitopk", density=0.1, seed=3)
+            opt = DistributedOptimizer(inner, algorithm="hitopk", density=0.1, selection=Selection(seed=3))
         else:
             opt = DistributedOptimizer(pto.LAMB(0.005, weight_decay=1e-3), algorithm="dense",
-                                       momentum_correction=False)
+                                       dgc=DGC(momentum_correction=False))
         model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
         return model
 

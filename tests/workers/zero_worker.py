@@ -22,7 +22,7 @@ import tf_commlib
 from tests import pto_reference as ref
 from tests.workers._report import report
 from tf_commlib import link_bytes
-from tf_commlib.keras import DistributedOptimizer
+from tf_commlib.keras import DGC, Selection, DistributedOptimizer
 
 topo = tf_commlib.init()
 STEPS = 3
@@ -67,11 +67,11 @@ def train(kind, correction, shard, algorithm, compression="none", grads=None, st
     weights, mine = ref.zero_inputs(topo.rank, steps, shapes)
     grads = grads or mine
     vs = [keras.Variable(w, name=n) for w, n in zip(weights, NAMES)]
-    extra = {"momentum": 0.9} if correction and kind in ("adam", "adamw", "lamb") else {}
-    if schedule is not None:
-        extra.update(schedule=schedule, density=0.05)
-    opt = DistributedOptimizer(make(kind, correction), algorithm=algorithm, momentum_correction=correction,
-                               shard_optimizer=shard, compression=compression, **extra)
+    momentum = 0.9 if correction and kind in ("adam", "adamw", "lamb") else None
+    extra = {} if schedule is None else {"schedule": schedule, "density": 0.05}
+    opt = DistributedOptimizer(make(kind, correction), algorithm=algorithm,
+                               shard_optimizer=shard, compression=compression, **extra,
+                               dgc=DGC(momentum_correction=correction, momentum=momentum))
     step = tf.function(lambda gs: opt.apply(gs, vs)) if graph else (lambda gs: opt.apply(gs, vs))
     per_epoch = epoch_steps or steps
     counted, formula = [], []
@@ -162,8 +162,9 @@ def fit(mode, backup, schedule="2dtar"):
     def build():
         model = digits.small_cnn(seed=1)
         opt = DistributedOptimizer(pto.LARS(1.0, weight_decay_rate=1e-4, exclude_from_weight_decay=["bias"]),
-                                   algorithm=schedule[0], schedule=schedule, density=0.05, seed=5,
-                                   momentum_correction=False, shard_optimizer=True)
+                                   algorithm=schedule[0], schedule=schedule, density=0.05,
+                                   shard_optimizer=True, selection=Selection(seed=5),
+                                   dgc=DGC(momentum_correction=False))
         model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
         return model
 

@@ -1,10 +1,12 @@
-"""Keras 3 integration: DistributedOptimizer and the callbacks that go with it."""
+"""Keras 3 integration: DistributedOptimizer, its option groups, and the callbacks that go with it."""
 from tf_commlib.keras.callbacks import (BackupAndRestore, BroadcastGlobalVariables, CompressionScheduler, MetricAverage,
                                         average_variables, broadcast_variables, default_callbacks)
 from tf_commlib.keras.adaptive import AdaptiveDensity
+from tf_commlib.keras.options import DGC, Auto, Schedule, Selection
 from tf_commlib.keras.optimizer import DistributedOptimizer, distributed_optimizer
-from tf_commlib.keras.loss_scale import LossScaleOptimizer, global_loss_scale
+from tf_commlib.keras.loss_scale import LossScaleOptimizer, global_loss_scale, with_loss_scale
 
-__all__ = ["DistributedOptimizer", "LossScaleOptimizer", "distributed_optimizer", "global_loss_scale",
+__all__ = ["DistributedOptimizer", "DGC", "Schedule", "Auto", "Selection", "LossScaleOptimizer",
+           "distributed_optimizer", "global_loss_scale", "with_loss_scale",
            "AdaptiveDensity", "BackupAndRestore", "BroadcastGlobalVariables", "CompressionScheduler",
            "MetricAverage", "average_variables", "broadcast_variables", "default_callbacks"]

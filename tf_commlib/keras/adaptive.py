@@ -67,7 +67,7 @@ def knee_density(densities, t_compute, t_sync, gains, seed=1):
 def predicted_times(opt, density, params):
     """(t_compute, t_sync) seconds per step of opt's sparse aggregators at this density."""
     topo, compute, sync = current_topology(), 0.0, 0.0
-    for agg in opt.sparse_aggregators():
+    for agg in opt.lossy_aggregators():
         algorithm = agg.candidates[int(agg.active.numpy())]
         for bucket in agg.buckets:
             d = sum(bucket.sizes)
@@ -81,7 +81,7 @@ def predicted_times(opt, density, params):
 
 def gain_sums(opt):
     """[Σ‖g_c‖², Σ‖g_e‖²] accumulated so far by opt's sparse aggregators, summed over all ranks."""
-    local = tf.add_n([tf.convert_to_tensor(agg.gain) for agg in opt.sparse_aggregators()])
+    local = tf.add_n([tf.convert_to_tensor(agg.gain) for agg in opt.lossy_aggregators()])
     return P.allreduce(local, current_topology().world).numpy()
 
 
@@ -142,7 +142,7 @@ class DensityProfiler:
         rows = []
         try:
             for density in densities:
-                for agg in opt.sparse_aggregators():
+                for agg in opt.lossy_aggregators():
                     agg.set_density(density)
                 before, times = gain_sums(opt), []
                 for i in range(self.steps):
@@ -184,7 +184,7 @@ class AdaptiveDensity(keras.callbacks.Callback):
         if restored:
             self.set_state(restored)
             _keep_state(opt, self.get_state())
-        if epoch < opt.warmup:
+        if epoch < opt.dgc.warmup:
             return
         if not outer.built:   # model.fit builds it at the first step; the profiling needs it now
             with keras.name_scope(outer.name, caller=outer):

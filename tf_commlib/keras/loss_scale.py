@@ -76,4 +76,16 @@ def global_loss_scale(model):
         opt = opt.inner_optimizer
 
 
-DistributedOptimizer.loss_scale_class = LossScaleOptimizer
+def with_loss_scale(optimizer, **options):
+    """DistributedOptimizer(optimizer's inner optimizer, **options) inside a tf_commlib.keras.LossScaleOptimizer
+    with the initial_scale, dynamic_growth_steps and name of ``optimizer``, a keras.optimizers.LossScaleOptimizer
+    that has not stepped: loss scaling goes outside the aggregation (the gradients are unscaled before
+    they reach DGC momentum and the residuals) and its finite check is global."""
+    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError(f"optimizer must be a keras.optimizers.LossScaleOptimizer, got {optimizer!r}")
+    if optimizer.built:
+        raise ValueError("optimizer is a LossScaleOptimizer that has already been built (it has taken "
+                         "steps); wrap a new one")
+    return LossScaleOptimizer(DistributedOptimizer(optimizer.inner_optimizer, **options), name=optimizer.name,
+                              initial_scale=optimizer.initial_scale,
+                              dynamic_growth_steps=optimizer.dynamic_growth_steps)

@@ -1,42 +1,44 @@
-"""Keras 3 distributed optimizer: sparse gradient aggregation with DGC's and RedSync's accuracy
-techniques, for model.fit (jit_compile=False) and custom GradientTape loops.
+"""Keras 3 distributed optimizer: gradients averaged over all Horovod ranks, through any collective of
+tf_commlib.collectives, with DGC's and RedSync's accuracy techniques, for model.fit (jit_compile=False)
+and custom GradientTape loops.
 
-Momentum correction (DGC eqs. 4 and 6): the momentum lives here, not in the wrapped optimizer.
-Each step u <- m*u + g (local momentum), and u (Nesterov: m*u + g) is what gets aggregated; the
-collective's error feedback accumulates it (v <- v + u) and sends the top entries of v. The
-wrapped optimizer then takes a *plain* step with the averaged update. A wrapped
-keras.optimizers.SGD, or an optimizer whose class sets ``movable_momentum = True`` (pto.LARS),
-therefore has its momentum moved here (its own momentum is set to 0, so momentum is never applied
-twice); any other wrapped optimizer needs ``momentum=`` and keeps its own adaptive rule on top of
-the aggregated update.
+Momentum correction (DGC eqs. 4 and 6): the momentum lives here, not in the wrapped optimizer. Each
+step u <- m*u + g (local momentum), and u (Nesterov: m*u + g) is what gets aggregated; the collective's
+error feedback accumulates it (v <- v + u) and sends the top entries of v. The wrapped optimizer then
+takes a *plain* step with the averaged update: a keras.optimizers.SGD, or an optimizer whose class sets
+``movable_momentum = True`` (pto.LARS), steps through a copy of it without momentum (the optimizer
+given is left as it is), so momentum is never applied twice; any other wrapped optimizer needs
+``DGC(momentum=...)`` and keeps its own adaptive rule on top of the aggregated update.
 
 Mixed precision (mixed_float16): loss scaling stays in a LossScaleOptimizer *around* the
-DistributedOptimizer, so the gradients are unscaled before they reach DGC momentum and the residuals.
-tf_commlib.keras.loss_scale.LossScaleOptimizer makes its finite check global (one 1-element allreduce per step):
-every rank applies or skips a step together, so a step with an overflow on one rank is skipped
-everywhere (loss scale halved on every rank) and never touches residuals or momentum.
-``DistributedOptimizer(keras.optimizers.LossScaleOptimizer(opt))`` builds
-``LossScaleOptimizer(DistributedOptimizer(opt))``; the keras.optimizers.LossScaleOptimizer that
-Keras' compile puts around a DistributedOptimizer is made global by ``global_loss_scale(model)``
-(CompressionScheduler, in default_callbacks(), calls it when fit starts).
+DistributedOptimizer, so the gradients are unscaled before they reach DGC momentum and the residuals:
+``tf_commlib.keras.LossScaleOptimizer(DistributedOptimizer(opt))``, whose finite check is global (one
+1-element allreduce per step): every rank applies or skips a step together. The
+keras.optimizers.LossScaleOptimizer that Keras' compile puts around a DistributedOptimizer is made
+global by ``global_loss_scale(model)`` (CompressionScheduler, in default_callbacks(), calls it when fit
+starts).
 """
 import dataclasses
 import math
+import weakref
 
 import keras
 import tensorflow as tf
 
 from tf_commlib import link_bytes, ops
-from tf_commlib.aggregator import GradientAggregator, check_config, check_cost_params
-from tf_commlib.keras.arguments import check_arguments, qrgc_options, take_momentum
-from tf_commlib.alphabeta import LinkParams
-from tf_commlib.collectives import AUTO_MARGIN, check_margin, check_seconds, with_compression
+from tf_commlib.aggregator import GradientAggregator, check_config
+from tf_commlib.collectives import with_compression
 from tf_commlib.collectives.interface import plain_python
 from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
 from tf_commlib.overlap import after_all
-from tf_commlib.keras.policy import EpochPolicy, check_candidates, default_dense_layers, parse_schedule
+from tf_commlib.keras.groups import Group
+from tf_commlib.keras.options import (DGC, MOVED, Auto, Schedule, Selection, as_schedule, check_density, grouped,
+                                      moved_error)
+from tf_commlib.keras.policy import EpochPlan, default_dense_layers, qrgc_options
 from tf_commlib.keras.sharded import ShardedUpdate, check_shardable
 from tf_commlib.topology import topology as current_topology
+
+_WRAPPED = weakref.WeakSet()   # optimizers a DistributedOptimizer steps with (each serves one)
 
 
 def _zero_at(variable, flat_indices):
@@ -44,114 +46,167 @@ def _zero_at(variable, flat_indices):
     ops.zero_at(variable.value if isinstance(variable, keras.Variable) else variable, flat_indices)
 
 
+def _check_optimizer(optimizer):
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError("optimizer is a keras.optimizers.LossScaleOptimizer: loss scaling goes outside the "
+                         "aggregation; use tf_commlib.keras.with_loss_scale(optimizer, ...), which gives "
+                         "tf_commlib.keras.LossScaleOptimizer(DistributedOptimizer(optimizer.inner_optimizer, ...))")
+    if isinstance(optimizer, DistributedOptimizer) or not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(f"optimizer must be a Keras 3 optimizer (not a DistributedOptimizer), got {optimizer!r}")
+    if optimizer in _WRAPPED or optimizer.built:
+        raise ValueError("optimizer already steps (it is built, or another DistributedOptimizer wraps it); "
+                         "wrap a new instance, e.g. type(opt).from_config(opt.get_config())")
+
+
+def _momentum(optimizer, dgc):
+    """(the optimizer that steps, DGC's m, nesterov): with momentum correction a keras.optimizers.SGD
+    (or an optimizer with ``movable_momentum``) hands over its momentum and nesterov and steps as a copy
+    without them; another optimizer needs DGC(momentum=...)."""
+    if not dgc.momentum_correction:
+        return optimizer, 0.0, dgc.nesterov
+    if isinstance(optimizer, keras.optimizers.SGD) or getattr(optimizer, "movable_momentum", False):
+        m = float(optimizer.momentum) if dgc.momentum is None else float(dgc.momentum)
+        nesterov = dgc.nesterov or bool(optimizer.nesterov)
+        if optimizer.momentum or optimizer.nesterov:
+            try:
+                config = {**optimizer.get_config(), "momentum": 0.0, "nesterov": False}
+                optimizer = type(optimizer).from_config(config)
+            except (NotImplementedError, TypeError, ValueError) as e:
+                raise ValueError(f"optimizer: DGC's momentum correction steps with a copy of "
+                                 f"{type(optimizer).__name__} without momentum, which its config cannot make ({e}); "
+                                 "give it momentum=0 and DGC(momentum=...)") from e
+        return optimizer, m, nesterov
+    if dgc.momentum is None:
+        raise ValueError("dgc: momentum correction needs DGC(momentum=...) when the wrapped optimizer is not "
+                         f"keras.optimizers.SGD (got {type(optimizer).__name__}), or DGC(momentum_correction=False)")
+    return optimizer, float(dgc.momentum), dgc.nesterov
+
+
+def _check_flags(**values):
+    for arg, value in values.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{arg} must be True or False, got {value!r}")
+
+
+def _option(value, cls, name):
+    if value is None:
+        return cls()
+    if not isinstance(value, cls):
+        raise ValueError(f"{name} must be None or a tf_commlib.keras.{cls.__name__}, got {value!r}")
+    return value
+
+
 @keras.saving.register_keras_serializable(package="tf_commlib")
-class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
-    """Wraps a Keras optimizer; gradients are averaged over all Horovod ranks before its step.
+class DistributedOptimizer(keras.optimizers.Optimizer):
+    """Wraps a Keras 3 optimizer; gradients are averaged over all Horovod ranks before its step.
 
-    Args:
-      optimizer: the Keras 3 optimizer to wrap.
-      algorithm, density, selector: the collective (tf_commlib.collectives), the fraction of
-        entries sent, and the top-k selector (tf_commlib.ops.SELECTORS).
-      momentum_correction, momentum, nesterov: DGC momentum correction (see the module doc).
-      local_clip_norm: DGC local gradient clipping: each rank clips its gradient's global norm to
-        local_clip_norm / sqrt(N) before accumulating.
-      momentum_masking: DGC momentum factor masking: u is zeroed where v was sent. False keeps u, so
-        the values sent add up to exactly the updates momentum SGD applies (later); where a
-        coordinate is sent often, masking turns its momentum off. Measured (docs/benchmarks.md,
-        bench tta, density 0.01, 8 epochs): off ends 2.5-3.3 points higher and reaches the target sooner.
-      warmup: number of DGC warm-up epochs; density over them 0.25, 0.0625, 0.015625, 0.004
-        (never below the target), then ``density``.
-      dense_layers: predicate(variable) -> True for variables aggregated densely (RedSync
-        policy); default: 1-D variables (biases, normalisation) and those under 1024 entries.
-      schedule: {epoch: algorithm} switching the collective at epoch boundaries, e.g.
-        {0: "hitopk", 13: "2dtar"} (shi2021's DAWNBench recipe).
-      dense_warmup_epochs: RedSync's dense warm-up: the first epochs use "2dtar".
-      qrgc: RedSync's quantized selection (selector "qrgc", one tensor per bucket) for every
-        sparse variable except the output layer (the last one), which keeps ``selector``; its
-        messages carry one mean per rank (value_codec "mean", exact for qRGC's equal values) in
-        every algorithm that takes that codec, unless algorithm_options sets value_codec.
-      density="adaptive": tyagi's adaptive compression ratio over ``candidates`` (default
-        (0.1, 0.033, 0.011, 0.004, 0.001)), driven by the callback tf_commlib.keras.AdaptiveDensity
-        (which profiles them and sets the density); until then the first candidate.
-      overlap: False makes aggregation wait for the whole of backprop (the fp32 baseline of
-        tf_commlib's benchmarks); default True (below).
-      cost_params: tf_commlib.alphabeta.LinkParams by which algorithm "auto" chooses per bucket
-        (e.g. tf_commlib.costmodel.calibrate(topology) on the running cluster); default LinkParams().
-      auto_margin: "auto" picks a sparse collective for a bucket only where its predicted time is at
-        most auto_margin x the fastest exact one's (default 0.5; 1.0: the plain minimum).
-      auto_compute_s: seconds of forward+backward per step, which overlapped aggregation runs beside
-        (e.g. tf_commlib.costmodel.compute_seconds(topo, model, x, y, loss)): "auto" keeps every
-        bucket exact unless its choice makes the predicted step, max(compute, communication), at most
-        auto_margin x the all-exact one. None (default): not considered.
-      fusion_threshold_bytes, seed, algorithm_options, compression: passed to the GradientAggregators
-        (algorithm_options = {algorithm: {option: value}}, see tf_commlib.collectives; compression
-        "fp16" or "bf16" sends 16-bit values in dense and 2dtar, the dense-layer group included).
+    Args (all but ``optimizer`` keyword-only):
+      optimizer: the Keras 3 optimizer to wrap (left unchanged; see the module doc for momentum).
+      algorithm: the collective (tf_commlib.collectives, or "auto": chosen per bucket by the cost model).
+      density: the fraction of entries a lossy collective sends; "adaptive" (tyagi's adaptive
+        compression ratio over (0.1, 0.033, 0.011, 0.004, 0.001), driven by the callback
+        tf_commlib.keras.AdaptiveDensity) or a sequence of candidate densities to adapt over.
+      compression: "none", "fp16" or "bf16": 16-bit values on the wire of the dense collectives
+        (dense, 2dtar; the dense-layer group included), as Horovod's Compression.fp16.
+      dgc: a DGC (momentum correction, local clipping, momentum masking, warm-up); default DGC().
+      schedule: {epoch: algorithm} or a Schedule (with RedSync's dense warm-up): the collective
+        switches at epoch boundaries, e.g. {0: "hitopk", 13: "2dtar"} (shi2021's DAWNBench recipe).
+      auto: an Auto (cost parameters, margin, compute seconds) for algorithm "auto".
+      selection: a Selection (top-k selector, seed, which variables go dense, RedSync's qRGC).
+      fusion_threshold_bytes: the most bytes of one bucket.
+      overlap: False makes aggregation wait for the whole of backprop (the fp32 baseline of the
+        benchmarks). By default each bucket is aggregated as soon as its gradients exist, while
+        backprop goes on (tf_commlib.overlap; buckets are packed from the last layer).
       shard_optimizer: True shards the wrapped optimizer's update and state over the ranks (ZeRO-1,
-        tf_commlib.keras.sharded): over all P ranks with one dense / 2dtar algorithm, else (sparse
-        collectives, auto, schedules) over the ranks of a node; SGD, Adam(W), pto.LARS, pto.LAMB.
-    Inside model.fit each bucket is aggregated as soon as its gradients exist, while backprop goes
-    on (tf_commlib.overlap; buckets are packed from the last layer). Setting ``timeline`` to a
-    tf_commlib.overlap.Timeline before the first step records when each gradient reaches apply() and
-    when each bucket's aggregation starts.
-    The epoch-driven parts (warm-up, schedule) are driven by ``set_epoch``, which the callback
-    tf_commlib.keras.CompressionScheduler calls from model.fit.
-
-    A keras.optimizers.LossScaleOptimizer as ``optimizer`` is moved outside: the result is
-    LossScaleOptimizer(DistributedOptimizer(its inner optimizer)) with its initial_scale and
-    dynamic_growth_steps (this module's LossScaleOptimizer, whose finite check is global).
+        tf_commlib.keras.sharded): over all P ranks with one dense / 2dtar algorithm, else over the
+        ranks of a node; SGD, Adam(W), pto.LARS, pto.LAMB.
+      algorithm_options: {algorithm: {option: value}} (see tf_commlib.collectives).
+      name: the optimizer's name (default "distributed_" + the wrapped one's).
+    Setting ``timeline`` to a tf_commlib.overlap.Timeline before the first step records when each
+    gradient reaches apply() and when each bucket's aggregation starts. The epoch-driven parts
+    (warm-up, schedule) follow ``set_epoch``, which the callback CompressionScheduler calls.
     """
 
-    # tf_commlib.keras.loss_scale.LossScaleOptimizer, set by that module (tf_commlib.keras imports it)
-    loss_scale_class = None
-
-    def __new__(cls, optimizer=None, *args, **kwargs):
-        if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            return super().__new__(cls)
-        if optimizer.built:
-            raise ValueError("optimizer is a LossScaleOptimizer that has already been built (it has taken "
-                             "steps); wrap a new one")
-        return cls.loss_scale_class(cls(optimizer.inner_optimizer, *args, **kwargs), name=optimizer.name,
-                                    initial_scale=optimizer.initial_scale,
-                                    dynamic_growth_steps=optimizer.dynamic_growth_steps)
-
-    def __init__(self, optimizer, algorithm="hitopk", density=0.01, selector="mstopk",
-                 momentum_correction=True, momentum=None, nesterov=False, local_clip_norm=None,
-                 momentum_masking=True, warmup=None, dense_layers=None, schedule=None,
-                 dense_warmup_epochs=0, qrgc=False, fusion_threshold_bytes=DEFAULT_THRESHOLD_BYTES,
-                 seed=None,
-                 name=None, algorithm_options=None, candidates=None, compression="none", overlap=True,
-                 cost_params=None, shard_optimizer=False, auto_margin=AUTO_MARGIN, auto_compute_s=None):
-        candidates, is_adaptive = check_candidates(density, candidates), density == "adaptive"
-        density = candidates[0] if is_adaptive else density
-        check_config(algorithm, density, selector, algorithm_options=algorithm_options)
+    def __init__(self, optimizer, *, algorithm="hitopk", density=0.01, compression="none", dgc=None,
+                 schedule=None, auto=None, selection=None, fusion_threshold_bytes=DEFAULT_THRESHOLD_BYTES,
+                 overlap=True, shard_optimizer=False, algorithm_options=None, **kwargs):
+        name = kwargs.pop("name", None)
+        for key in kwargs:
+            raise moved_error(key) if key in MOVED else TypeError(
+                f"DistributedOptimizer got an unexpected keyword argument {key!r}")
+        _check_optimizer(optimizer)
+        dgc, selection = _option(dgc, DGC, "dgc"), _option(selection, Selection, "selection")
+        auto, schedule = _option(auto, Auto, "auto"), as_schedule(schedule)
+        target, candidates = check_density(density)
+        check_config(algorithm, target, selection.selector, algorithm_options=algorithm_options)
         with_compression(algorithm_options, compression)   # ValueError naming a bad compression
-        if isinstance(optimizer, DistributedOptimizer):
-            raise ValueError(f"optimizer must be a Keras 3 optimizer (not a DistributedOptimizer), got {optimizer!r}")
-        check_arguments(optimizer, momentum_correction, momentum, nesterov, local_clip_norm,
-                        momentum_masking, warmup, dense_layers, dense_warmup_epochs, qrgc,
-                        fusion_threshold_bytes, seed, name, overlap, shard_optimizer)
-        check_cost_params(cost_params)
-        auto_margin = check_margin(auto_margin, "auto_margin")
-        auto_compute_s = check_seconds(auto_compute_s, "auto_compute_s")
-        schedule = parse_schedule(schedule, algorithm, dense_warmup_epochs)
+        _check_flags(overlap=overlap, shard_optimizer=shard_optimizer)
+        if isinstance(fusion_threshold_bytes, bool) or not isinstance(fusion_threshold_bytes, int) \
+                or fusion_threshold_bytes < 0:
+            raise ValueError(f"fusion_threshold_bytes must be an int >= 0, got {fusion_threshold_bytes!r}")
+        if name is not None and not isinstance(name, str):
+            raise ValueError(f"name must be None or a string, got {name!r}")
         if shard_optimizer:
             check_shardable(optimizer)
-        m, nesterov = take_momentum(optimizer, momentum_correction, momentum, nesterov)
+        stepping, m, nesterov = _momentum(optimizer, dgc)
         super().__init__(learning_rate=0.0, name=name or "distributed_" + optimizer.name)
-        self.schedule, self.m = schedule, m
-        self.inner_optimizer = optimizer
-        optimizer._tf_commlib_wrapped = True   # its momentum (SGD) and its state now live here
-        self.algorithm, self.target_density, self.selector = algorithm, float(density), selector
-        self.momentum_correction, self.nesterov = momentum_correction, bool(nesterov)
-        self.momentum_masking, self.local_clip_norm = momentum_masking, local_clip_norm
-        self.warmup = warmup or 0
-        self.dense_layers = dense_layers or default_dense_layers
-        self.fusion_threshold_bytes, self.seed, self.qrgc = fusion_threshold_bytes, seed, qrgc
-        self.algorithm_options, self.compression = algorithm_options, compression
-        self.candidates, self.adaptive = candidates, is_adaptive
-        self.overlap, self.cost_params, self.shard_optimizer = overlap, cost_params, shard_optimizer
-        self.auto_margin, self.auto_compute_s = auto_margin, auto_compute_s
+        _WRAPPED.add(optimizer)
+        self.inner_optimizer, self.m, self.nesterov = stepping, m, nesterov
+        self.algorithm, self.compression, self.algorithm_options = algorithm, compression, algorithm_options
+        self.dgc, self.selection, self.auto, self.schedule_options = dgc, selection, auto, schedule
+        self.plan = EpochPlan(schedule.resolve(algorithm), dgc, target, candidates)
+        self.fusion_threshold_bytes, self.overlap = fusion_threshold_bytes, overlap
+        self.shard_optimizer = shard_optimizer
+        self.dense_layers = selection.dense_layers or default_dense_layers
+        self._density_arg = density if isinstance(density, str) else (list(candidates) or target)
         self._sharded = None
+        self._epoch = 0
+
+    # -- the epoch plan ----------------------------------------------------------------------
+    @property
+    def schedule(self):
+        """{epoch: algorithm} from epoch 0."""
+        return self.plan.schedule
+
+    @property
+    def target_density(self):
+        return self.plan.target_density
+
+    @property
+    def candidates(self):
+        return self.plan.candidates
+
+    @property
+    def adaptive(self):
+        return self.plan.adaptive
+
+    def density_at(self, epoch):
+        return self.plan.density_at(epoch)
+
+    def algorithm_at(self, epoch):
+        return self.plan.algorithm_at(epoch)
+
+    def set_target_density(self, density):
+        """The density after warm-up (AdaptiveDensity's choice); takes effect without retracing (the
+        aggregators' density is a variable that feeds k)."""
+        check_config(self.algorithm_at(0), density, self.selection.selector)
+        self.plan.target_density = float(density)
+
+    def set_epoch(self, epoch):
+        """Sets density and collective for an epoch (called by CompressionScheduler); before the
+        optimizer is built (the first step builds it) the epoch is kept and applied by build()."""
+        self._epoch = epoch
+        if getattr(self, "_groups", None):
+            self._apply_epoch(epoch)
+
+    def _apply_epoch(self, epoch):
+        # eagerly: build() runs while Keras traces the first train step, where an assign would only
+        # be recorded in that graph (and never run)
+        with tf.init_scope():
+            for group in self._groups:
+                if group.lossy:
+                    group.aggregator.set_density(self.density_at(epoch))
+                    group.aggregator.set_algorithm(self.algorithm_at(epoch))
 
     # -- state -----------------------------------------------------------------------------
     timeline = None   # a tf_commlib.overlap.Timeline (set before the first step), or None
@@ -163,37 +218,36 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
     def build(self, var_list):
         if self.built:
             return
-        topo = current_topology()
+        topo, sel = current_topology(), self.selection
         dense_idx = [i for i, v in enumerate(var_list) if self.dense_layers(v)]
-        sparse_idx = [i for i, v in enumerate(var_list) if not self.dense_layers(v)]
+        lossy_idx = [i for i, v in enumerate(var_list) if not self.dense_layers(v)]
         names = sorted(set(self.schedule.values()), key=list(self.schedule.values()).index)
+        # without overlap nothing hides under backprop: auto's compute seconds do not count
+        auto = self.auto if self.overlap else Auto(self.auto.cost_params, self.auto.margin)
 
         def aggregator(algorithm, selector, fusion, options=self.algorithm_options):
             return GradientAggregator(algorithm, self.target_density, selector, topology=topo,
-                                      fusion_threshold_bytes=fusion, seed=self.seed,
+                                      fusion_threshold_bytes=fusion, seed=sel.seed,
                                       variable_factory=self._factory,
                                       algorithm_options=options, track_gain=self.adaptive,
                                       compression=self.compression, timeline=self.timeline,
-                                      cost_params=self.cost_params, auto_margin=self.auto_margin,
-                                      # without overlap nothing hides under backprop
-                                      auto_compute_s=self.auto_compute_s if self.overlap else None)
+                                      cost_params=auto.cost_params, auto_margin=auto.margin,
+                                      auto_compute_s=auto.compute_s)
 
-        # (aggregator, variable indices, sparse?) groups
-        self._groups = []
-        if self.qrgc and len(sparse_idx) > 1:
-            self._groups.append((aggregator(names, "qrgc", 0, qrgc_options(self.algorithm_options)),
-                                 sparse_idx[:-1], True))
-            sparse_idx = sparse_idx[-1:]
-        self._groups.append((aggregator(names, self.selector, self.fusion_threshold_bytes), sparse_idx, True))
-        self._groups.append((aggregator(["2dtar" if topo.m > 1 and topo.n > 1 else "dense"],
-                                        self.selector, self.fusion_threshold_bytes), dense_idx, False))
-        self._groups = [g for g in self._groups if g[1]]
-        for tag, (agg, _, _) in enumerate(self._groups):
-            agg.timeline_tag = tag
-        for agg, idx, _ in self._groups:
-            agg.build([(var_list[i].shape, var_list[i].dtype) for i in idx])
+        groups = []
+        if sel.qrgc and len(lossy_idx) > 1:
+            groups.append(Group(aggregator(names, "qrgc", 0, qrgc_options(self.algorithm_options)),
+                                lossy_idx[:-1], True))
+            lossy_idx = lossy_idx[-1:]
+        groups.append(Group(aggregator(names, sel.selector, self.fusion_threshold_bytes), lossy_idx, True))
+        groups.append(Group(aggregator(["2dtar" if topo.m > 1 and topo.n > 1 else "dense"], sel.selector,
+                                       self.fusion_threshold_bytes), dense_idx, False))
+        self._groups = [g for g in groups if g.indices]
+        for tag, group in enumerate(self._groups):
+            group.aggregator.timeline_tag = tag
+            group.aggregator.build([(var_list[i].shape, var_list[i].dtype) for i in group.indices])
         self.velocities = [self.add_variable_from_reference(v, "dgc_momentum")
-                           for v in var_list] if self.momentum_correction else []
+                           for v in var_list] if self.dgc.momentum_correction else []
         if self.shard_optimizer:   # the inner optimizer's state only for this rank's slices
             self._sharded = ShardedUpdate(self, var_list, self._groups)
         else:
@@ -206,8 +260,8 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
         rank saved for all (the consistency check refuses another rank's state otherwise)."""
         if not self.built:
             return
-        for agg, _, _ in self._groups:
-            agg.reset_rank_state()
+        for group in self._groups:
+            group.aggregator.reset_rank_state()
         for u in self.velocities:
             u.assign(tf.zeros(u.shape, u.dtype))
         if self._sharded is not None:   # the rank's slices of the optimizer state
@@ -233,22 +287,25 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
     # one sign that a LossScaleOptimizer wraps this one (apply() refuses one whose check is per rank)
     _wrapped_by_loss_scale = _finite_checked_globally = False
 
-    def __setattr__(self, name, value):
-        if name == "loss_scale_factor":
-            if value is not None:
-                raise ValueError(f"loss_scale_factor is not supported by DistributedOptimizer (got {value!r}); "
-                                 "wrap it in tf_commlib.keras.LossScaleOptimizer")
-            if hasattr(self, "inner_optimizer"):   # a wrapper's (Optimizer.__init__ sets it before)
-                super().__setattr__("_wrapped_by_loss_scale", True)
-        super().__setattr__(name, value)
+    @property
+    def loss_scale_factor(self):
+        return None
+
+    @loss_scale_factor.setter
+    def loss_scale_factor(self, value):
+        if value is not None:
+            raise ValueError(f"loss_scale_factor is not supported by DistributedOptimizer (got {value!r}); "
+                             "wrap it in tf_commlib.keras.LossScaleOptimizer")
+        if getattr(self, "inner_optimizer", None) is not None:   # a wrapper's (Optimizer.__init__ sets it before)
+            self._wrapped_by_loss_scale = True
 
     # -- groups and bytes -------------------------------------------------------------------
     def sent_bytes_at(self, epoch):
         """{"intra": B, "inter": B} a step sends per rank at this epoch (the collectives' formulas)."""
         if self._sharded is not None:   # reduce-scatter + all-gather, and the norm exchange
             return self._sharded.sent_bytes(self.algorithm_at(epoch), self.density_at(epoch))
-        return link_bytes.add(*(agg.sent_bytes(self.algorithm_at(epoch), self.density_at(epoch))
-                                if sparse else agg.sent_bytes() for agg, _, sparse in self._groups))
+        return link_bytes.add(*(g.aggregator.sent_bytes(self.algorithm_at(epoch), self.density_at(epoch))
+                                if g.lossy else g.aggregator.sent_bytes() for g in self._groups))
 
     def sharded_state_bytes(self):
         """(this rank's, unsharded) bytes of the wrapped optimizer's state with shard_optimizer=True
@@ -257,13 +314,14 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
             return None
         return self._sharded.state_bytes(), self._sharded.unsharded_state_bytes()
 
-    def sparse_aggregators(self):
-        return [agg for agg, _, sparse in self._groups if sparse]
+    def lossy_aggregators(self):
+        """The aggregators of the variables a lossy collective may run (after build)."""
+        return [g.aggregator for g in self._groups if g.lossy]
 
     def aggregators(self):
         """[(GradientAggregator, indices of the variables it aggregates)], in the order a step runs
         them (after build; the dense-layer group last): for profiling, e.g. twins with fresh state."""
-        return [(agg, list(idx)) for agg, idx, _ in self._groups]
+        return [(g.aggregator, list(g.indices)) for g in self._groups]
 
     # -- the step --------------------------------------------------------------------------
     @plain_python
@@ -303,14 +361,15 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
             grads = [self.timeline.stamp(("gradient", i), g) for i, g in enumerate(grads)]
         if not self.overlap:   # every group and bucket waits for the whole of backprop
             grads = after_all(grads)
-        if self.local_clip_norm:
+        dgc, masking = self.dgc, self.dgc.momentum_correction and self.dgc.momentum_masking
+        if dgc.local_clip_norm:
             present = [g for g in grads if g is not None]
             clipped, _ = tf.clip_by_global_norm(
-                present, self.local_clip_norm / math.sqrt(current_topology().size))
+                present, dgc.local_clip_norm / math.sqrt(current_topology().size))
             it = iter(clipped)
             grads = [None if g is None else next(it) for g in grads]
         send, velocities = list(grads), {}
-        if self.momentum_correction:
+        if dgc.momentum_correction:
             for i, g in enumerate(grads):
                 if g is not None:
                     velocities[i] = self.m * tf.convert_to_tensor(self.velocities[i]) + g
@@ -322,18 +381,18 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
                 for i, u in velocities.items():
                     self.velocities[i].assign(u)
                 reduced()
-                if self.momentum_correction and self.momentum_masking:
+                if masking:
                     for i, where in sent.items():
                         _zero_at(self.velocities[i], where)
             return update, commit
         update, commits, masked = list(send), [], []
-        for agg, idx, sparse in self._groups:
-            aggregated, sent, commit = agg.aggregate_deferred([send[i] for i in idx], step=self.iterations,
-                                                              sent="indices")
+        for group in self._groups:
+            aggregated, sent, commit = group.aggregator.aggregate_deferred(
+                [send[i] for i in group.indices], step=self.iterations, sent="indices")
             commits.append(commit)
-            for i, g, where in zip(idx, aggregated, sent):
+            for i, g, where in zip(group.indices, aggregated, sent):
                 update[i] = g
-                if sparse and where is not None and self.momentum_correction and self.momentum_masking:
+                if group.lossy and where is not None and masking:
                     masked.append((i, where))
 
         def commit():
@@ -353,31 +412,38 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
         if self.dense_layers is not default_dense_layers:
             raise NotImplementedError("a DistributedOptimizer with a custom dense_layers predicate "
                                       "cannot be serialised; save weights instead")
-        return {"name": self.name, "optimizer": keras.optimizers.serialize(self.inner_optimizer),
-                "algorithm": self.algorithm, "density": "adaptive" if self.adaptive else self.target_density,
-                "candidates": list(self.candidates) if self.adaptive else None,
-                "selector": self.selector, "momentum_correction": self.momentum_correction,
-                "momentum": self.m if self.momentum_correction else None, "nesterov": self.nesterov,
-                "local_clip_norm": self.local_clip_norm, "momentum_masking": self.momentum_masking,
-                "warmup": self.warmup, "schedule": {str(e): a for e, a in self.schedule.items()},
-                "qrgc": self.qrgc, "fusion_threshold_bytes": self.fusion_threshold_bytes,
-                "seed": self.seed, "algorithm_options": self.algorithm_options, "compression": self.compression,
-                "overlap": self.overlap, "shard_optimizer": self.shard_optimizer, "auto_margin": self.auto_margin,
-                "auto_compute_s": self.auto_compute_s,
-                "cost_params": None if self.cost_params is None else dataclasses.asdict(self.cost_params)}
+        sel, sched = self.selection, self.schedule_options
+        return {"name": self.name, "optimizer": keras.optimizers.serialize(self._given_optimizer()),
+                "algorithm": self.algorithm, "density": self._density_arg, "compression": self.compression,
+                "dgc": dataclasses.asdict(self.dgc),
+                "schedule": {"epochs": None if sched.epochs is None else {str(e): a for e, a in sched.epochs.items()},
+                             "dense_warmup_epochs": sched.dense_warmup_epochs},
+                "auto": self.auto.to_config(),
+                "selection": {"selector": sel.selector, "seed": sel.seed, "qrgc": sel.qrgc},
+                "fusion_threshold_bytes": self.fusion_threshold_bytes, "overlap": self.overlap,
+                "shard_optimizer": self.shard_optimizer, "algorithm_options": self.algorithm_options}
+
+    def _given_optimizer(self):
+        """The wrapped optimizer as given: the stepping copy with DGC's momentum put back."""
+        if self.inner_optimizer in _WRAPPED or not self.dgc.momentum_correction:
+            return self.inner_optimizer
+        config = {**self.inner_optimizer.get_config(), "momentum": self.m, "nesterov": self.nesterov}
+        return type(self.inner_optimizer).from_config(config)
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        config["optimizer"] = keras.optimizers.deserialize(config["optimizer"],
-                                                           custom_objects=custom_objects)
-        config["schedule"] = {int(e): a for e, a in config["schedule"].items()}
-        config.setdefault("auto_margin", 1.0)   # saved before auto_margin existed: "auto" was the plain argmin
-        if config.get("cost_params") is not None:
-            params = dict(config["cost_params"])
-            params["compute_curve"] = tuple(tuple(row) for row in params.get("compute_curve", ()))
-            config["cost_params"] = LinkParams(**params)
-        return cls(**config)
+        config = grouped(config)
+        optimizer = keras.optimizers.deserialize(config.pop("optimizer"), custom_objects=custom_objects)
+        schedule = config.pop("schedule", None) or {}
+        epochs = schedule.get("epochs")
+        config["schedule"] = Schedule(None if epochs is None else {int(e): a for e, a in epochs.items()},
+                                      schedule.get("dense_warmup_epochs", 0))
+        for key, make in (("dgc", DGC), ("selection", Selection)):
+            if config.get(key) is not None:
+                config[key] = make(**config[key])
+        if config.get("auto") is not None:
+            config["auto"] = Auto.from_config(config["auto"])
+        return cls(optimizer, **config)
 
 
 def distributed_optimizer(model_or_optimizer):

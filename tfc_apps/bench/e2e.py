@@ -150,7 +150,7 @@ def worker(args):
                 keras.backend.clear_session()
                 model = models.build(args.model, 1000, seed=0)
                 opt = DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9), algorithm=algorithm,
-                                           density=density, selector="mstopk", compression=compression,
+                                           density=density, compression=compression,
                                            overlap=overlap,
                                            **({} if threshold is None else {"fusion_threshold_bytes": threshold}))
                 model.compile(opt, loss, jit_compile=False)

@@ -69,9 +69,9 @@ def captured(fn):
 def sharded_steps(kind, variables, grads):
     """(the sharded DistributedOptimizer, {name: fn}): its step on this rank's slices of the averaged
     gradient (reduce-scattered once, outside the timing), and the weights' all-gather alone."""
-    from tf_commlib.keras import DistributedOptimizer
+    from tf_commlib.keras import DGC, DistributedOptimizer
 
-    opt = DistributedOptimizer(make_optimizer(kind, False), algorithm="dense", momentum_correction=False,
+    opt = DistributedOptimizer(make_optimizer(kind, False), algorithm="dense", dgc=DGC(momentum_correction=False),
                                shard_optimizer=True)
     opt.build(variables)
     pieces = opt._sharded.reduce_scatter(grads)[0]

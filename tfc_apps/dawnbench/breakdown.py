@@ -59,9 +59,9 @@ def _measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, t
     def aggregator():   # as the optimizer's: its options, compression and, for "auto", its choice
         agg = GradientAggregator(algorithm, density if algorithm == "auto" or ALGORITHMS[algorithm].sparse else 1.0,
                                  selector, topology=topo, algorithm_options=dist.algorithm_options,
-                                 compression=dist.compression, cost_params=dist.cost_params,
-                                 auto_margin=dist.auto_margin,
-                                 auto_compute_s=dist.auto_compute_s if dist.overlap else None)
+                                 compression=dist.compression, cost_params=dist.auto.cost_params,
+                                 auto_margin=dist.auto.margin,
+                                 auto_compute_s=dist.auto.compute_s if dist.overlap else None)
         agg.build([(g.shape, g.dtype) for g in grads])
         return agg, tf.function(lambda gs: agg.aggregate(gs, sent="indices"))
 
@@ -95,7 +95,7 @@ def update_copy(optimizer, variables, grads):
     inner = dist.inner_optimizer if dist else optimizer
     clone = type(inner).from_config(dict(inner.get_config(), learning_rate=0.01))
     copies = [keras.Variable(v.numpy(), name=v.name) for v in variables]   # names: for exclusions
-    velocities = [tf.Variable(tf.zeros_like(g)) for g in grads] if dist and dist.momentum_correction else []
+    velocities = [tf.Variable(tf.zeros_like(g)) for g in grads] if dist and dist.dgc.momentum_correction else []
     clone.build(copies)
 
     @tf.function

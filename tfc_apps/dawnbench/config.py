@@ -84,7 +84,7 @@ def parser():
            "is kept in slices). The step breakdown still times the unsharded update")
     a("--dgc-warmup", type=int, default=0, help="DGC density warm-up epochs")
     a("--no-momentum-masking", action="store_true",
-      help="keep DGC's momentum where a sparse collective sent v (DistributedOptimizer(momentum_masking=False)): "
+      help="keep DGC's momentum where a sparse collective sent v (DistributedOptimizer(dgc=DGC(momentum_masking=False))): "
            "the sent values then add up to exactly what momentum SGD applies, only later")
     a("--optimizer", choices=("lars", "lamb", "sgd"), default="lars")
     a("--lr", type=float, default=None, help="peak learning rate (default per optimizer)")

@@ -17,7 +17,8 @@ from tfc_apps.dawnbench import breakdown, config, models
 from tfc_apps.dawnbench.data import Data
 from tfc_apps.dawnbench.report import EpochReport, Log, Reporter
 from tfc_apps.dawnbench.schedule import PEAK_PER_256, StagedLinear
-from tf_commlib.keras import BackupAndRestore, DistributedOptimizer, default_callbacks, distributed_optimizer
+from tf_commlib.keras import (DGC, Auto, BackupAndRestore, DistributedOptimizer, Selection, default_callbacks,
+                              distributed_optimizer)
 from tf_commlib.keras.callbacks import MetricAverage
 
 
@@ -44,15 +45,15 @@ def make_optimizer(args, data, topo, cost_params=None, compute_s=None):
     else:
         inner = keras.optimizers.SGD(lr, momentum=args.momentum, weight_decay=args.weight_decay)
         inner.exclude_from_weight_decay(var_names=EXCLUDED)
-    return DistributedOptimizer(inner, algorithm=args.schedule_map[0], density=args.density,
-                                selector=args.selector, schedule=args.schedule_map,
-                                momentum=None if args.optimizer != "lamb" else args.momentum,
-                                # sharded: the wrapped optimizer's momentum, kept in slices (DGC's
-                                # correction keeps a full-size velocity per rank)
-                                momentum_correction=args.optimizer != "lamb" and not args.shard_optimizer,
-                                momentum_masking=not args.no_momentum_masking, warmup=args.dgc_warmup,
-                                seed=args.seed, compression=args.compression,
-                                overlap=not args.no_overlap, cost_params=cost_params, auto_compute_s=compute_s,
+    dgc = DGC(momentum=None if args.optimizer != "lamb" else args.momentum,
+              # sharded: the wrapped optimizer's momentum, kept in slices (DGC's correction keeps a
+              # full-size velocity per rank)
+              momentum_correction=args.optimizer != "lamb" and not args.shard_optimizer,
+              momentum_masking=not args.no_momentum_masking, warmup=args.dgc_warmup)
+    return DistributedOptimizer(inner, algorithm=args.schedule_map[0], density=args.density, dgc=dgc,
+                                selection=Selection(selector=args.selector, seed=args.seed),
+                                schedule=args.schedule_map, compression=args.compression,
+                                overlap=not args.no_overlap, auto=Auto(cost_params=cost_params, compute_s=compute_s),
                                 shard_optimizer=args.shard_optimizer,
                                 **({} if args.fusion_threshold_bytes is None
                                    else {"fusion_threshold_bytes": args.fusion_threshold_bytes}))
