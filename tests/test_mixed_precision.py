@@ -61,6 +61,8 @@ def test_bad_loss_scale_arguments_are_refused():
     opt = tk.DistributedOptimizer(keras.optimizers.SGD(0.1))
     with pytest.raises(ValueError, match="loss_scale_factor"):
         opt.loss_scale_factor = 128.0
+    keras.optimizers.LossScaleOptimizer(opt)   # Keras' per-rank wrapper: seen, its apply() is refused
+    assert opt._wrapped_by_loss_scale and not tk.DistributedOptimizer(keras.optimizers.SGD(0.1))._wrapped_by_loss_scale
 
 
 def test_one_rank_overflowing_skips_the_step_on_every_rank(tmp_path):

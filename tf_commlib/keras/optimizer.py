@@ -287,17 +287,16 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     # one sign that a LossScaleOptimizer wraps this one (apply() refuses one whose check is per rank)
     _wrapped_by_loss_scale = _finite_checked_globally = False
 
-    @property
-    def loss_scale_factor(self):
-        return None
-
-    @loss_scale_factor.setter
-    def loss_scale_factor(self, value):
-        if value is not None:
-            raise ValueError(f"loss_scale_factor is not supported by DistributedOptimizer (got {value!r}); "
-                             "wrap it in tf_commlib.keras.LossScaleOptimizer")
-        if getattr(self, "inner_optimizer", None) is not None:   # a wrapper's (Optimizer.__init__ sets it before)
-            self._wrapped_by_loss_scale = True
+    def __setattr__(self, name, value):
+        # a setattr hook, not a property: Keras' tracking skips a setter whose getter already
+        # returns the value (None), which is what keras.optimizers.LossScaleOptimizer assigns
+        if name == "loss_scale_factor":
+            if value is not None:
+                raise ValueError(f"loss_scale_factor is not supported by DistributedOptimizer (got {value!r}); "
+                                 "wrap it in tf_commlib.keras.LossScaleOptimizer")
+            if hasattr(self, "inner_optimizer"):   # a wrapper's (Optimizer.__init__ sets it before)
+                super().__setattr__("_wrapped_by_loss_scale", True)
+        super().__setattr__(name, value)
 
     # -- groups and bytes -------------------------------------------------------------------
     def sent_bytes_at(self, epoch):

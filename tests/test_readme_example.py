@@ -1,0 +1,44 @@
+"""The README's example is code a user copies: it runs as written (one process, digits data) and
+trains, with the settings it shows."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+SETUP = """
+import keras
+from tfc_apps import digits
+
+(x, y), (x_test, y_test) = digits.load(0, 1, 0)
+model = digits.small_cnn(0)
+loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+"""
+
+CHECK = """
+from tf_commlib.keras import DistributedOptimizer as _DO
+assert isinstance(opt, _DO) and opt.inner_optimizer.momentum == 0.0 and opt.m == 0.9
+assert opt.algorithm_at(0) == "hitopk" and opt.algorithm_at(13) == "2dtar"
+assert opt.density_at(0) == 0.25 and opt.density_at(2) == 0.01 and not opt.dgc.momentum_masking
+model.compile(opt, loss, metrics=["accuracy"], jit_compile=False)
+model.fit(x, y, epochs=3, batch_size=32, verbose=0, callbacks=default_callbacks())
+accuracy = model.evaluate(x_test, y_test, verbose=0)[1]
+print("accuracy", accuracy)
+assert accuracy > 0.8, accuracy
+"""
+
+
+def example_code():
+    match = re.search(r"## Example\n\n```python\n(.*?)```", README.read_text(), re.S)
+    assert match, "README.md has no ## Example python block"
+    return match.group(1)
+
+
+def test_the_readme_example_runs_and_trains():
+    code = example_code()
+    assert "DistributedOptimizer(" in code and "model.fit(" in code
+    proc = subprocess.run([sys.executable, "-c", SETUP + code + CHECK], capture_output=True, text=True,
+                          timeout=600, cwd=README.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "accuracy" in proc.stdout
