@@ -1,9 +1,10 @@
 """Group primitives on a Horovod process set: every collective in tf_commlib is written with these.
 
 Each works eagerly and inside tf.function. A one-rank set needs no communication and returns the
-input (reduce-scatter and all-gather of one rank are the identity). Without NCCL, reduce-scatter
-and all-gather on a set whose ranks share a machine go through shared memory (tf_commlib.shm), the
-intra-node link; everything else goes through Horovod. Inside tf_commlib.link_bytes.counting(),
+input (reduce-scatter and all-gather of one rank are the identity). Reduce-scatter and all-gather of
+a host tensor on a set whose ranks share a machine go through shared memory (tf_commlib.shm), the
+intra-node link; a tensor on a GPU goes through Horovod's process set (NCCL where Horovod has it), and
+so does everything else (intra_link; TF_COMMLIB_INTRA_LINK=shm|horovod overrides). Inside tf_commlib.link_bytes.counting(),
 each counts the bytes this rank sends on each link (see link_bytes for the convention).
 """
 import os
@@ -37,8 +38,34 @@ def allreduce(x, process_set, average=False, name=None):
                          name=name)
 
 
-def _shared_memory(process_set):
-    return not hvd.nccl_built() and shm.available(process_set)
+INTRA_LINK_VAR = "TF_COMMLIB_INTRA_LINK"
+
+
+def on_gpu(x):
+    """True for a tensor on a GPU: by its device where it is placed, else (a graph tensor not yet
+    placed) whether TensorFlow has a GPU and Horovod can reduce on it (NCCL)."""
+    device = getattr(x, "device", "") or ""
+    if "GPU" in device.upper():
+        return True
+    if device:
+        return False
+    return bool(tf.config.list_logical_devices("GPU")) and hvd.nccl_built()
+
+
+def intra_link(x, process_set):
+    """"shm" or "horovod": the path of a reduce-scatter or all-gather of x inside a node. auto: the
+    shared-memory link for a host tensor whose set shares a machine, Horovod (NCCL) for a GPU
+    tensor; TF_COMMLIB_INTRA_LINK=shm|horovod overrides (shm only where the set shares memory)."""
+    mode = os.environ.get(INTRA_LINK_VAR, "auto")
+    if mode not in ("auto", "shm", "horovod"):
+        raise ValueError(f"{INTRA_LINK_VAR} must be auto, shm or horovod, got {mode!r}")
+    if mode == "horovod" or (mode == "auto" and on_gpu(x)):
+        return "horovod"
+    return "shm" if shm.available(process_set) else "horovod"
+
+
+def _shared_memory(x, process_set):
+    return intra_link(x, process_set) == "shm"
 
 
 def allgather(x, process_set, name=None):
@@ -46,7 +73,7 @@ def allgather(x, process_set, name=None):
     if _alone(process_set):
         return tf.identity(x)
     link_bytes.record("allgather", x, process_set)
-    if _shared_memory(process_set):
+    if _shared_memory(x, process_set):
         return shm.allgather(x, process_set)
     x, back = _as_bits(x)
     x, name = _unfoldable(x, "Allgather", name)
@@ -54,8 +81,8 @@ def allgather(x, process_set, name=None):
 
 
 def _reducescatter_mode(x=None, process_set=None):
-    """How reduce-scatter runs: with NCCL, Horovod's; else float32 on one machine through shared
-    memory; else each rank sends every other rank its slice with one alltoall and adds what it
+    """How reduce-scatter runs: a GPU tensor with NCCL, Horovod's; else float32 on one machine through
+    shared memory (intra_link); else each rank sends every other rank its slice with one alltoall and adds what it
     receives to its own slice (the minimal (p-1)/p volume of eq. (7)), because Horovod 0.28's Gloo
     reduce-scatter is ~3x slower than its allreduce on CPU (230 vs 85 ms for 25M floats on 2 ranks).
     TF_COMMLIB_REDUCESCATTER=native|allreduce|alltoall|shm overrides."""
@@ -63,10 +90,10 @@ def _reducescatter_mode(x=None, process_set=None):
     if mode not in ("auto", "native", "allreduce", "alltoall", "shm"):
         raise ValueError(f"TF_COMMLIB_REDUCESCATTER must be native, allreduce, alltoall or shm, got {mode!r}")
     if mode == "auto":
-        if hvd.nccl_built():
+        if x is not None and on_gpu(x) and hvd.nccl_built():
             return "native"
-        vector = x.dtype == tf.float32 and x.shape.rank == 1
-        return "shm" if vector and _shared_memory(process_set) else "alltoall"
+        vector = x is not None and x.dtype == tf.float32 and x.shape.rank == 1
+        return "shm" if vector and _shared_memory(x, process_set) else "alltoall"
     return mode
 
 

@@ -76,10 +76,48 @@ def _fixed_set_class(hvd):
     return FixedProcessSet
 
 
-def init(topology=None):
-    """Initialises Horovod with the process sets of the layout and returns the Topology."""
+def gpu_for_rank(local_rank, local_size, gpu_count):
+    """The index of the GPU a rank uses (one GPU per rank, by its rank on its machine), or None on a
+    machine without GPUs; ValueError when the machine has fewer GPUs than ranks."""
+    if gpu_count == 0:
+        return None
+    if local_size > gpu_count:
+        raise ValueError(f"pin_gpu: {local_size} ranks on this machine but {gpu_count} GPUs visible; start at most "
+                         "one rank per GPU, or pass pin_gpu=False and place each rank yourself")
+    return local_rank
+
+
+def pin_gpu(local_rank, local_size):
+    """Makes GPU ``gpu_for_rank`` the only one TensorFlow uses in this process, with memory growth (as
+    Horovod's examples do); nothing on a machine without GPUs. Must run before TensorFlow has
+    initialised its GPUs (before the first op): RuntimeError otherwise."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    index = gpu_for_rank(local_rank, local_size, len(gpus))
+    if index is None:
+        return None
+    try:
+        tf.config.set_visible_devices(gpus[index], "GPU")
+        tf.config.experimental.set_memory_growth(gpus[index], True)
+    except RuntimeError as e:
+        raise RuntimeError("pin_gpu: TensorFlow initialised its GPUs before tf_commlib.init(); call init() "
+                           f"before building models or running ops, or pass pin_gpu=False ({e})") from e
+    return gpus[index]
+
+
+_pin_gpu = pin_gpu
+
+
+def init(topology=None, pin_gpu=True):
+    """Initialises Horovod with the process sets of the layout and returns the Topology. pin_gpu: each
+    rank uses one GPU, its local rank on its machine, with memory growth (none on a machine without
+    GPUs; False leaves the placement to you)."""
     global _current
     import horovod.tensorflow as hvd
+
+    if not isinstance(pin_gpu, bool):
+        raise ValueError(f"pin_gpu must be True or False, got {pin_gpu!r}")
 
     size = _env_int(["HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE"], 0)
     step = None if size else slurm_env.step_layout()   # (size, tasks per node) of an srun step
@@ -106,6 +144,8 @@ def init(topology=None):
                 "srun --mpi=pmix)") if step else ""
         raise RuntimeError(f"Horovod reports {hvd.size()} ranks, expected {size}{hint}")
     rank = hvd.rank()
+    if pin_gpu:
+        _pin_gpu(hvd.local_rank(), hvd.local_size())
     if not spec and (hvd.local_rank() != rank % n or hvd.cross_rank() != rank // n):
         raise RuntimeError("tf_commlib needs node-major rank numbering (rank = node * n + local); "
                            f"rank {rank} has local rank {hvd.local_rank()}, cross rank {hvd.cross_rank()}")

@@ -85,9 +85,14 @@ class MetricAverage(keras.callbacks.Callback):
 class CompressionScheduler(keras.callbacks.Callback):
     """Drives DistributedOptimizer's density warm-up and collective schedule from model.fit, and
     makes the finite check of the LossScaleOptimizer that compile adds under mixed_float16 global
-    (global_loss_scale)."""
+    (global_loss_scale). It refuses a model compiled with XLA (jit_compile=True, also what Keras'
+    default "auto" means on a GPU) before the first step, on every rank."""
 
     def on_train_begin(self, logs=None):
+        if getattr(self.model, "jit_compile", False) is True:
+            raise ValueError("model.compile(jit_compile=True): DistributedOptimizer's collectives (Horovod's and "
+                             "tf_commlib's ops) have no XLA kernels; compile with jit_compile=False (on a GPU, "
+                             "Keras' default jit_compile='auto' turns XLA on)")
         global_loss_scale(self.model)
 
     def on_epoch_begin(self, epoch, logs=None):
