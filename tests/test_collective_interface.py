@@ -83,8 +83,8 @@ def test_registry_rejects_bad_collectives():
         register(dense.COLLECTIVE)
     with pytest.raises(ValueError, match="already registered"):
         register(Collective("auto", dense.dense, dense.time, dense.sent_bytes))
-    with pytest.raises(TypeError, match="residual_size"):
-        Collective("half", dense.dense, dense.time, dense.sent_bytes, sparse=True)
+    with pytest.raises(TypeError, match="state_size"):
+        Collective("half", dense.dense, dense.time, dense.sent_bytes, lossy=True)
     with pytest.raises(TypeError):
         register(dense)
 

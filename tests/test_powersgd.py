@@ -222,11 +222,11 @@ def test_powersgd_formulas_by_hand():
     # without shapes a bucket is one vector: summed exactly, no Q
     assert ALGORITHMS["powersgd"].sent_bytes(1_000_000, 2, 2, 0.01) == two_d.sent_bytes(1_000_000, 2, 2, 1)
     resolved = ALGORITHMS["powersgd"].formula_options
-    assert powersgd.residual_size(1_000_000, None) == 1_000_000
-    assert powersgd.residual_size(1_001_000, None, resolved(None, shapes, 1_001_000)) == 1_001_000 + 4 * 1000
-    assert powersgd.residual_size(100, None, resolved(None, [(10, 10)], 100)) == 100   # too small: no Q
+    assert powersgd.state_size(1_000_000, None) == 1_000_000
+    assert powersgd.state_size(1_001_000, None, resolved(None, shapes, 1_001_000)) == 1_001_000 + 4 * 1000
+    assert powersgd.state_size(100, None, resolved(None, [(10, 10)], 100)) == 100   # too small: no Q
     # rank 600 would send more than the matrix: dense
-    assert powersgd.residual_size(1_000_000, None, resolved({"rank": 600, "min_compression_size": 1},
+    assert powersgd.state_size(1_000_000, None, resolved({"rank": 600, "min_compression_size": 1},
                                                             [(1000, 1000)], 1_000_000)) == 1_000_000
     with pytest.raises(ValueError, match="^shapes must be"):
         ALGORITHMS["powersgd"].sent_bytes(1000, 2, 2, 0.01, shapes=[(10, 10)])

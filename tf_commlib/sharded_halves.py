@@ -109,7 +109,7 @@ class ShardedHalves:
             d = sum(bucket.sizes)
             name = self._resolve(algorithm or self.candidates[0], d, bucket.shapes)
             coll, options = ALGORITHMS[name], self.algorithm_options.get(name) or {}
-            if not coll.sparse and coll.sharding is not None:
+            if not coll.lossy and coll.sharding is not None:
                 per_bucket.append(W.node_reduce_bytes(d, coll.resolve_options(options).get("compression", "none"),
                                                       self.topo.m, self.topo.n))
             else:

@@ -38,7 +38,7 @@ def real_size(d, n, local):
     return max(0, min(s, d - local * s))
 
 
-def residual_size(d, topo, options=None):
+def state_size(d, topo, options=None):
     return shard_size(d, topo.n)
 
 
@@ -175,6 +175,6 @@ def check_options(options):
 
 REFERENCE = "shard_topk"   # the top-k of each shard (tests/test_collectives.py's references)
 
-COLLECTIVE = Collective("hitopk", hitopk, time, sent_bytes, sparse=True, residual_size=residual_size,
+COLLECTIVE = Collective("hitopk", hitopk, time, sent_bytes, lossy=True, state_size=state_size,
                         residual_to_input=residual_to_input, options={"step4": "auto", "value_codec": "none"},
                         check_options=check_options)

@@ -10,7 +10,7 @@ from tf_commlib.collectives.interface import Collective
 from tf_commlib.ops import scatter_add
 
 
-def residual_size(d, topo, options=None):
+def state_size(d, topo, options=None):
     return d
 
 
@@ -57,6 +57,6 @@ def check_options(options):
     V.check(options["value_codec"], "naive_ag")
 
 
-COLLECTIVE = Collective("naive_ag", naive_ag, time, sent_bytes, sparse=True,
-                        residual_size=residual_size, residual_to_input=residual_to_input,
+COLLECTIVE = Collective("naive_ag", naive_ag, time, sent_bytes, lossy=True,
+                        state_size=state_size, residual_to_input=residual_to_input,
                         options={"value_codec": "none"}, check_options=check_options)

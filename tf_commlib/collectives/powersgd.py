@@ -72,7 +72,7 @@ def _options(options):
     return COLLECTIVE.resolve_options(None) if options is None else options
 
 
-def residual_size(d, topo, options=None):
+def state_size(d, topo, options=None):
     options = _options(options)
     return d + _sizes(layout(d, options), options["rank"])[2]
 
@@ -125,7 +125,7 @@ def powersgd(x, topo, density, select, residual=None, ctx=None):
     d = x.shape[0]
     options = {**ctx.options, "shapes": ctx.shapes}
     tensors = layout(d, options)
-    state = tf.zeros([residual_size(d, topo, options)], x.dtype) if residual is None else residual
+    state = tf.zeros([state_size(d, topo, options)], x.dtype) if residual is None else residual
     m = x + state[:d]
     packed = [t for t in tensors if t.compressed]
     if not packed:
@@ -206,5 +206,5 @@ def check_options(options):
 
 REFERENCE = None   # a low-rank approximation, not a top-k: tests/test_powersgd.py checks it
 
-COLLECTIVE = Collective("powersgd", powersgd, time, sent_bytes, sparse=True, residual_size=residual_size,
+COLLECTIVE = Collective("powersgd", powersgd, time, sent_bytes, lossy=True, state_size=state_size,
                         residual_to_input=residual_to_input, options=OPTIONS, check_options=check_options)

@@ -175,8 +175,8 @@ def collective(name, reduce_streams, algorithm, payload=None, extra_time=None, o
     def time(d, m, n, density, params, options):
         return {**base_time(d, m, n, density, params, options),
                 **(extra_time(d, m, n, density, params, options) if extra_time else {})}
-    coll = Collective(name, sparse_collective(reduce_streams, lambda: coll), time, sent_bytes, sparse=True,
-                      residual_size=naive_ag.residual_size, residual_to_input=naive_ag.residual_to_input,
+    coll = Collective(name, sparse_collective(reduce_streams, lambda: coll), time, sent_bytes, lossy=True,
+                      state_size=naive_ag.state_size, residual_to_input=naive_ag.residual_to_input,
                       actual_bytes=actual_bytes, options=options or {"value_codec": "none"},
                       check_options=check_options or (lambda options: check_codec(options, name)))
     return coll

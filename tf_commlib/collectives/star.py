@@ -6,6 +6,6 @@ from tf_commlib.collectives.interface import Collective
 
 REFERENCE = None   # the root's indices, not each rank's own top-k: tests/test_artopk.py checks it
 
-COLLECTIVE = Collective("star", A.flat(A.STAR), A.flat_time(A.STAR), A.flat_bytes(A.STAR), sparse=True,
-                        residual_size=naive_ag.residual_size,
+COLLECTIVE = Collective("star", A.flat(A.STAR), A.flat_time(A.STAR), A.flat_bytes(A.STAR), lossy=True,
+                        state_size=naive_ag.state_size,
                         residual_to_input=naive_ag.residual_to_input)

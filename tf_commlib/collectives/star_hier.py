@@ -7,5 +7,5 @@ from tf_commlib.collectives.interface import Collective
 REFERENCE = None   # the root's indices, not each rank's own top-k: tests/test_artopk.py checks it
 
 COLLECTIVE = Collective("star_hier", A.hierarchical(A.STAR), A.hier_time(A.STAR), A.hier_bytes(A.STAR),
-                        sparse=True, residual_size=hitopk.residual_size,
+                        lossy=True, state_size=hitopk.state_size,
                         residual_to_input=hitopk.residual_to_input)

@@ -20,13 +20,13 @@ its allreduce when a bucket's length is a multiple of P, else its padding of < P
 for layer-wise optimizers, one allreduce of (L + 1) * k float32 per step (L variables, k = 2
 quantities for LARS and LAMB; the +1 is the padding's dummy layer).
 
-Sharded over a node. Any other schedule (a sparse collective such as hitopk, auto, or a switch of
+Sharded over a node. Any other schedule (a lossy collective such as hitopk, auto, or a switch of
 algorithm, e.g. DAWNBench's hitopk early and 2dtar late) ends with the same aggregated gradient on
 every rank of a node, so the update is sharded over the n ranks of a node instead: local rank l
 owns the node slice [l*s, (l+1)*s) of each bucket padded to n*s (s = ceil(d/n); the ranks with the
 same local index on other nodes compute the same bits), its state is 1/n of the unsharded one, and
 the weights are all-gathered over the intra-node link only (16-bit deltas under a group's fp16 /
-bf16 compression, as above). A sparse collective runs whole and the rank keeps its node slice
+bf16 compression, as above). A lossy collective runs whole and the rank keeps its node slice
 (GradientAggregator.aggregate_deferred(node_slices=True)); dense and 2dtar stop before their
 intra-node all-gather (wire.node_reduce: intra reduce-scatter, inter allreduce of the shard), so
 they send 2dtar's bytes. The slices do not change with the algorithm: at a schedule switch
@@ -119,7 +119,7 @@ _REFUSED = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_acc
 
 def world_sharded(schedule):
     """True where the update is sharded over all P ranks (one dense / 2dtar algorithm for the whole
-    run), False where it is sharded over the ranks of a node (sparse collectives, auto, switches)."""
+    run), False where it is sharded over the ranks of a node (lossy collectives, auto, switches)."""
     names = set(schedule.values())
     return len(names) == 1 and "auto" not in names and ALGORITHMS[next(iter(names))].sharding is not None
 

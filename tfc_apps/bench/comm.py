@@ -41,7 +41,7 @@ def collective_fn(name, x, topo, density, graph=False):
     """One call of the collective, blocking until all its outputs (for sparse ones: aggregate,
     residual and sent indices) are ready; with graph=True inside tf.function, as in training."""
     algo = ALGORITHMS[name]
-    if algo.sparse:
+    if algo.lossy:
         fn = lambda v: algo.fn(v, topo, density, select, None)  # noqa: E731
     else:
         fn = lambda v: algo.fn(v, topo)  # noqa: E731
