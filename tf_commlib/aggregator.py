@@ -6,7 +6,7 @@ from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import (ALGORITHMS, AUTO_MARGIN, check_margin, check_seconds, choose, keep_exact,
                                     resolve_algorithm_options,
                                    with_compression)
-from tf_commlib.collectives import wire as W
+from tf_commlib.collectives import wire
 from tf_commlib.collectives.interface import plain_python
 from tf_commlib.sharded_halves import ShardedHalves
 from tf_commlib.topology import topology as current_topology
@@ -278,7 +278,7 @@ class GradientAggregator(ShardedHalves):
         gain = None if self.gain is None else tf.zeros([2], tf.float64)
         if not coll.lossy:
             if node_slice and coll.sharding is not None:   # already the node slice
-                agg, node_slice = W.node_reduce(flat, self.topo, ctx.options.get("compression", "none")), False
+                agg, node_slice = wire.node_reduce(flat, self.topo, ctx.options.get("compression", "none")), False
             else:
                 agg = coll.fn(flat, self.topo, ctx=ctx)
             indices = tf.zeros([0], tf.int64)
@@ -293,7 +293,7 @@ class GradientAggregator(ShardedHalves):
             new[name] = new_residual
             indices = tf.cast(sent, tf.int64)
         if node_slice:   # every rank holds the whole sum: keep the node slice
-            agg = W.node_slice(agg, self.topo, d)
+            agg = wire.node_slice(agg, self.topo, d)
         return agg, indices, [new[n] for (j, n) in sorted(self.residuals) if j == i], gain
 
     # -- the call ----------------------------------------------------------------------------

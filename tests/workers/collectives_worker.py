@@ -9,7 +9,7 @@ from tests.workers import _folding, _sparcml
 from tests.workers._report import report
 from tests.workers._sparcml import D, counted
 from tf_commlib import link_bytes
-from tf_commlib import primitives as P
+from tf_commlib import primitives
 from tf_commlib.collectives import ALGORITHMS
 
 topo = tf_commlib.init()
@@ -74,9 +74,9 @@ _sparcml.extras(topo, out)
 
 # primitives no collective runs on the world set yet: ring reduce-scatter, alltoall, broadcast
 rows = tf.reshape(tf.range(6 * topo.size, dtype=tf.float32), [3 * topo.size, 2])
-out["bytes"]["world_reducescatter"] = [counted(lambda: P.reducescatter(rows, topo.world))[1]]
-out["bytes"]["world_alltoall"] = [counted(lambda: P.alltoall(rows, [3] * topo.size, topo.world))[1]]
-out["bytes"]["world_broadcast"] = [counted(lambda: P.broadcast(rows, topo.size - 1, topo.world))[1]]
+out["bytes"]["world_reducescatter"] = [counted(lambda: primitives.reducescatter(rows, topo.world))[1]]
+out["bytes"]["world_alltoall"] = [counted(lambda: primitives.alltoall(rows, [3] * topo.size, topo.world))[1]]
+out["bytes"]["world_broadcast"] = [counted(lambda: primitives.broadcast(rows, topo.size - 1, topo.world))[1]]
 
 # last (it turns op determinism on for the rest of the process): constant folding on some ranks
 out["folding"] = _folding.run(topo)

@@ -28,8 +28,8 @@ import math
 
 import tensorflow as tf
 
-from tf_commlib import alphabeta as C
-from tf_commlib import link_bytes as L
+from tf_commlib import alphabeta
+from tf_commlib import link_bytes
 from tf_commlib.collectives import dense, two_d_tar
 from tf_commlib.collectives.interface import Collective, check_shapes
 
@@ -166,7 +166,7 @@ def product_cost(entries, rank, params):
     """A product of a matrix (`entries` entries) with a rank-column factor, or the matrix such a
     product makes: rank multiply-adds per entry, counted as rank passes of one element write each
     (small ranks are memory-bound; not calibrated)."""
-    return rank * C.copy_cost(entries, params)
+    return rank * alphabeta.copy_cost(entries, params)
 
 
 def time(d, m, n, density, params, options):
@@ -177,14 +177,14 @@ def time(d, m, n, density, params, options):
     rank = options["rank"]
     plain, p_size, q_size, entries = _sizes(layout(d, options), rank)
     if not entries:
-        return {"allreduce": _sum_time(d, m, n, params), "residual": C.copy_cost(d, params)}
+        return {"allreduce": _sum_time(d, m, n, params), "residual": alphabeta.copy_cost(d, params)}
     return {
         "allreduce_dense": _sum_time(plain, m, n, params),
         "allreduce_p": _sum_time(p_size, m, n, params),
         "allreduce_q": _sum_time(q_size, m, n, params),
         "products": 4 * product_cost(entries, rank, params),
-        "orthogonalise": rank * C.copy_cost(p_size, params),
-        "residual": 3 * C.copy_cost(d, params),
+        "orthogonalise": rank * alphabeta.copy_cost(p_size, params),
+        "residual": 3 * alphabeta.copy_cost(d, params),
     }
 
 
@@ -194,7 +194,7 @@ def sent_bytes(d, m, n, density, options):
     plain, p_size, q_size, entries = _sizes(layout(d, options), options["rank"])
     if not entries:
         return coll.sent_bytes(d, m, n, 1.0)
-    return L.add(*[coll.sent_bytes(k, m, n, 1.0) for k in (plain, p_size, q_size) if k])
+    return link_bytes.add(*[coll.sent_bytes(k, m, n, 1.0) for k in (plain, p_size, q_size) if k])
 
 
 def check_options(options):

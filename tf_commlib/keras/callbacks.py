@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_commlib import primitives as P
+from tf_commlib import primitives
 from tf_commlib.keras.loss_scale import global_loss_scale
 from tf_commlib.keras.optimizer import distributed_optimizer
 from tf_commlib.topology import topology as current_topology
@@ -30,13 +30,13 @@ def _each_dtype(variables, collective):
 def broadcast_variables(variables, root_rank=0):
     """Sets every variable to its value on root_rank."""
     world = current_topology().world
-    _each_dtype(variables, lambda flat: P.broadcast(flat, root_rank, world))
+    _each_dtype(variables, lambda flat: primitives.broadcast(flat, root_rank, world))
 
 
 def average_variables(variables):
     """Sets every variable to its mean over the ranks (e.g. batch-norm statistics)."""
     world = current_topology().world
-    _each_dtype(variables, lambda flat: P.allreduce(flat, world, average=True))
+    _each_dtype(variables, lambda flat: primitives.allreduce(flat, world, average=True))
 
 
 class BroadcastGlobalVariables(keras.callbacks.Callback):
@@ -77,7 +77,7 @@ class MetricAverage(keras.callbacks.Callback):
             return
         world = current_topology().world
         keys = sorted(k for k, v in logs.items() if isinstance(v, (int, float, np.floating)))
-        values = P.allreduce(tf.constant([float(logs[k]) for k in keys], tf.float64), world,
+        values = primitives.allreduce(tf.constant([float(logs[k]) for k in keys], tf.float64), world,
                              average=True).numpy()
         logs.update(dict(zip(keys, values.tolist())))
 
@@ -141,7 +141,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         # a collective before the backup goes: a rank whose last save failed (a full disk) never
         # reaches it, the others then fail here too and keep their backups, so the job can resume
         if self.delete_checkpoint:
-            P.allreduce(tf.ones([1]), current_topology().world)
+            primitives.allreduce(tf.ones([1]), current_topology().world)
         super().on_train_end(logs)
 
     # -- restore ---------------------------------------------------------------------------
@@ -221,7 +221,7 @@ def _common_epoch(rank_dir, mine, previous):
     epoch ahead reaches with its previous backup. RuntimeError on every rank otherwise."""
     topo = current_topology()
     ask = [-1 if mine is None else mine, -1 if previous is None else previous]
-    table = P.allgather(tf.constant([ask], tf.int64), topo.world).numpy().tolist()
+    table = primitives.allgather(tf.constant([ask], tf.int64), topo.world).numpy().tolist()
     latest = [max(e, 0) for e, _ in table]
     common = min(latest)
     stuck = [r for r, (e, p) in enumerate(table) if max(e, 0) > common and p != common]

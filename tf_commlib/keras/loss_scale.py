@@ -3,7 +3,7 @@ whose aggregation it does not hold back (docs/mixed_precision.md)."""
 import keras
 import tensorflow as tf
 
-from tf_commlib import primitives as P
+from tf_commlib import primitives
 from tf_commlib.collectives.interface import plain_python
 from tf_commlib.keras.optimizer import DistributedOptimizer, distributed_optimizer
 from tf_commlib.topology import topology as current_topology
@@ -27,7 +27,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return self._globally(super().check_finite(grads))
 
     def _globally(self, finite):
-        overflowed = P.allreduce(tf.reshape(tf.cast(tf.logical_not(finite), tf.float32), [1]),
+        overflowed = primitives.allreduce(tf.reshape(tf.cast(tf.logical_not(finite), tf.float32), [1]),
                                  current_topology().world)
         return tf.equal(overflowed[0], 0.0)
 

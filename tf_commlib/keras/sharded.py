@@ -65,9 +65,9 @@ import numpy as np
 import tensorflow as tf
 
 from tf_commlib import link_bytes
-from tf_commlib import primitives as P
+from tf_commlib import primitives
 from tf_commlib.collectives import ALGORITHMS
-from tf_commlib.collectives import codec as K
+from tf_commlib.collectives import codec
 from tf_commlib.topology import topology as current_topology
 
 
@@ -175,7 +175,7 @@ class SliceView:
         # slice touches its own number of variables, so its trace has its own number of ops)
         total = tf.reshape(tf.stack(partial, 1), [-1])
         if self._set.size() > 1:
-            total = P.allreduce(total, self._set, name="sharded_layer_norms")
+            total = primitives.allreduce(total, self._set, name="sharded_layer_norms")
         norms = tf.sqrt(tf.reshape(total, [self._num + 1, len(xs)]))
         return [norms[:, j] for j in range(len(xs))]
 
@@ -261,9 +261,9 @@ class ShardedUpdate:
         out = [self.norm_bytes()]
         for agg, _, sparse in self.groups:
             out.append(agg.node_sliced_bytes(algorithm if sparse else None, density if sparse else None))
-            codec = self._codec(agg)
+            delta_codec = self._codec(agg)
             for _, _, s in agg.node_slices_layout():   # the weights' all-gather inside the node
-                out.append(link_bytes.per_rank("allgather", codec.bytes(s), "intra", self.topo.m, self.topo.n))
+                out.append(link_bytes.per_rank("allgather", delta_codec.bytes(s), "intra", self.topo.m, self.topo.n))
         return link_bytes.add(*out)
 
     def state_bytes(self):
@@ -320,18 +320,18 @@ class ShardedUpdate:
         new_parts = iter(tf.split(new, sizes) if len(sizes) > 1 else [new])
         old_parts = iter(tf.split(w_old, sizes) if len(sizes) > 1 else [w_old])
         for g, (agg, idx, _) in enumerate(self.groups):
-            codec, send = self._codec(agg), []
+            delta_codec, send = self._codec(agg), []
             for _ in agg.buckets:   # the weights, or the 16-bit deltas w_old - w_new
                 old, piece = next(old_parts), next(new_parts)
-                send.append(piece if codec.exact else codec.encode(old - piece))
+                send.append(piece if delta_codec.exact else delta_codec.encode(old - piece))
             # named: a rank's slices hold their own number of runs, so its graph has its own ops
             gathered = (agg.all_gather if self.world else agg.node_all_gather)(send, f"sharded_gather_{g}")
             for bucket, flat in zip(agg.buckets, gathered):
                 for p, part, shape in zip(bucket.positions, tf.split(flat, bucket.sizes), bucket.shapes):
                     var = self.var_list[idx[p]]
                     value = tf.reshape(part, shape)
-                    var.assign(value if codec.exact else
-                               tf.convert_to_tensor(var) - codec.decode(value, None, self.dtype))
+                    var.assign(value if delta_codec.exact else
+                               tf.convert_to_tensor(var) - delta_codec.decode(value, None, self.dtype))
                     if getattr(var, "constraint", None) is not None:
                         var.assign(var.constraint(var))
         self.inner.iterations.assign_add(1)
@@ -341,4 +341,4 @@ class ShardedUpdate:
         dense / 2dtar (every candidate) the weight deltas in 16 bits."""
         names = {agg.algorithm_options.get(c, {}).get("compression", "none") if c in ALGORITHMS and
                  ALGORITHMS[c].sharding is not None else "none" for c in agg.candidates}
-        return K.get(names.pop() if len(names) == 1 else "none")
+        return codec.get(names.pop() if len(names) == 1 else "none")
