@@ -86,7 +86,7 @@ def test_against_numpy(tmp_path):
     (dict(schedule={0: "nope"}), "schedule algorithm must be one of"),
     (dict(warmup=-1), "warmup must be"),
     (dict(selector="x"), "selector must be one of"),
-    # issue 16: every argument is validated, and the message names it
+    # every argument is validated, and the message names it
     (dict(momentum=-5), "momentum must be"),
     (dict(momentum=float("nan")), "momentum must be"),
     (dict(momentum=1.5), "momentum must be"),

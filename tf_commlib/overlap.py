@@ -48,7 +48,7 @@ def run_independently(since):
 
 def after_all(tensors):
     """The tensors (None kept), each available only once all of them exist: aggregation that waits
-    for the whole of backprop (``overlap=False``, today's fp32 baseline), whatever the buckets."""
+    for the whole of backprop (``overlap=False``, the fp32 baseline), whatever the buckets."""
     present = [t for t in tensors if t is not None]
     if not present:
         return list(tensors)

@@ -1,7 +1,7 @@
-"""Value codecs of sparse messages (issue 12 §2): how the values of [index | value] rows travel.
+"""Value codecs of sparse messages: how the values of [index | value] rows travel.
 The option ``value_codec`` names one (CODECS); ``get(name)`` gives its SparseCodec.
 
-* "none": float32 values, today's rows (8 bytes per entry with int32 indices).
+* "none": float32 values, the plain rows (8 bytes per entry with int32 indices).
 * "fp16": the values as float16 (6 bytes per entry).
 * "mean": indices only, and per part of the message (a sender's selection) one 8-byte header
   [count int32 | value float32]: the part's mean. Exact when the part's values are all equal, as

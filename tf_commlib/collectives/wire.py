@@ -1,4 +1,4 @@
-"""Dense values on the wire in 16 bits (issue 29 §2): the option ``compression`` of dense and 2dtar,
+"""Dense values on the wire in 16 bits: the option ``compression`` of dense and 2dtar,
 as Horovod's Compression.fp16: cast before sending, sum in that type on the wire, cast back.
 
 (The codecs are codec.py's NONE, FP16 and BF16; a name or a Codec is accepted below.)
