@@ -26,7 +26,7 @@ import math
 import keras
 import tensorflow as tf
 
-from tf_commlib import link_bytes, ops
+from tf_commlib import internals, link_bytes, ops
 from tf_commlib.aggregator import GradientAggregator, check_config, check_cost_params
 from tf_commlib.keras.arguments import check_arguments, qrgc_options, take_momentum
 from tf_commlib.alphabeta import LinkParams
@@ -215,7 +215,7 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
 
     @property
     def variables(self):
-        return self._variables + self.inner_optimizer.variables
+        return internals.optimizer_variables(self) + self.inner_optimizer.variables
 
     @property
     def learning_rate(self):
@@ -284,7 +284,7 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
         """The wrapped optimizer's step with aggregate()'s update (sharded: this rank's slices)."""
         if self._sharded is not None:
             return self._sharded.step(update)
-        self.inner_optimizer.apply(update, trainable_variables or self._trainable_variables)
+        self.inner_optimizer.apply(update, trainable_variables or internals.trainable_variables(self))
 
     def _ensure_built(self, trainable_variables):
         if not self.built:

@@ -64,7 +64,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_commlib import link_bytes
+from tf_commlib import internals, link_bytes
 from tf_commlib import primitives
 from tf_commlib.collectives import ALGORITHMS
 from tf_commlib.collectives import codec
@@ -217,7 +217,7 @@ class ShardedUpdate:
         slots, self.norms = build(self.var_list)
         keras.optimizers.Optimizer.build(self.inner, self.var_list)   # its iterations, no per-variable state
         decay = self.inner.weight_decay
-        self.decays = [float(decay) if decay and self.inner._use_weight_decay(v) else 0.0 for v in var_list]
+        self.decays = [float(decay) if decay and internals.uses_weight_decay(self.inner, v) else 0.0 for v in var_list]
         with tf.init_scope():
             self.slots = {name: owner.add_variable(shape=[self.size], initializer="zeros", dtype=self.dtype.name,
                                                    aggregation="none", name=f"shard_{name}") for name in slots}
