@@ -2,7 +2,7 @@
 
 ``ops()`` returns None when the library is not built (the redis-py path reads instead) and raises
 ImportError, saying how to rebuild, when it was built against another TensorFlow or from other
-sources than ops/datacache and ops/common hold now."""
+sources than ops/datacache and ops/common hold."""
 import functools
 import json
 from pathlib import Path

@@ -3,6 +3,7 @@ import keras
 import tensorflow as tf
 
 from pto.layerwise import LayerwiseTrust, check_learning_rate, check_non_negative, norm, serializable, trust_ratio
+from tf_commlib import internals
 
 
 def lamb_ratio(w_norm, r_norm):
@@ -41,9 +42,8 @@ class LAMB(LayerwiseTrust, keras.optimizers.Lamb):
 
     def _prepare(self, gradient, variable):
         """keras.optimizers.Lamb.update_step up to the direction r = m_hat / (sqrt(v_hat) + eps)."""
-        i = self._get_variable_index(variable)
-        r = self._direction(tf.cast(gradient, variable.dtype), self._momentums[i], self._velocities[i],
-                            tf.cast(self.iterations + 1, variable.dtype))
+        m, v = internals.lamb_moments(self, internals.variable_index(self, variable))
+        r = self._direction(tf.cast(gradient, variable.dtype), m, v, tf.cast(self.iterations + 1, variable.dtype))
         return r, (tf.convert_to_tensor(variable), r)
 
     def _direction(self, g, m, v, step):

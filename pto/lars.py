@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from pto.layerwise import (LayerwiseTrust, check_exclusions, check_learning_rate, check_non_negative,
                            check_patterns_match, is_excluded, norm, serializable, trust_ratio)
+from tf_commlib import internals
 
 
 def lars_ratio(w_norm, g_norm, decay, eeta):
@@ -100,7 +101,7 @@ class LARS(LayerwiseTrust, keras.optimizers.Optimizer):
         return w - (step + new * tf.cast(self.momentum, w.dtype)) if self.nesterov else w - new
 
     def _prepare(self, gradient, variable):
-        i = self._get_variable_index(variable)
+        i = internals.variable_index(self, variable)
         g, w = tf.cast(gradient, variable.dtype), tf.convert_to_tensor(variable)
         element = (w, g, tf.constant(self._decays[i], variable.dtype)) if self._adapted[i] else None
         return (i, w, g), element

@@ -1,8 +1,9 @@
 """What LARS and LAMB share: a step whose per-layer trust ratios come from one PTO call.
 
 Keras calls ``update_step`` once per variable; a cross-layer collective needs the whole list, so
-these optimizers override ``_backend_update_step`` (which receives it, after Keras has clipped the
-gradients and applied any decoupled weight decay) and run it in three passes:
+these optimizers replace Keras' step over the whole list (``layerwise_update_step``, installed by
+tf_commlib.internals; it receives the list after Keras has clipped the gradients and applied any
+decoupled weight decay) and run it in three passes:
   1. per variable, the element-wise part (``_prepare``): the update direction and the element the
      trust ratio is computed from, e.g. (w, g);
   2. all trust ratios with ONE ``pto.parallel_map`` (each rank computes 1/P of the layers' norms and
@@ -16,6 +17,7 @@ import keras
 import tensorflow as tf
 
 from pto.parallel import parallel_map
+from tf_commlib import internals
 
 
 def check_exclusions(value, name):
@@ -96,7 +98,7 @@ class LayerwiseTrust:
             return parallel_map(self._trust, elements, self.process_set)
         return [self._trust(e) for e in elements]
 
-    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+    def layerwise_update_step(self, grads, trainable_variables, learning_rate):
         prepared = [self._prepare(tf.convert_to_tensor(g), v) for g, v in zip(grads, trainable_variables)]
         adapted = [i for i, (_, element) in enumerate(prepared) if element is not None]
         ratios = dict(zip(adapted, self.trust_ratios([prepared[i][1] for i in adapted])))
@@ -108,6 +110,9 @@ class LayerwiseTrust:
             raise NotImplementedError(f"{type(self).__name__} with a process_set cannot be "
                                       "serialised; save weights instead")
         return {"pto": self.pto}
+
+
+internals.override_update_step(LayerwiseTrust, LayerwiseTrust.layerwise_update_step)
 
 
 def serializable(cls):

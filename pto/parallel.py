@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import tensorflow as tf
 
-from tf_commlib import primitives as P
+from tf_commlib import primitives
 
 CALL_COST = 4096     # a call's fixed overhead, in elements, added to each element's cost
 ALIGN = 64           # parallel_elementwise slices start at multiples of 64 elements (whole SIMD packets)
@@ -114,7 +114,7 @@ def _check_identical(fn, items, specs, process_set):
 
     def check():
         mine = tf.stack([sig, _value_fingerprint(tf.nest.flatten(items))])[None]
-        seen = P.allgather(mine, process_set)
+        seen = primitives.allgather(mine, process_set)
         if tf.executing_eagerly() and not bool(tf.reduce_all(seen == mine)):
             raise ValueError(f"{message}; (signature, value) fingerprints by rank: "
                              f"{seen.numpy().tolist()}")
@@ -195,7 +195,7 @@ def parallel_map(fn, tensors, process_set=None, check=True):
     with tf.control_dependencies(deps):
         mine = [t for i in owned[process_set.rank()] for t in tf.nest.flatten(fn(items[i]))]
         send = tf.concat([_to_wire(t, wire) for t in mine], 0) if mine else tf.zeros([0], wire)
-    gathered = P.allgather(send, process_set)
+    gathered = primitives.allgather(send, process_set)
     order = [i for part in owned for i in part]
     uniform = _uniform(flat_specs, wire)
     if uniform is not None:   # e.g. one scalar per element: a gather and an unstack, not 2N ops

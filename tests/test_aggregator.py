@@ -33,7 +33,7 @@ def test_aggregator_under_horovod(tmp_path):
         assert r["mismatch"] is not None and "gradient shapes differ" in r["mismatch"]
         assert r["auto_mismatch"] is not None and "algorithm candidates" in r["auto_mismatch"], r["auto_mismatch"]
     # float32 bucket of 12 + 7 + 5000 entries split in shards of 2: residual of 2510; float16 bucket 6 -> 3
-    assert reports[0]["residual_sizes"] == [2510, 3]
+    assert reports[0]["state_sizes"] == [2510, 3]
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -74,16 +74,16 @@ def test_auto_picks_the_cost_models_minimum():
     for d in (1_000, 100_000, 1_000_000, 25_000_000):
         predicted = {a: collectives.predict(a, d, 2, 2, 0.01, slow_inter) for a in ALGORITHMS}
         assert agg._resolve("auto", d) == min(predicted, key=predicted.get)
-        # the default: a sparse collective only where it takes at most half the fastest exact one's time
+        # the default: a lossy collective only where it takes at most half the fastest exact one's time
         exact = min(("dense", "2dtar"), key=predicted.get)
         best = min(predicted, key=predicted.get)
-        lossy_wins = ALGORITHMS[best].sparse and predicted[best] <= 0.5 * predicted[exact]
+        lossy_wins = ALGORITHMS[best].lossy and predicted[best] <= 0.5 * predicted[exact]
         assert margin._resolve("auto", d) == (best if lossy_wins else exact)
     assert agg._resolve("hitopk", 10) == "hitopk"
 
 
 def test_auto_keeps_buckets_exact_unless_compression_halves_the_overlapped_step():
-    """A slow link on which the margin picks a sparse collective per bucket: with auto_compute_s, a
+    """A slow link on which the margin picks a lossy collective per bucket: with auto_compute_s, a
     step takes about max(compute, communication), and auto keeps every bucket exact unless its
     choice makes that at most auto_margin x the all-exact step; without overlap it chooses per
     bucket as before."""
@@ -105,14 +105,14 @@ def test_auto_keeps_buckets_exact_unless_compression_halves_the_overlapped_step(
 
     plain = built()
     picked = plain.bucket_algorithms("auto")
-    assert any(ALGORITHMS[a].sparse for a in picked), picked   # the margin alone compresses here
+    assert any(ALGORITHMS[a].lossy for a in picked), picked   # the margin alone compresses here
     exact_s = sum(min(collectives.predict(a, sum(b.sizes), 2, 2, 0.01, slow, None, b.shapes)
                       for a in ("dense", "2dtar")) for b in plain.buckets)
     assert built(auto_compute_s=0.0).bucket_algorithms("auto") == picked
     assert built(auto_compute_s=exact_s * 0.45).bucket_algorithms("auto") == picked   # the step halves
     for compute_s in (exact_s * 0.55, exact_s * 2):   # less than halved; communication hidden
         kept = built(auto_compute_s=compute_s)
-        assert all(not ALGORITHMS[a].sparse for a in kept.bucket_algorithms("auto")), compute_s
+        assert all(not ALGORITHMS[a].lossy for a in kept.bucket_algorithms("auto")), compute_s
         assert kept.twin().auto_compute_s == compute_s
         assert kept.bucket_algorithms("hitopk") == ["hitopk"] * len(kept.buckets)   # only "auto" is affected
     assert built(auto_compute_s=exact_s * 2, overlap=False).bucket_algorithms("auto") == picked

@@ -1,4 +1,4 @@
-"""A fault-free run exits 0 on every rank whatever order the ranks finish in (issue 16): with node 1
+"""A fault-free run exits 0 on every rank whatever order the ranks finish in: with node 1
 slower, its last intra-node (shared-memory) exchanges run after node 0 has shut Horovod down."""
 from tests import hvdrun
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tests import hvdrun
-from tf_commlib import link_bytes as L
+from tf_commlib import link_bytes
 from tf_commlib.aggregator import GradientAggregator
 from tf_commlib.collectives import ALGORITHMS, Collective, dense, register, resolve_algorithm_options
 from tf_commlib.keras import DistributedOptimizer
@@ -13,22 +13,22 @@ from tf_commlib.keras import DistributedOptimizer
 
 def test_per_rank_by_hand():
     # 2x2 world ring: ranks 1 -> 2 and 3 -> 0 cross nodes, so half of 2*3/4*400 B per rank
-    assert L.per_rank("allreduce", 400, "world", 2, 2) == {"intra": 300, "inter": 300}
-    assert L.per_rank("allreduce", 400, "world", 1, 4) == {"intra": 600, "inter": 0}
-    assert L.per_rank("allreduce", 400, "world", 3, 1) == pytest.approx({"intra": 0, "inter": 2 * 2 / 3 * 400})
-    assert L.per_rank("reducescatter", 400, "world", 2, 4) == pytest.approx({"intra": 7 / 8 * 400 * 3 / 4,
+    assert link_bytes.per_rank("allreduce", 400, "world", 2, 2) == {"intra": 300, "inter": 300}
+    assert link_bytes.per_rank("allreduce", 400, "world", 1, 4) == {"intra": 600, "inter": 0}
+    assert link_bytes.per_rank("allreduce", 400, "world", 3, 1) == pytest.approx({"intra": 0, "inter": 2 * 2 / 3 * 400})
+    assert link_bytes.per_rank("reducescatter", 400, "world", 2, 4) == pytest.approx({"intra": 7 / 8 * 400 * 3 / 4,
                                                                             "inter": 7 / 8 * 400 / 4})
     # allgather on 2x4: 3 copies to the own node, 4 to the other; the intra/inter sets
-    assert L.per_rank("allgather", 10, "world", 2, 4) == {"intra": 30, "inter": 40}
-    assert L.per_rank("allgather", 10, "intra", 2, 4) == {"intra": 30, "inter": 0}
-    assert L.per_rank("allgather", 10, "inter", 2, 4) == {"intra": 0, "inter": 10}
-    assert L.per_rank("alltoall", 10, "world", 2, 4) == {"intra": 30, "inter": 40}
+    assert link_bytes.per_rank("allgather", 10, "world", 2, 4) == {"intra": 30, "inter": 40}
+    assert link_bytes.per_rank("allgather", 10, "intra", 2, 4) == {"intra": 30, "inter": 0}
+    assert link_bytes.per_rank("allgather", 10, "inter", 2, 4) == {"intra": 0, "inter": 10}
+    assert link_bytes.per_rank("alltoall", 10, "world", 2, 4) == {"intra": 30, "inter": 40}
     # broadcast: one root in 8 sends 7 copies
-    assert L.per_rank("broadcast", 8, "world", 2, 4) == {"intra": 3, "inter": 4}
-    assert L.add({"intra": 1, "inter": 2}, {"intra": 3, "inter": 4}) == {"intra": 4, "inter": 6}
+    assert link_bytes.per_rank("broadcast", 8, "world", 2, 4) == {"intra": 3, "inter": 4}
+    assert link_bytes.add({"intra": 1, "inter": 2}, {"intra": 3, "inter": 4}) == {"intra": 4, "inter": 6}
     for bad in (("gather", 1, "world", 2, 2), ("allgather", 1, "node", 2, 2)):
         with pytest.raises(ValueError):
-            L.per_rank(*bad)
+            link_bytes.per_rank(*bad)
 
 
 def test_hitopk_and_dense_bytes_by_hand():
@@ -74,7 +74,7 @@ def test_sparcml_expected_bytes_are_the_mean_over_random_index_sets():
             coll = ALGORITHMS[name]
             samples = [coll.sent_bytes_for([rng.choice(d, k, replace=False) for _ in range(m * n)], d, m, n, 0.1)
                        for _ in range(300)]
-            mean = {link: np.mean([s[link] for s in samples]) for link in L.LINKS}
+            mean = {link: np.mean([s[link] for s in samples]) for link in link_bytes.LINKS}
             assert mean == pytest.approx(coll.sent_bytes(d, m, n, 0.1), rel=0.02), (name, m, n)
 
 
@@ -83,8 +83,8 @@ def test_registry_rejects_bad_collectives():
         register(dense.COLLECTIVE)
     with pytest.raises(ValueError, match="already registered"):
         register(Collective("auto", dense.dense, dense.time, dense.sent_bytes))
-    with pytest.raises(TypeError, match="residual_size"):
-        Collective("half", dense.dense, dense.time, dense.sent_bytes, sparse=True)
+    with pytest.raises(TypeError, match="state_size"):
+        Collective("half", dense.dense, dense.time, dense.sent_bytes, lossy=True)
     with pytest.raises(TypeError):
         register(dense)
 
@@ -155,8 +155,8 @@ def test_context_reaches_the_collective_and_bytes_match(tmp_path):
     for name in reports[0]["sent"]:
         formula = reports[0]["sent"][name]["formula"]
         assert all(r["sent"][name]["formula"] == formula for r in reports)
-        counted = {link: sum(r["sent"][name]["counted"][link] for r in reports) for link in L.LINKS}
-        assert counted == pytest.approx({link: 4 * formula[link] for link in L.LINKS}, rel=1e-12), name
+        counted = {link: sum(r["sent"][name]["counted"][link] for r in reports) for link in link_bytes.LINKS}
+        assert counted == pytest.approx({link: 4 * formula[link] for link in link_bytes.LINKS}, rel=1e-12), name
     assert reports[0]["sent"]["hitopk"]["formula"]["intra"] < reports[0]["sent"]["hitopk_dense4"]["formula"]["intra"]
     for name, steps in reports[0]["sparcml"].items():   # SparCML through the aggregator, density 1
         for step, result in enumerate(steps):

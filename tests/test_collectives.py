@@ -87,14 +87,14 @@ REFERENCES = {"sum": sum_ref, "topk": topk_ref, "shard_topk": shard_topk_ref}
 
 def reference_of(name):
     """The reference a registered collective is checked against: its module's REFERENCE (a key of
-    REFERENCES, or None for one checked elsewhere), else "topk" for sparse collectives and "sum"
+    REFERENCES, or None for one checked elsewhere), else "topk" for lossy collectives and "sum"
     for dense ones. Its module is the one under tf_commlib.collectives that defines it."""
     coll = ALGORITHMS[name]
     modules = [m for key, m in sys.modules.items() if key.startswith("tf_commlib.collectives.")
                and getattr(m, "COLLECTIVE", None) is coll]
     declared = getattr(modules[0], "REFERENCE", "default") if modules else "default"
     if declared == "default":
-        return "topk" if coll.sparse else "sum"
+        return "topk" if coll.lossy else "sum"
     assert declared is None or declared in REFERENCES, f"{name}: unknown REFERENCE {declared!r}"
     return declared
 

@@ -198,15 +198,15 @@ def test_choose_is_the_argmin(params):
 
 
 def test_choose_follows_the_link():
-    # 2x2, 25M floats: a fast inter link makes dense best, a slow one a sparse collective
+    # 2x2, 25M floats: a fast inter link makes dense best, a slow one a lossy collective
     fast = LinkParams(beta_inter=8 / 100e9, beta_intra=8 / 100e9, select_s_per_elem=5e-9)
     slow = LinkParams(beta_inter=8 / 0.5e9, beta_intra=8 / 5e9)
     assert choose(25_000_000, 2, 2, 0.01, fast) == "dense"
-    assert ALGORITHMS[choose(25_000_000, 2, 2, 0.01, slow)].sparse
+    assert ALGORITHMS[choose(25_000_000, 2, 2, 0.01, slow)].lossy
 
 
 def test_lossy_margin_keeps_exact_collectives_unless_a_sparse_one_is_much_faster():
-    # 2x2, 1M floats: as the inter-node link slows, the sparse collectives' lead over the exact
+    # 2x2, 1M floats: as the inter-node link slows, the lossy collectives' lead over the exact
     # ones grows; lossy_margin=0.5 switches to a sparse one only once it takes at most half the time
     seen = set()
     for mbit in np.geomspace(100_000, 5, 60):
@@ -216,7 +216,7 @@ def test_lossy_margin_keeps_exact_collectives_unless_a_sparse_one_is_much_faster
         picked = choose(1_000_000, 2, 2, 0.01, params, lossy_margin=0.5)
         assert picked == (best if costs[best] <= 0.5 * costs[exact] else exact), mbit
         assert choose(1_000_000, 2, 2, 0.01, params, lossy_margin=1.0) == best
-        seen.add((ALGORITHMS[best].sparse, ALGORITHMS[picked].sparse))
+        seen.add((ALGORITHMS[best].lossy, ALGORITHMS[picked].lossy))
     # the margin mattered somewhere (sparse predicted fastest, exact picked), and sparse still wins on slow links
     assert (True, False) in seen and (True, True) in seen, seen
     # only sparse candidates: the margin has nothing to compare against

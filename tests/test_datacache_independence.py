@@ -14,14 +14,10 @@ from datacache import _sources as dc_sources
 from tf_commlib import _sources as tfc_sources
 
 ROOT = Path(__file__).resolve().parents[1]
-# the benchmarks and the CLI are being moved out of the package; they may use tf_commlib meanwhile
-NOT_YET_MOVED = {"bench.py", "bench_images.py", "cli.py"}
 
 
 def test_datacache_imports_nothing_of_tf_commlib_or_pto():
     for path in sorted((ROOT / "datacache").rglob("*.py")):
-        if path.name in NOT_YET_MOVED:
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])

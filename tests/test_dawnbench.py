@@ -126,7 +126,7 @@ def test_synthetic_resnet50_few_steps_on_4_ranks_sharded_lars(tmp_path):
 
 def test_auto_schedule_with_the_step_breakdown(tmp_path):
     """--schedule 0:auto (documented in docs/dawnbench.md) with the default per-stage breakdown: the
-    breakdown times the collectives auto picks (it used to look "auto" up as an algorithm)."""
+    breakdown times the collectives auto picks ("auto" is not looked up as an algorithm)."""
     out = hvdrun.run_command([SCRIPT, "--synthetic", "--model", "small", "--num-classes", "10", "--stages", "32:1:4",
                               "--steps-per-epoch", "2", "--schedule", "0:auto", "--breakdown-steps", "1", "--calibrate",
                               "--log-dir", tmp_path], None, 300)

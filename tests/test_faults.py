@@ -1,4 +1,4 @@
-"""The fault benchmark (`python -m tfc_apps.bench faults`, issue 31) on the emulated 2x2 cluster: a
+"""The fault benchmark (`python -m tfc_apps.bench faults`) on the emulated 2x2 cluster: a
 rank SIGKILLed at a step, a node's link cut, a node's Redis killed mid-epoch, a rank's checkpoint
 disk full. Its output has one row per run, and the invariants hold: every rank exits soon after
 the first dies, nothing is left (processes, /dev/shm, redis-servers), and the final weights equal

@@ -205,9 +205,9 @@ def test_auto_compute_s_reaches_the_aggregators(monkeypatch):
         return agg.bucket_algorithms("auto"), sorted(v.name for v in agg.residual_variables())
 
     picked, residuals = built()
-    assert any(ALGORITHMS[a].sparse for a in picked) and residuals
+    assert any(ALGORITHMS[a].lossy for a in picked) and residuals
     kept, kept_residuals = built(compute_s=100.0)
-    assert not any(ALGORITHMS[a].sparse for a in kept) and kept_residuals == residuals
+    assert not any(ALGORITHMS[a].lossy for a in kept) and kept_residuals == residuals
     assert built(compute_s=100.0, overlap=False) == (picked, residuals)
 
 

@@ -1,7 +1,7 @@
 """Bad arguments of every op raise InvalidArgumentError naming the argument (eagerly, in a
 tf.function, and in a graph whose input shapes are only known when it runs), never abort; k = 0
 in any form is the same error; an empty x gives an empty selection; one NaN/Inf policy for all
-selectors (issue 16, "Aborts instead of errors")."""
+selectors."""
 import functools
 
 import numpy as np

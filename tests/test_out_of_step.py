@@ -1,4 +1,4 @@
-"""Ranks out of step or configured differently raise a clear error on every rank (issue 16)."""
+"""Ranks out of step or configured differently raise a clear error on every rank."""
 
 import numpy as np
 import pytest

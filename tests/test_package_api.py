@@ -15,22 +15,6 @@ def test_documented_names_from_a_bare_import():
     assert "ok module 'tf_commlib' has no attribute 'no_such_name'" in proc.stdout
 
 
-def test_old_command_names_say_the_new_one_and_fail():
-    """The applications moved from tf_commlib (and the benchmarks from datacache / pto) to tfc_apps."""
-    for old, new in (("tf_commlib.train", "tfc_apps.train"),
-                     ("tf_commlib.cluster_launch", "tfc_apps.cluster_launch"),
-                     ("tf_commlib.apps.demo", "tfc_apps.demo"),
-                     ("tf_commlib.bench", "tfc_apps.bench"),
-                     ("datacache.bench", "tfc_apps.bench datacache"),
-                     ("pto.bench", "tfc_apps.bench pto")):
-        proc = subprocess.run([sys.executable, "-m", old, "--help"], capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 2, (old, proc.returncode, proc.stderr[-2000:])
-        assert f"run `python -m {new}`" in proc.stderr, (old, proc.stderr[-2000:])
-    proc = subprocess.run([sys.executable, "-c", "import tf_commlib.apps.train"], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 1 and "ImportError: tf_commlib.apps moved to tfc_apps" in proc.stderr, proc.stderr[-2000:]
-
-
 def test_bench_lists_every_benchmark():
     proc = subprocess.run([sys.executable, "-m", "tfc_apps.bench", "--help"], capture_output=True, text=True,
                           timeout=120)

@@ -8,7 +8,7 @@ import pytest
 
 from tests import hvdrun
 from tf_commlib import alphabeta, collectives
-from tf_commlib import link_bytes as L
+from tf_commlib import link_bytes
 from tf_commlib.aggregator import GradientAggregator
 from tf_commlib.collectives import ALGORITHMS, powersgd, with_compression
 from tf_commlib.keras import DistributedOptimizer
@@ -119,9 +119,9 @@ def test_powersgd_matches_numpy_and_replicas_are_identical(run):
     options = {"rank": RANK, "min_compression_size": 64}
     formula = ALGORITHMS["powersgd"].sent_bytes(D, m, n, 0.01, options, SHAPES)
     inner = ALGORITHMS["2dtar" if m > 1 else "dense"]
-    assert formula == L.add(*[inner.sent_bytes(k, m, n, 1) for k in (250, 56 * RANK, 38 * RANK)])
+    assert formula == link_bytes.add(*[inner.sent_bytes(k, m, n, 1) for k in (250, 56 * RANK, 38 * RANK)])
     for s in range(STEPS):
-        counted = {link: sum(r["powersgd"][s]["bytes"][link] for r in reports) for link in L.LINKS}
+        counted = {link: sum(r["powersgd"][s]["bytes"][link] for r in reports) for link in link_bytes.LINKS}
         assert counted == pytest.approx({k: 4 * v for k, v in formula.items()}, rel=1e-12)
     # no tensor compressed (all under min_compression_size, or no shapes: one flat vector): the
     # exact sum, the dense bytes, a zero state
@@ -131,7 +131,7 @@ def test_powersgd_matches_numpy_and_replicas_are_identical(run):
             close(r[f"powersgd_{name}"]["result"], np.sum(inputs[0], axis=0), f"{name}: the exact sum")
             assert not np.any(r[f"powersgd_{name}"]["state"])
             assert len(r[f"powersgd_{name}"]["state"]) == D
-        counted = {link: sum(r[f"powersgd_{name}"]["bytes"][link] for r in reports) for link in L.LINKS}
+        counted = {link: sum(r[f"powersgd_{name}"]["bytes"][link] for r in reports) for link in link_bytes.LINKS}
         assert ALGORITHMS["powersgd"].sent_bytes(D, m, n, 0.01, options, shapes) == inner.sent_bytes(D, m, n, 1)
         assert counted == pytest.approx({k: 4 * v for k, v in inner.sent_bytes(D, m, n, 1).items()}, rel=1e-12)
 
@@ -150,7 +150,7 @@ def test_powersgd_through_the_aggregator(run):
     assert reports[0]["graph_formula"] == ALGORITHMS["powersgd"].sent_bytes(
         D, m, n, 0.01, {"rank": RANK, "min_compression_size": 64}, SHAPES)
     for s in range(STEPS):
-        counted = {link: sum(r["graph"][s]["bytes"][link] for r in reports) for link in L.LINKS}
+        counted = {link: sum(r["graph"][s]["bytes"][link] for r in reports) for link in link_bytes.LINKS}
         assert counted == pytest.approx({k: 4 * v for k, v in reports[0]["graph_formula"].items()}, rel=1e-12)
 
 
@@ -173,8 +173,8 @@ def test_16_bit_wire_sums_within_rounding(run, compression, eps):
         assert np.max(np.abs(got - exact)[3:]) > 0   # it did round
         if compression == "fp16":
             assert got[0] == np.inf and np.isfinite(got[1]) and abs(got[1] - 7e4) <= 7e4 * eps
-        counted = {link: sum(r[f"{name}:{compression}"]["bytes"][link] for r in reports) for link in L.LINKS}
-        full = {link: sum(r[f"{name}:none"]["bytes"][link] for r in reports) for link in L.LINKS}
+        counted = {link: sum(r[f"{name}:{compression}"]["bytes"][link] for r in reports) for link in link_bytes.LINKS}
+        full = {link: sum(r[f"{name}:none"]["bytes"][link] for r in reports) for link in link_bytes.LINKS}
         formula = ALGORITHMS[name].sent_bytes(D, m, n, 1, {"compression": compression})
         assert counted == pytest.approx({k: 4 * v for k, v in formula.items()}, rel=1e-12)
         assert sum(counted.values()) == pytest.approx(sum(full.values()) / 2, rel=0.01)
@@ -210,23 +210,24 @@ def test_powersgd_formulas_by_hand():
     # for P and for Q (2dtar on 2x2)
     two_d, shapes = ALGORITHMS["2dtar"], [(1000, 1000), (1000,)]
     got = ALGORITHMS["powersgd"].sent_bytes(1_001_000, 2, 2, 0.01, shapes=shapes)
-    assert got == L.add(two_d.sent_bytes(1000, 2, 2, 1), *[two_d.sent_bytes(4000, 2, 2, 1)] * 2) == \
+    assert got == link_bytes.add(two_d.sent_bytes(1000, 2, 2, 1), *[two_d.sent_bytes(4000, 2, 2, 1)] * 2) == \
         {"intra": 36_000, "inter": 18_000}
     # no bias: the P and Q allreduces only; a conv kernel is (kh·kw·in) x out
     assert ALGORITHMS["powersgd"].sent_bytes(1_000_000, 2, 2, 0.01, shapes=[(1000, 1000)]) == \
         {"intra": 32_000, "inter": 16_000}
     conv = [(3, 3, 64, 128)]   # 576 x 128: P of 576·4, Q of 128·4
     assert ALGORITHMS["powersgd"].sent_bytes(73728, 1, 4, 0.01, shapes=conv) == \
-        L.add(ALGORITHMS["dense"].sent_bytes(576 * 4, 1, 4, 1), ALGORITHMS["dense"].sent_bytes(128 * 4, 1, 4, 1))
+        link_bytes.add(ALGORITHMS["dense"].sent_bytes(576 * 4, 1, 4, 1),
+                       ALGORITHMS["dense"].sent_bytes(128 * 4, 1, 4, 1))
     assert powersgd.matrix_shape((3, 3, 64, 128)) == (576, 128) and powersgd.matrix_shape((7,)) is None
     # without shapes a bucket is one vector: summed exactly, no Q
     assert ALGORITHMS["powersgd"].sent_bytes(1_000_000, 2, 2, 0.01) == two_d.sent_bytes(1_000_000, 2, 2, 1)
     resolved = ALGORITHMS["powersgd"].formula_options
-    assert powersgd.residual_size(1_000_000, None) == 1_000_000
-    assert powersgd.residual_size(1_001_000, None, resolved(None, shapes, 1_001_000)) == 1_001_000 + 4 * 1000
-    assert powersgd.residual_size(100, None, resolved(None, [(10, 10)], 100)) == 100   # too small: no Q
+    assert powersgd.state_size(1_000_000, None) == 1_000_000
+    assert powersgd.state_size(1_001_000, None, resolved(None, shapes, 1_001_000)) == 1_001_000 + 4 * 1000
+    assert powersgd.state_size(100, None, resolved(None, [(10, 10)], 100)) == 100   # too small: no Q
     # rank 600 would send more than the matrix: dense
-    assert powersgd.residual_size(1_000_000, None, resolved({"rank": 600, "min_compression_size": 1},
+    assert powersgd.state_size(1_000_000, None, resolved({"rank": 600, "min_compression_size": 1},
                                                             [(1000, 1000)], 1_000_000)) == 1_000_000
     with pytest.raises(ValueError, match="^shapes must be"):
         ALGORITHMS["powersgd"].sent_bytes(1000, 2, 2, 0.01, shapes=[(10, 10)])

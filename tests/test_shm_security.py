@@ -1,4 +1,4 @@
-"""/dev/shm segments against another local user (issue 16): a 2x2 job under horovodrun while uid
+"""/dev/shm segments against another local user: a 2x2 job under horovodrun while uid
 nobody watches /dev/shm, opens every segment it sees, plants guessed names (mode 0666 files full of
 negative row counts and set flags, symbolic links to a file of root's) and pre-creates the names of
 a set whose secret leaked; and while the job's own user corrupts a control segment. No data is

@@ -8,7 +8,7 @@ import tensorflow as tf
 from tests import hvdrun
 from tf_commlib.aggregator import GradientAggregator
 from tf_commlib.collectives import ALGORITHMS, resolve_algorithm_options
-from tf_commlib.collectives import value_codec as V
+from tf_commlib.collectives import value_codec
 from tf_commlib.keras import DistributedOptimizer
 
 CODEC_ALGORITHMS = ("naive_ag", "hitopk")
@@ -17,15 +17,15 @@ CODEC_ALGORITHMS = ("naive_ag", "hitopk")
 def test_quantise_against_numpy():
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(1000) * 10 ** rng.uniform(-6, 4, 1000)).astype(np.float32)
-    np.testing.assert_array_equal(V.get("none").quantise(tf.constant(x)).numpy(), x)
-    np.testing.assert_array_equal(V.get("fp16").quantise(tf.constant(x)).numpy(),
+    np.testing.assert_array_equal(value_codec.get("none").quantise(tf.constant(x)).numpy(), x)
+    np.testing.assert_array_equal(value_codec.get("fp16").quantise(tf.constant(x)).numpy(),
                                   x.astype(np.float16).astype(np.float32))
-    mean = V.get("mean").quantise(tf.constant(x)).numpy()
+    mean = value_codec.get("mean").quantise(tf.constant(x)).numpy()
     assert np.all(mean == mean[0]) and mean[0] == pytest.approx(np.mean(x.astype(np.float64)), rel=1e-5)
     for value in (0.1, -3.7e-5, 123.456):   # qRGC's k copies of one mean come back bit-exactly
         same = np.full(7, value, np.float32)
-        np.testing.assert_array_equal(V.get("mean").quantise(tf.constant(same)).numpy(), same)
-    assert V.get("mean").quantise(tf.zeros([0])).shape == [0]
+        np.testing.assert_array_equal(value_codec.get("mean").quantise(tf.constant(same)).numpy(), same)
+    assert value_codec.get("mean").quantise(tf.zeros([0])).shape == [0]
 
 
 @pytest.mark.parametrize("counts", [(3, 0, 5), (1,), (0, 0), (4, 4, 1, 2)])
@@ -40,15 +40,15 @@ def test_mean_messages_round_trip(counts):
         part = np.repeat(np.arange(parts), counts).astype(np.int32)
         perm = rng.permutation(part.size)   # the encoder orders entries by part, stably
         idx = rng.integers(0, 1 << 30, part.size).astype(np.int32)
-        rows = V.get("mean").encode(tf.constant(value[part][perm]), tf.constant(idx[perm]),
+        rows = value_codec.get("mean").encode(tf.constant(value[part][perm]), tf.constant(idx[perm]),
                                    tf.constant(part[perm]), parts).numpy()
-        assert rows.dtype == np.uint8 and rows.size == V.get("mean").bytes(part.size, parts)
+        assert rows.dtype == np.uint8 and rows.size == value_codec.get("mean").bytes(part.size, parts)
         messages.append(rows)
         order = np.argsort(part[perm], kind="stable")
         want_v.append(value[part][perm][order])
         want_i.append(idx[perm][order])
         want_p.append(part[perm][order] + s * parts)
-    got_v, got_i, got_p = V.get("mean").decode(tf.constant(np.concatenate(messages)),
+    got_v, got_i, got_p = value_codec.get("mean").decode(tf.constant(np.concatenate(messages)),
                                                  segments=senders * parts)
     np.testing.assert_array_equal(got_v.numpy(), np.concatenate(want_v))
     np.testing.assert_array_equal(got_i.numpy(), np.concatenate(want_i))
@@ -56,9 +56,9 @@ def test_mean_messages_round_trip(counts):
 
 
 def test_bytes_per_entry():
-    assert [V.get(c).entry_bytes for c in V.CODECS] == [8, 6, 4]
-    assert V.get("none").bytes(10) == 80 and V.get("fp16").bytes(10) == 60
-    assert V.get("mean").bytes(10) == 48 and V.get("mean").bytes(10, parts=3) == 64
+    assert [value_codec.get(c).entry_bytes for c in value_codec.CODECS] == [8, 6, 4]
+    assert value_codec.get("none").bytes(10) == 80 and value_codec.get("fp16").bytes(10) == 60
+    assert value_codec.get("mean").bytes(10) == 48 and value_codec.get("mean").bytes(10, parts=3) == 64
     # naive_ag on 2x2, d = 1M, 1 %: 10k entries to 1 rank in the node and 2 in the other
     for codec, per_entry in (("none", 8), ("fp16", 6)):
         got = ALGORITHMS["naive_ag"].sent_bytes(1_000_000, 2, 2, 0.01, {"value_codec": codec})
@@ -67,13 +67,13 @@ def test_bytes_per_entry():
         {"intra": 40_008, "inter": 80_016}
     # hitopk: steps 3 and 4 shrink with the codec, step 1 and the sent indices do not
     none, fp16, mean = (ALGORITHMS["hitopk"].sent_bytes(1_000_000, 2, 2, 0.01, {"value_codec": c})
-                        for c in V.CODECS)
+                        for c in value_codec.CODECS)
     assert none == {"intra": 2_000_000 + 8 * 2 * 5000 + 4 * 5000, "inter": 8 * 5000}
     assert fp16 == {"intra": 2_000_000 + 6 * 2 * 5000 + 4 * 5000, "inter": 6 * 5000}
     assert mean == {"intra": 2_000_000 + 4 * 2 * 5000 + 16 + 4 * 5000, "inter": 4 * 5000 + 8}
     for name in CODEC_ALGORITHMS:   # and the predicted time with it
         t = [sum(ALGORITHMS[name].breakdown(1 << 22, 2, 2, 0.01, options={"value_codec": c}).values())
-             for c in V.CODECS]
+             for c in value_codec.CODECS]
         assert t[0] > t[1] > t[2], (name, t)
 
 
@@ -93,7 +93,7 @@ def test_mean_refuses_int64_indices():
     """Selectors give int64 indices only for buckets of 2^31 entries or more, which the mean codec's
     int32 words cannot address: a clear error instead of wrapped indices (checked before any send)."""
     with pytest.raises(ValueError, match="value_codec 'mean'.*2\\^31"):
-        V.get("mean").allgather(tf.ones([3]), tf.constant([0, 1, 2**31], tf.int64), None)
+        value_codec.get("mean").allgather(tf.ones([3]), tf.constant([0, 1, 2**31], tf.int64), None)
 
 
 def test_value_codec_defaults_to_none():
@@ -171,10 +171,10 @@ def test_codecs_in_every_collective_on_2x2(tmp_path):
             plain = reports[0]["topk"][f"{variant}:none"]["rows"][0]["result"]
             assert not np.array_equal(plain, reports[0]["topk"][key]["rows"][0]["result"]), key
     for variant in ("naive_ag", "hitopk", "hitopk_dense4", "ssar_rd", "ssar_split_ag", "dsar_split_ag"):
-        codecs = V.CODECS if variant.startswith(("naive", "hitopk")) else ("none", "fp16")
+        codecs = value_codec.CODECS if variant.startswith(("naive", "hitopk")) else ("none", "fp16")
         sent = [sum(reports[0]["topk"][f"{variant}:{c}"]["rows"][0]["sent"].values()) for c in codecs]
         assert sent == sorted(sent, reverse=True) and len(set(sent)) == len(sent), (variant, sent)
-    for codec in V.CODECS:   # both step 4s give the same bits
+    for codec in value_codec.CODECS:   # both step 4s give the same bits
         assert reports[0]["topk"][f"hitopk:{codec}"]["rows"][-1]["result"] == \
             reports[0]["topk"][f"hitopk_dense4:{codec}"]["rows"][-1]["result"]
     # qRGC's constant values: "mean" sends one value per rank and gives exactly what "none" gives
@@ -185,7 +185,7 @@ def test_codecs_in_every_collective_on_2x2(tmp_path):
             assert plain["residual"] == mean["residual"], variant
     # end to end: GradientAggregator (tf.function, two buckets) and DistributedOptimizer
     agg = [r["aggregator"] for r in reports]
-    for codec in V.CODECS:
+    for codec in value_codec.CODECS:
         assert all(a[codec]["result"] == agg[0][codec]["result"] for a in agg), codec
         counted = {link: sum(a[codec]["counted"][link] for a in agg) for link in ("intra", "inter")}
         assert counted == pytest.approx({k: 4 * v for k, v in agg[0][codec]["formula"].items()}, rel=1e-12)
@@ -218,7 +218,7 @@ def test_codecs_share_one_interface_and_registry():
     round is decode(encode) (the dense casts, the sparse codecs' values)."""
     from tf_commlib.collectives import codec
     from tf_commlib.collectives.wire import COMPRESSIONS
-    assert set(COMPRESSIONS) | set(V.CODECS) <= set(codec.REGISTRY)
+    assert set(COMPRESSIONS) | set(value_codec.CODECS) <= set(codec.REGISTRY)
     x = tf.constant(np.random.default_rng(1).standard_normal(100).astype(np.float32))
     for name, dtype in (("none", np.float32), ("fp16", np.float16), ("bf16", None)):
         c = codec.get(name)
@@ -227,6 +227,7 @@ def test_codecs_share_one_interface_and_registry():
         if dtype is not None:
             np.testing.assert_array_equal(c.round(x).numpy(), x.numpy().astype(dtype).astype(np.float32))
     assert [codec.get(n).summable for n in COMPRESSIONS] == [True, True, False]
-    assert V.get("fp16").values is codec.FP16 and V.get(V.get("mean")) is V.get("mean")
+    assert value_codec.get("fp16").values is codec.FP16
+    assert value_codec.get(value_codec.get("mean")) is value_codec.get("mean")
     with pytest.raises(ValueError, match="already registered"):
         codec.register(codec.Cast("fp16", tf.float16))

@@ -1,4 +1,4 @@
-"""DistributedOptimizer(shard_optimizer=True): ZeRO-1, the sharded optimizer update (issue 30).
+"""DistributedOptimizer(shard_optimizer=True): ZeRO-1, the sharded optimizer update.
 
 On 4 ranks (2x2 and 1x4): the sharded update of SGD-momentum, Adam, AdamW, pto.LARS and pto.LAMB,
 with and without DGC momentum correction, equals the unsharded one and the numpy reference on

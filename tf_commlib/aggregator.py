@@ -6,7 +6,7 @@ from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import (ALGORITHMS, AUTO_MARGIN, check_margin, check_seconds, choose, keep_exact,
                                     resolve_algorithm_options,
                                    with_compression)
-from tf_commlib.collectives import wire as W
+from tf_commlib.collectives import wire
 from tf_commlib.collectives.interface import plain_python
 from tf_commlib.sharded_halves import ShardedHalves
 from tf_commlib.topology import topology as current_topology
@@ -61,7 +61,7 @@ class GradientAggregator(ShardedHalves):
     back at the next call. Works eagerly and inside tf.function.
 
     ``algorithm`` may also be a list of names: ``set_algorithm`` then switches between them at
-    run time (schedules); the residual of a sparse algorithm that is not running is flushed into
+    run time (schedules); the residual of a lossy algorithm that is not running is flushed into
     the next aggregation, so nothing is lost. ``set_density`` changes the density (warm-up).
     State variables come from ``variable_factory(shape, dtype, name)`` (default tf.Variable).
     ``algorithm_options`` = {algorithm: {option: value}} reaches each call of that collective in its
@@ -79,7 +79,7 @@ class GradientAggregator(ShardedHalves):
     (aggregation after backprop, the baseline that overlap is measured against).
     ``cost_params`` (tf_commlib.alphabeta.LinkParams, e.g. from tf_commlib.costmodel.calibrate) are
     the link parameters by which "auto" chooses (default LinkParams()); ``auto_margin`` in (0, 1]:
-    "auto" picks a sparse (lossy) collective for a bucket only where its predicted time is at most
+    "auto" picks a lossy collective for a bucket only where its predicted time is at most
     auto_margin times the fastest exact one's (dense, 2dtar; collectives.choose's lossy_margin;
     default AUTO_MARGIN = 0.5; 1.0 = the plain minimum). ``auto_compute_s``: the seconds of
     forward+backward per step that overlapped buckets aggregate beside (e.g. from
@@ -144,9 +144,9 @@ class GradientAggregator(ShardedHalves):
                 names = {self._resolve(c, d, bucket.shapes, rule) for c in self.candidates for rule in (True, False)}
                 for name in sorted(names):
                     coll = ALGORITHMS[name]
-                    if coll.sparse:
+                    if coll.lossy:
                         options = coll.formula_options(self.algorithm_options.get(name), bucket.shapes, d)
-                        size = coll.residual_size(d, self.topo, options)
+                        size = coll.state_size(d, self.topo, options)
                         self.residuals[(i, name)] = make([size],
                                                          bucket.dtype, f"residual_{i}_{name}")
 
@@ -189,7 +189,7 @@ class GradientAggregator(ShardedHalves):
         step_rule=False: the per-bucket choice alone (without auto_compute_s's rule)."""
         if name != "auto":
             return name
-        exact = ([a for a in ALGORITHMS if not ALGORITHMS[a].sparse]
+        exact = ([a for a in ALGORITHMS if not ALGORITHMS[a].lossy]
                  if step_rule and self._auto_exact_only() else None)
         return choose(d, self.topo.m, self.topo.n, self.initial_density, self.cost_params, candidates=exact,
                       options=self.algorithm_options, shapes=shapes, lossy_margin=self.auto_margin)
@@ -255,7 +255,7 @@ class GradientAggregator(ShardedHalves):
             return [None if g is None else tf.identity(g) for g in grads]
 
     def _bucket_residuals(self, i):
-        """The residual variables of bucket i (one per sparse algorithm it may run), in a fixed order."""
+        """The residual variables of bucket i (one per lossy algorithm it may run), in a fixed order."""
         return [var for (j, _), var in sorted(self.residuals.items()) if j == i]
 
     def _run(self, i, name, flat, node_slice=False):
@@ -276,9 +276,9 @@ class GradientAggregator(ShardedHalves):
         ctx = coll.context(tf.convert_to_tensor(self.step), common, self.algorithm_options.get(name), i,
                            self.buckets[i].shapes)
         gain = None if self.gain is None else tf.zeros([2], tf.float64)
-        if not coll.sparse:
+        if not coll.lossy:
             if node_slice and coll.sharding is not None:   # already the node slice
-                agg, node_slice = W.node_reduce(flat, self.topo, ctx.options.get("compression", "none")), False
+                agg, node_slice = wire.node_reduce(flat, self.topo, ctx.options.get("compression", "none")), False
             else:
                 agg = coll.fn(flat, self.topo, ctx=ctx)
             indices = tf.zeros([0], tf.int64)
@@ -293,7 +293,7 @@ class GradientAggregator(ShardedHalves):
             new[name] = new_residual
             indices = tf.cast(sent, tf.int64)
         if node_slice:   # every rank holds the whole sum: keep the node slice
-            agg = W.node_slice(agg, self.topo, d)
+            agg = wire.node_slice(agg, self.topo, d)
         return agg, indices, [new[n] for (j, n) in sorted(self.residuals) if j == i], gain
 
     # -- the call ----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_commlib import link_bytes
-from tf_commlib import primitives as P
+from tf_commlib import primitives
 
 FIELDS = ("step", "gradient shapes", "gradient dtypes", "algorithm candidates", "selector/op",
           "active algorithm", "density", "state owner")   # the order of a row
@@ -76,7 +76,7 @@ def check(world, step, static, active, density, candidates, foreign_owner=0, min
                     tf.bitcast(tf.cast(density, tf.float64), tf.int64),
                     tf.cast(foreign_owner, tf.int64)])
     with link_bytes.not_counted():   # control traffic, not the collective's bytes
-        rows = P.allgather(row[None], world)
+        rows = primitives.allgather(row[None], world)
     if tf.executing_eagerly():
         message = describe(rows.numpy(), candidates, mine)
         if message:

@@ -65,7 +65,7 @@ def calibrate(topo, sizes=(2**20, 2**22), repeats=5, defaults=None, density=0.01
     import tensorflow as tf
 
     from tf_commlib import timing
-    from tf_commlib import primitives as P
+    from tf_commlib import primitives
 
     if not 0 < latency_size < sizes[0] // 16 < sizes[1] // 16:
         raise ValueError(f"need 0 < latency_size < sizes[0] // 16 < sizes[1] // 16, got {sizes}")
@@ -73,7 +73,7 @@ def calibrate(topo, sizes=(2**20, 2**22), repeats=5, defaults=None, density=0.01
     counter = iter(range(10**9))
 
     def barrier():
-        P.allreduce(tf.zeros([1]), topo.world, name=f"costmodel_barrier_{next(counter)}").numpy()
+        primitives.allreduce(tf.zeros([1]), topo.world, name=f"costmodel_barrier_{next(counter)}").numpy()
 
     def median_time(fn):
         return timing.median_time(fn, repeats)
@@ -83,7 +83,7 @@ def calibrate(topo, sizes=(2**20, 2**22), repeats=5, defaults=None, density=0.01
         for op in scale:
             for size in (latency_size, *(int(s * scale[op]) for s in sizes)):
                 x = tf.ones([size], tf.float32)
-                points[op][size] = median_time(lambda: timing.ready(getattr(P, op)(
+                points[op][size] = median_time(lambda: timing.ready(getattr(primitives, op)(
                     x, pset, name=f"costmodel_{tag}_{op}_{next(counter)}")))
         return points
 
@@ -113,7 +113,7 @@ def calibrate(topo, sizes=(2**20, 2**22), repeats=5, defaults=None, density=0.01
                                     name=f"costmodel_merge_{next(counter)}").numpy())
     names = [f for f in measured if f.startswith(("alpha", "beta"))]
     local = tf.constant([measured[f] * weight[f] for f in names] + [weight[f] for f in names], tf.float64)
-    total = P.allreduce(local, topo.world, name=f"costmodel_agree_{next(counter)}").numpy()
+    total = primitives.allreduce(local, topo.world, name=f"costmodel_agree_{next(counter)}").numpy()
     sums, counts = total[:len(names)], total[len(names):]
     links = {f: float(sums[i] / counts[i]) if counts[i] > 0 else measured[f] for i, f in enumerate(names)}
     return LinkParams(**links, select_s_per_elem=curve[-1][1], add_s_per_elem=curve[-1][2],

@@ -18,6 +18,8 @@ ranks holds none of the inter-op threads that backprop needs.
 """
 import tensorflow as tf
 
+from tf_commlib import internals
+
 
 def _takes_resource(op):
     return any(t.dtype == tf.resource for t in op.inputs)
@@ -38,17 +40,17 @@ def run_independently(since):
     if since is None or tf.executing_eagerly():
         return
     graph = tf.compat.v1.get_default_graph()
-    manager = getattr(graph, "experimental_acd_manager", None)
+    manager = internals.acd_manager(graph)
     if manager is None:
         return
     for op in graph.get_operations()[since:]:
-        if op._is_stateful and not _takes_resource(op):   # noqa: SLF001 (the chain's own test)
+        if internals.is_stateful(op) and not _takes_resource(op):   # the chain's own test
             manager.run_independently(op)
 
 
 def after_all(tensors):
     """The tensors (None kept), each available only once all of them exist: aggregation that waits
-    for the whole of backprop (``overlap=False``, today's fp32 baseline), whatever the buckets."""
+    for the whole of backprop (``overlap=False``, the fp32 baseline), whatever the buckets."""
     present = [t for t in tensors if t is not None]
     if not present:
         return list(tensors)
@@ -68,23 +70,23 @@ class Timeline:
     to its aggregators (tag: the group's index)."""
 
     def __init__(self):
-        self._variables = {}
+        self._stamps = {}
 
     def stamp(self, key, tensor):
         if tensor is None:
             return None
-        if key not in self._variables:
+        if key not in self._stamps:
             with tf.init_scope():
-                self._variables[key] = tf.Variable(float("nan"), dtype=tf.float64, trainable=False,
+                self._stamps[key] = tf.Variable(float("nan"), dtype=tf.float64, trainable=False,
                                                    name="timeline")
         since = op_count()
         with tf.control_dependencies([tensor]):
             when = tf.timestamp()
-        self._variables[key].assign(when)
+        self._stamps[key].assign(when)
         with tf.control_dependencies([when]):
             out = tf.identity(tensor)
         run_independently(since)
         return out
 
     def times(self):
-        return {key: float(v.numpy()) for key, v in self._variables.items()}
+        return {key: float(v.numpy()) for key, v in self._stamps.items()}

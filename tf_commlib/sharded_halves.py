@@ -12,9 +12,9 @@ GradientAggregator (its buckets, topology, options and consistency check).
 import tensorflow as tf
 
 from tf_commlib import fusion, link_bytes, overlap
-from tf_commlib import primitives as P
+from tf_commlib import primitives
 from tf_commlib.collectives import ALGORITHMS
-from tf_commlib.collectives import wire as W
+from tf_commlib.collectives import wire
 from tf_commlib.collectives.interface import plain_python
 
 
@@ -89,7 +89,7 @@ class ShardedHalves:
         """Per bucket, (padded length n*s, start l*s, length s) of this rank's node slice (local l)."""
         out = []
         for bucket in self.buckets:
-            s = W.node_size(sum(bucket.sizes), self.topo.n)
+            s = wire.node_size(sum(bucket.sizes), self.topo.n)
             out.append((self.topo.n * s, self.topo.local * s, s))
         return out
 
@@ -98,7 +98,7 @@ class ShardedHalves:
         """Every bucket's node slices from the ranks of this node (the intra-node link only), per
         bucket the flat vector of its d entries; bucket b's op is named name_b (the same on every
         rank: Horovod would name it after its input, whose graph name may differ by rank)."""
-        return [P.allgather(piece, self.topo.intra, name=f"{name}_{b}")[:sum(bucket.sizes)]
+        return [primitives.allgather(piece, self.topo.intra, name=f"{name}_{b}")[:sum(bucket.sizes)]
                 for b, (piece, bucket) in enumerate(zip(pieces, self.buckets))]
 
     def node_sliced_bytes(self, algorithm=None, density=None):
@@ -109,8 +109,8 @@ class ShardedHalves:
             d = sum(bucket.sizes)
             name = self._resolve(algorithm or self.candidates[0], d, bucket.shapes)
             coll, options = ALGORITHMS[name], self.algorithm_options.get(name) or {}
-            if not coll.sparse and coll.sharding is not None:
-                per_bucket.append(W.node_reduce_bytes(d, coll.resolve_options(options).get("compression", "none"),
+            if not coll.lossy and coll.sharding is not None:
+                per_bucket.append(wire.node_reduce_bytes(d, coll.resolve_options(options).get("compression", "none"),
                                                       self.topo.m, self.topo.n))
             else:
                 per_bucket.append(self._bucket_bytes(bucket, name, density))

@@ -44,11 +44,11 @@ class Timer:
     def barrier(self):
         import tensorflow as tf
 
-        from tf_commlib import primitives as P
+        from tf_commlib import primitives
         self.calls += 1
         if self.topo.size == 1:
             return
-        P.allreduce(tf.zeros([1]), self.topo.world, name=f"bench_barrier_{self.calls}").numpy()
+        primitives.allreduce(tf.zeros([1]), self.topo.world, name=f"bench_barrier_{self.calls}").numpy()
 
     def max_over_ranks(self, times):
         import horovod.tensorflow as hvd

@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_commlib
-from tf_commlib import primitives as P
+from tf_commlib import primitives
 from tf_commlib.collectives.two_d_tar import two_d_tar
 
 
@@ -14,9 +14,9 @@ def main():
     # Integer-valued floats: both summation orders are exact, so the check is equality.
     x = tf.constant(rng.integers(-1000, 1000, size=1_000_003).astype(np.float32))
     hier = two_d_tar(x, topo).numpy()
-    flat = P.allreduce(x, topo.world).numpy()
+    flat = primitives.allreduce(x, topo.world).numpy()
     ok = bool(np.array_equal(hier, flat))
-    every = P.allreduce(tf.constant([int(ok)]), topo.world).numpy()[0]
+    every = primitives.allreduce(tf.constant([int(ok)]), topo.world).numpy()[0]
     print(f"rank {topo.rank}: node {topo.node}/{topo.m} local {topo.local}/{topo.n} "
           f"intra {list(topo.intra_ranks)} inter {list(topo.inter_ranks)}", flush=True)
     if topo.rank == 0:

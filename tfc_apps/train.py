@@ -114,7 +114,7 @@ class EpochReport(keras.callbacks.Callback):
         _, acc = self.model.evaluate(*self.test, verbose=0, batch_size=512)
         opt = distributed_optimizer(self.model)
         algo = opt.algorithm_at(epoch)
-        density = opt.density_at(epoch) if algo == "auto" or ALGORITHMS[algo].sparse else 1.0
+        density = opt.density_at(epoch) if algo == "auto" or ALGORITHMS[algo].lossy else 1.0
         sent = opt.sent_bytes_at(epoch)
         row = {"epoch": epoch + 1, "algorithm": algo, "density": density,
                "train_loss": float(logs.get("loss", np.nan)), "test_accuracy": float(acc),

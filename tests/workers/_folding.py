@@ -3,7 +3,7 @@ Grappler must not run the Horovod op once at graph-optimisation time and reuse i
 Run at the end of tests/workers/collectives_worker.py (checked by tests/test_collectives.py)."""
 import tensorflow as tf
 
-from tf_commlib import primitives as P
+from tf_commlib import primitives
 
 
 def run(topo):
@@ -19,10 +19,10 @@ def run(topo):
         # the root is a constant, so the tf.cond on it folds and the others' input becomes a constant
         root = tf.math.floormod(tf.constant(0, tf.int64), world.size())
         mine = tf.cond(tf.equal(root, world.rank()), lambda: tf.range(length), lambda: tf.zeros([0], tf.int32))
-        sent = P.broadcast(mine, root, world)
+        sent = primitives.broadcast(mine, root, world)
         # rank 0 contributes a variable's value, the others a constant
         value = tf.cond(tf.equal(root, world.rank()), lambda: tf.cast(length, tf.float32), lambda: tf.constant(1.0))
-        return sent, P.allgather(tf.reshape(value, [1]), world), P.allreduce(value, world)
+        return sent, primitives.allgather(tf.reshape(value, [1]), world), primitives.allreduce(value, world)
 
     out = []
     for n in (5, 9, 2):

@@ -50,7 +50,7 @@ for g in (g1, g2):
 same &= all(np.array_equal(x.numpy(), y.numpy())
             for x, y in zip(eager.residual_variables(), graph.residual_variables()))
 out["eager_equals_graph"] = bool(same)
-out["residual_sizes"] = [int(v.shape[0]) for v in eager.residual_variables()]
+out["state_sizes"] = [int(v.shape[0]) for v in eager.residual_variables()]
 
 # What was sent, as masks and as indices (eagerly, and in tf.function through a switch_case over two
 # candidates): the indices of each tensor are exactly where its mask is 1; none for a dense bucket.

@@ -19,8 +19,8 @@ import tf_commlib
 from tests.workers import _fit
 from tests.workers._report import report
 from tfc_apps import digits
-from tf_commlib import primitives as P
-from tf_commlib.keras import DGC, Selection, AdaptiveDensity, BackupAndRestore, DistributedOptimizer, default_callbacks
+from tf_commlib import primitives
+from tf_commlib.keras import DGC, AdaptiveDensity, BackupAndRestore, DistributedOptimizer, Selection, default_callbacks
 from tf_commlib.keras.adaptive import profile_batches
 
 topo = tf_commlib.init()
@@ -35,7 +35,7 @@ def log(what):
 
 
 def barrier():
-    P.allreduce(tf.constant(1), topo.world)
+    primitives.allreduce(tf.constant(1), topo.world)
 
 
 def state(model):

@@ -35,7 +35,7 @@ def recording(selector, log):
 
 def run(name, options, codec, selector):
     coll = ALGORITHMS[name]
-    residual = tf.zeros([coll.residual_size(D, topo)], tf.float32)
+    residual = tf.zeros([coll.state_size(D, topo)], tf.float32)
     rows = []
     for step, x in enumerate(inputs):
         ctx = coll.context(step=step, options={**options, "value_codec": codec})

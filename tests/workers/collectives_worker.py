@@ -9,7 +9,7 @@ from tests.workers import _folding, _sparcml
 from tests.workers._report import report
 from tests.workers._sparcml import D, counted
 from tf_commlib import link_bytes
-from tf_commlib import primitives as P
+from tf_commlib import primitives
 from tf_commlib.collectives import ALGORITHMS
 
 topo = tf_commlib.init()
@@ -24,10 +24,10 @@ out = {"inputs": [x.tolist() for x in inputs], "rank": topo.rank, "bytes": {}}
 for name, coll in ALGORITHMS.items():
     for density in (0.05, 1.0):
         results, residual, sent = [], None, []
-        if coll.sparse:
-            residual = tf.zeros([coll.residual_size(D, topo)], tf.float32)
+        if coll.lossy:
+            residual = tf.zeros([coll.state_size(D, topo)], tf.float32)
         for step, x in enumerate(inputs):
-            if coll.sparse:
+            if coll.lossy:
                 (agg, residual, _), b = counted(lambda: coll.fn(tf.constant(x), topo, density,
                                                                 select_at(step), residual))
             else:
@@ -43,11 +43,11 @@ for name, coll in ALGORITHMS.items():
 density = tf.Variable(0.05, dtype=tf.float64)
 for name, coll in ALGORITHMS.items():
     with link_bytes.counting() as counter:
-        if coll.sparse:
+        if coll.lossy:
             f = tf.function(lambda x, r: coll.fn(x, topo, density, select_at(0), r))
         else:
             f = tf.function(lambda x, r: coll.fn(x, topo))
-        r0 = tf.zeros([coll.residual_size(D, topo) if coll.sparse else 1], tf.float32)
+        r0 = tf.zeros([coll.state_size(D, topo) if coll.lossy else 1], tf.float32)
         for value in (0.05, 1.0):
             density.assign(value)
             counter.reset()
@@ -59,7 +59,7 @@ for name, coll in ALGORITHMS.items():
 # the same hitopk step inside tf.function, with a Python density
 coll = ALGORITHMS["hitopk"]
 f = tf.function(lambda x, r: coll.fn(x, topo, 0.05, select_at(0), r))
-agg, _, _ = f(tf.constant(inputs[0]), tf.zeros([coll.residual_size(D, topo)], tf.float32))
+agg, _, _ = f(tf.constant(inputs[0]), tf.zeros([coll.state_size(D, topo)], tf.float32))
 out["hitopk_graph"] = agg.numpy().tolist()
 
 # hitopk's step 4 forced by its option, against the density's own choice
@@ -74,9 +74,9 @@ _sparcml.extras(topo, out)
 
 # primitives no collective runs on the world set yet: ring reduce-scatter, alltoall, broadcast
 rows = tf.reshape(tf.range(6 * topo.size, dtype=tf.float32), [3 * topo.size, 2])
-out["bytes"]["world_reducescatter"] = [counted(lambda: P.reducescatter(rows, topo.world))[1]]
-out["bytes"]["world_alltoall"] = [counted(lambda: P.alltoall(rows, [3] * topo.size, topo.world))[1]]
-out["bytes"]["world_broadcast"] = [counted(lambda: P.broadcast(rows, topo.size - 1, topo.world))[1]]
+out["bytes"]["world_reducescatter"] = [counted(lambda: primitives.reducescatter(rows, topo.world))[1]]
+out["bytes"]["world_alltoall"] = [counted(lambda: primitives.alltoall(rows, [3] * topo.size, topo.world))[1]]
+out["bytes"]["world_broadcast"] = [counted(lambda: primitives.broadcast(rows, topo.size - 1, topo.world))[1]]
 
 # last (it turns op determinism on for the rest of the process): constant folding on some ranks
 out["folding"] = _folding.run(topo)

@@ -8,7 +8,7 @@ import tensorflow as tf
 import tf_commlib
 from tests.workers._report import report
 from tf_commlib import link_bytes
-from tf_commlib import primitives as P
+from tf_commlib import primitives
 from tf_commlib.aggregator import GradientAggregator
 from tf_commlib.collectives import Collective, dense, register
 from tf_commlib.keras import Selection, DistributedOptimizer
@@ -25,7 +25,7 @@ def probe(x, topo, ctx=None):
     seen_step[ctx.bucket].assign(ctx.step)
     seen_seed[ctx.bucket].assign(-2 if ctx.seed is None else ctx.seed)
     seen_options.append(dict(ctx.options))   # at trace time inside tf.function
-    return P.allreduce(x, topo.world)
+    return primitives.allreduce(x, topo.world)
 
 
 register(Collective("probe", probe, dense.time, dense.sent_bytes, options={"tag": "none"}))

@@ -1,4 +1,4 @@
-"""PowerSGD and 16-bit dense values on the wire (issue 29 §2-3): powersgd on a bucket of five tensors
+"""PowerSGD and 16-bit dense values on the wire: powersgd on a bucket of five tensors
 for 3 steps with its state (eagerly, and through GradientAggregator in tf.function), dense and 2dtar
 with compression, and the bytes each sent; checked against numpy by tests/test_powersgd.py."""
 import numpy as np

@@ -12,7 +12,7 @@ from tests.workers import _fit
 from tests.workers._mixed import rank_values
 from tests.workers._report import report
 from tfc_apps import digits
-from tf_commlib import primitives as P
+from tf_commlib import primitives
 from tf_commlib.keras import BackupAndRestore, average_variables, broadcast_variables
 
 topo = tf_commlib.init()
@@ -47,7 +47,7 @@ fit(part, STOP)
 path = os.path.join(shared, "rank0.keras")
 if topo.rank == 0:
     part.save(path)
-P.allreduce(tf.constant(1), topo.world)   # the file is there before anyone reads it
+primitives.allreduce(tf.constant(1), topo.world)   # the file is there before anyone reads it
 loaded = keras.models.load_model(path)
 try:
     fit(loaded, EPOCHS, initial_epoch=STOP)

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import tf_commlib
 from tests.workers._report import report
-from tf_commlib import primitives as P
+from tf_commlib import primitives
 from tf_commlib import shm
 from tf_commlib.collectives.two_d_tar import two_d_tar
 
@@ -26,7 +26,7 @@ def in_graph(v):
 def reducescatter(mode):
     os.environ["TF_COMMLIB_REDUCESCATTER"] = mode
     try:
-        return P.reducescatter(tf.constant(x[:topo.n * (d // topo.n)]), topo.intra).numpy().tolist()
+        return primitives.reducescatter(tf.constant(x[:topo.n * (d // topo.n)]), topo.intra).numpy().tolist()
     finally:
         del os.environ["TF_COMMLIB_REDUCESCATTER"]
 
@@ -35,8 +35,8 @@ modes = ["alltoall", "allreduce", "native"] + (["shm"] if shm.available(topo.int
 report(topo.rank, {
     "m": topo.m, "n": topo.n, "node": topo.node, "local": topo.local,
     "intra_ranks": list(topo.intra_ranks), "inter_ranks": list(topo.inter_ranks),
-    "intra_members": P.allgather(me, topo.intra).numpy().tolist(),
-    "inter_members": P.allgather(me, topo.inter).numpy().tolist(),
+    "intra_members": primitives.allgather(me, topo.intra).numpy().tolist(),
+    "inter_members": primitives.allgather(me, topo.inter).numpy().tolist(),
     "input": x.tolist(),
     "reducescatter": {mode: reducescatter(mode) for mode in modes},
     "hier": two_d_tar(tf.constant(x), topo).numpy().tolist(),

@@ -9,14 +9,14 @@ alphabeta's link parameters), ``sent_bytes`` (bytes per link, from link_bytes) a
 ``COLLECTIVE = Collective("dense", dense, time, sent_bytes)``. A new module runs at once as
 GradientAggregator(algorithm=name), takes part in "auto", `bench comm` and the byte-count test
 (tests/test_collective_interface.py), and tests/test_collectives.py checks it against a numpy
-reference (sparse: each rank's own top-k with error feedback; dense: the sum) unless its module
+reference (lossy: each rank's own top-k with error feedback; exact: the sum) unless its module
 sets ``REFERENCE`` (another of that test's references, or None where another test checks it);
 ``register`` adds one defined elsewhere. Value codecs (compression, value_codec) are codec.py's.
 
 The predictions over the registry are here too: ``breakdown`` and ``predict`` (a collective's time
 formula, on tf_commlib.alphabeta.LinkParams) and ``choose``: the argmin of the predictions (tyagi's
 closed-form inequalities divide by zero at N = 2). algorithm="auto" runs choose with
-lossy_margin=auto_margin (default AUTO_MARGIN = 0.5): a sparse (lossy) collective, which needs more
+lossy_margin=auto_margin (default AUTO_MARGIN = 0.5): a lossy collective, which needs more
 steps to reach the same accuracy, is picked only where its prediction is at most half the fastest
 exact one's; choose's own default (1.0) is the plain argmin, which `bench comm` compares with the
 measured fastest. The margin also applies to the step: with overlap, aggregation runs beside the
@@ -106,7 +106,7 @@ def check_margin(value, name="lossy_margin"):
 def choose(d, m, n, density, params=None, candidates=None, options=None, shapes=None, lossy_margin=1.0):
     """The candidate (default: every registered collective) with the smallest predicted time, ties
     going to the earlier one; options = {algorithm: {option: value}} (algorithm_options); shapes:
-    the bucket's tensor shapes (None: one flat vector of d). ``lossy_margin`` in (0, 1]: a sparse
+    the bucket's tensor shapes (None: one flat vector of d). ``lossy_margin`` in (0, 1]: a lossy
     candidate (one that sends part of the sum and keeps the rest in a residual, so it needs more
     steps to the same accuracy) is chosen only where its prediction is at most lossy_margin times
     the fastest exact candidate's (dense, 2dtar), else that one is; 1.0 is the plain minimum."""
@@ -115,8 +115,8 @@ def choose(d, m, n, density, params=None, candidates=None, options=None, shapes=
     candidates = list(ALGORITHMS) if candidates is None else list(candidates)
     time = {a: predict(a, d, m, n, density, params, options.get(a), shapes) for a in candidates}
     best = min(candidates, key=time.get)
-    exact = [a for a in candidates if not ALGORITHMS[a].sparse]
-    if not ALGORITHMS[best].sparse or not exact:
+    exact = [a for a in candidates if not ALGORITHMS[a].lossy]
+    if not ALGORITHMS[best].lossy or not exact:
         return best
     fastest_exact = min(exact, key=time.get)
     return best if time[best] <= lossy_margin * time[fastest_exact] else fastest_exact
@@ -143,14 +143,14 @@ def keep_exact(buckets, m, n, density, compute_s, params=None, options=None, los
     if compute_s is None:
         return False
     options = options or {}
-    exact = [a for a in ALGORITHMS if not ALGORITHMS[a].sparse]
+    exact = [a for a in ALGORITHMS if not ALGORITHMS[a].lossy]
     exact_s = chosen_s = 0.0
     for d, shapes in buckets:
         exact_s += min(predict(a, d, m, n, density, params, options.get(a), shapes) for a in exact)
         pick = choose(d, m, n, density, params, options=options, shapes=shapes, lossy_margin=lossy_margin)
         chosen_s += predict(pick, d, m, n, density, params, options.get(pick), shapes)
-    sparse_step, exact_step = max(compute_s, chosen_s), max(compute_s, exact_s)
-    return not (sparse_step < exact_step and sparse_step <= lossy_margin * exact_step)
+    chosen_step, exact_step = max(compute_s, chosen_s), max(compute_s, exact_s)
+    return not (chosen_step < exact_step and chosen_step <= lossy_margin * exact_step)
 
 
 def _discover():

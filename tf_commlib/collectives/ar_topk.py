@@ -21,9 +21,9 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from tf_commlib import alphabeta as C
-from tf_commlib import link_bytes as L
-from tf_commlib import primitives as P
+from tf_commlib import alphabeta
+from tf_commlib import link_bytes
+from tf_commlib import primitives
 from tf_commlib.collectives import hitopk
 from tf_commlib.collectives.count import num_selected
 from tf_commlib.collectives.error_feedback import unsent
@@ -42,7 +42,7 @@ def star_root(process_set, ctx):
 def var_root(process_set, values):
     """The set position with the largest ‖values‖² (float64; NaN counts as +inf), ties to the lowest."""
     norm = tf.reduce_sum(tf.square(tf.cast(values, tf.float64)))
-    norms = P.allgather(tf.reshape(norm, [1]), process_set)
+    norms = primitives.allgather(tf.reshape(norm, [1]), process_set)
     norms = tf.where(tf.math.is_nan(norms), tf.constant(np.inf, tf.float64), norms)
     return tf.reduce_min(tf.where(tf.equal(norms, tf.reduce_max(norms)))[:, 0])
 
@@ -64,9 +64,9 @@ def ar_topk(x, real, k, select, process_set, variant, ctx):
         root = var_root(process_set, values)
         indices = tf.cast(indices, tf.int32)
     global_root = tf.gather(tf.constant(process_set.ranks, tf.int64), root)
-    root_indices = P.broadcast(indices, global_root, process_set)
+    root_indices = primitives.broadcast(indices, global_root, process_set)
     gathered = tf.gather(x, root_indices)
-    return P.allreduce(gathered, process_set), root_indices, unsent(x, gathered, root_indices)
+    return primitives.allreduce(gathered, process_set), root_indices, unsent(x, gathered, root_indices)
 
 
 def flat(variant):
@@ -114,7 +114,7 @@ def tyagi_ag(mc, p, alpha, beta):
 def art_ring(mc, p, alpha, beta):
     """ART-Ring = α·[2(N−1) + log N] + Mc·β·[2(N−1)/N + log N]: the indices' tree broadcast and a
     ring All-Reduce of the values (what star and var run: Horovod's allreduce is a ring)."""
-    return tree_broadcast(mc, p, alpha, beta) + C.ring_allreduce(mc, p, alpha, beta)
+    return tree_broadcast(mc, p, alpha, beta) + alphabeta.ring_allreduce(mc, p, alpha, beta)
 
 
 def art_tree(mc, p, alpha, beta):
@@ -126,7 +126,7 @@ def _root_choice(variant, p, link):
     """VAR's all-gather of one float64 norm per rank (tyagi: N floats, negligible)."""
     if variant != VAR:
         return {}
-    return {"norms": C.allgather(8, p, *link)}
+    return {"norms": alphabeta.allgather(8, p, *link)}
 
 
 def flat_time(variant):
@@ -134,20 +134,23 @@ def flat_time(variant):
     world's slowest link, after one tree broadcast of the root's length (4 bytes); selection on d,
     scatter-add and error feedback."""
     def time(d, m, n, density, params, options):
-        k, p, link = num_selected(density, d), m * n, C.world_link(m, params)
-        return {"select": C.select_cost(d, params), **_root_choice(variant, p, link),
-                "length": tree_broadcast(C.BYTES, p, *link), "art_ring": art_ring(C.BYTES * k, p, *link),
-                "scatter_add": C.scatter_add_cost(k, d, params), "residual": C.residual_cost(k, d, params)}
+        k, p, link = num_selected(density, d), m * n, alphabeta.world_link(m, params)
+        return {"select": alphabeta.select_cost(d, params), **_root_choice(variant, p, link),
+                "length": tree_broadcast(alphabeta.BYTES, p, *link),
+                "art_ring": art_ring(alphabeta.BYTES * k, p, *link),
+                "scatter_add": alphabeta.scatter_add_cost(k, d, params),
+                "residual": alphabeta.residual_cost(k, d, params)}
     return time
 
 
 def _round_bytes(variant, k, kind, m, n):
     """One AR-Topk round of k indices on a set of `kind`: length, indices, values (+ VAR's norms)."""
-    parts = [L.per_rank("broadcast", C.BYTES, kind, m, n), L.per_rank("broadcast", C.BYTES * k, kind, m, n),
-             L.per_rank("allreduce", C.BYTES * k, kind, m, n)]
+    parts = [link_bytes.per_rank("broadcast", alphabeta.BYTES, kind, m, n),
+             link_bytes.per_rank("broadcast", alphabeta.BYTES * k, kind, m, n),
+             link_bytes.per_rank("allreduce", alphabeta.BYTES * k, kind, m, n)]
     if variant == VAR:
-        parts.append(L.per_rank("allgather", 8, kind, m, n))
-    return L.add(*parts)
+        parts.append(link_bytes.per_rank("allgather", 8, kind, m, n))
+    return link_bytes.add(*parts)
 
 
 def flat_bytes(variant):
@@ -164,12 +167,14 @@ def hier_time(variant):
         s, k = hitopk.shard_size(d, n), num_selected(density, d / n)
         inter = (params.alpha_inter, params.beta_inter)
         a, b = params.alpha_intra, params.beta_intra
-        rs = hitopk.pad_cost(d, n, params) + C.reducescatter(C.BYTES * n * s, n, a, b)   # pad, eq. (7)
-        return {"reducescatter": rs, "select": C.select_cost(s, params),
+        rs = hitopk.pad_cost(d, n, params) + alphabeta.reducescatter(alphabeta.BYTES * n * s, n, a, b)   # pad, eq. (7)
+        return {"reducescatter": rs, "select": alphabeta.select_cost(s, params),
                 **_root_choice(variant, m, (inter[0], inter[1] * n)),
-                "length": tree_broadcast(C.BYTES * n, m, *inter), "art_ring": art_ring(C.BYTES * k * n, m, *inter),
-                "intra_allgather": C.allgather(C.SPARSE_BYTES * k, n, a, b),
-                "scatter_add": C.scatter_add_cost(n * k, d, params), "residual": C.residual_cost(k, s, params)}
+                "length": tree_broadcast(alphabeta.BYTES * n, m, *inter),
+                "art_ring": art_ring(alphabeta.BYTES * k * n, m, *inter),
+                "intra_allgather": alphabeta.allgather(alphabeta.SPARSE_BYTES * k, n, a, b),
+                "scatter_add": alphabeta.scatter_add_cost(n * k, d, params),
+                "residual": alphabeta.residual_cost(k, s, params)}
     return time
 
 
@@ -177,13 +182,13 @@ def hier_bytes(variant):
     """Averaged over the shards (short shards select fewer, empty ones none)."""
     def sent_bytes(d, m, n, density, options):
         s, k = hitopk.shard_size(d, n), num_selected(density, d / n)
-        total = {link: 0.0 for link in L.LINKS}
+        total = {link: 0.0 for link in link_bytes.LINKS}
         for local in range(n):
             kj = min(k, hitopk.real_size(d, n, local))
-            shard = L.add(L.per_rank("reducescatter", C.BYTES * n * s, "intra", m, n),
+            shard = link_bytes.add(link_bytes.per_rank("reducescatter", alphabeta.BYTES * n * s, "intra", m, n),
                           _round_bytes(variant, kj, "inter", m, n),
-                          L.per_rank("allgather", C.SPARSE_BYTES * kj, "intra", m, n))
-            total = L.add(total, {link: v / n for link, v in shard.items()})
+                          link_bytes.per_rank("allgather", alphabeta.SPARSE_BYTES * kj, "intra", m, n))
+            total = link_bytes.add(total, {link: v / n for link, v in shard.items()})
         return total
     return sent_bytes
 

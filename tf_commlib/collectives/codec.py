@@ -19,7 +19,7 @@ codec's values are value_codec.SparseCodec. ``register`` adds one.
 """
 import tensorflow as tf
 
-from tf_commlib.collectives import qsgd as Q
+from tf_commlib.collectives import qsgd
 
 REGISTRY = {}   # name -> Codec
 
@@ -83,22 +83,22 @@ class QSGD(Codec):
     wire_dtype = tf.uint8
 
     def __init__(self, bits):
-        self.bits = Q.check_bits(bits)
+        self.bits = qsgd.check_bits(bits)
         self.name = f"qsgd{bits}"
 
     def bytes(self, n, parts=1):
-        return Q.wire_bytes(n, self.bits)
+        return qsgd.wire_bytes(n, self.bits)
 
     def encode(self, x, seed=None):
         """Flat uint8: the norms (float32), then the packed levels."""
-        levels, norms = Q.encode(x, self.bits, seed)
-        return tf.concat([tf.reshape(tf.bitcast(norms, tf.uint8), [-1]), Q.pack(levels, self.bits)], 0)
+        levels, norms = qsgd.encode(x, self.bits, seed)
+        return tf.concat([tf.reshape(tf.bitcast(norms, tf.uint8), [-1]), qsgd.pack(levels, self.bits)], 0)
 
     def decode(self, wire, n, dtype=tf.float32):
-        buckets = -(-n // Q.BUCKET)
+        buckets = -(-n // qsgd.BUCKET)
         norms = tf.bitcast(tf.reshape(wire[:4 * buckets], [buckets, 4]), tf.float32)
-        levels = tf.reshape(Q.unpack(wire[4 * buckets:], self.bits), [buckets, Q.BUCKET])
-        return tf.cast(Q.decode(levels, norms, n, self.bits), dtype)
+        levels = tf.reshape(qsgd.unpack(wire[4 * buckets:], self.bits), [buckets, qsgd.BUCKET])
+        return tf.cast(qsgd.decode(levels, norms, n, self.bits), dtype)
 
 
 def register(codec, name=None):
@@ -124,5 +124,5 @@ def check(name, option, algorithm, accepted):
 NONE = register(Cast("none"))
 FP16 = register(Cast("fp16", tf.float16))
 BF16 = register(Cast("bf16", tf.bfloat16, summable=False))   # Horovod 0.28 has no bfloat16 allreduce
-for _bits in Q.BITS:
+for _bits in qsgd.BITS:
     register(QSGD(_bits))

@@ -13,12 +13,12 @@ import numbers
 
 import tensorflow as tf
 
-from tf_commlib import alphabeta as C
-from tf_commlib import primitives as P
-from tf_commlib.collectives import codec as K
+from tf_commlib import alphabeta
+from tf_commlib import primitives
+from tf_commlib.collectives import codec
 from tf_commlib.collectives import qsgd
-from tf_commlib.collectives import value_codec as V
-from tf_commlib.collectives import sparcml as S
+from tf_commlib.collectives import value_codec
+from tf_commlib.collectives import sparcml
 from tf_commlib.collectives.sparse_message import unpack
 from tf_commlib.ops import scatter_add
 
@@ -34,18 +34,18 @@ def check_options(options):
     if bits is not None and not (integral and bits in qsgd.BITS):
         raise ValueError(f"algorithm_options['dsar_split_ag']['qsgd_bits'] must be one of "
                          f"{qsgd.BITS} (or None), got {bits!r}")
-    S.check_codec(options, "dsar_split_ag")
+    sparcml.check_codec(options, "dsar_split_ag")
 
 
 def delta_of(d, p, options):
     if options["delta"] is None:
-        return S.slice_size(d, p) * C.BYTES / V.get(options["value_codec"]).entry_bytes
+        return sparcml.slice_size(d, p) * alphabeta.BYTES / value_codec.get(options["value_codec"]).entry_bytes
     return options["delta"]
 
 
 def dense_codec(bits):
     """The codec of the dense slices: float32, or QSGD with `bits` bits."""
-    return K.get("none" if bits is None else f"qsgd{bits}")
+    return codec.get("none" if bits is None else f"qsgd{bits}")
 
 
 def dense_bytes(n_slice, bits):
@@ -54,8 +54,8 @@ def dense_bytes(n_slice, bits):
 
 def payload(d, p, options):
     """The bytes owner j allgathers for a slice of `entries` entries (sparcml.schedule)."""
-    n_slice, delta, bits = S.slice_size(d, p), delta_of(d, p, options), options["qsgd_bits"]
-    entry = V.get(options["value_codec"]).entry_bytes
+    n_slice, delta, bits = sparcml.slice_size(d, p), delta_of(d, p, options), options["qsgd_bits"]
+    entry = value_codec.get(options["value_codec"]).entry_bytes
     return lambda j, entries: 4 + (dense_bytes(n_slice, bits) if entries > delta else entry * entries)
 
 
@@ -71,11 +71,11 @@ def _seed(ctx, owner):
 def reduce_streams(stream, d, topo, ctx, wire):
     world = topo.world
     p, me = world.size(), world.rank()
-    q, n_slice = S.lower_power_of_two(p), S.slice_size(d, p)
+    q, n_slice = sparcml.lower_power_of_two(p), sparcml.slice_size(d, p)
     options = ctx.options
     delta, entry = delta_of(d, p, options), wire.codec.entry_bytes
     dense_wire = dense_codec(options["qsgd_bits"])
-    owned = S.split_reduce(S.fold_in(stream, world, wire), d, world, wire)
+    owned = sparcml.split_reduce(sparcml.fold_in(stream, world, wire), d, world, wire)
     values, indices = unpack(owned, tf.float32, tf.int32)
     count = tf.shape(indices)[0]
     is_dense = tf.cast(count, tf.float64) > delta
@@ -86,7 +86,7 @@ def reduce_streams(stream, d, topo, ctx, wire):
         return tf.concat([_word(-1), dense_wire.to_bytes(slice_, _seed(ctx, me))], 0)
 
     blob = tf.cond(is_dense, dense, lambda: tf.concat([_word(count), tf.reshape(sparse_rows, [-1])], 0))
-    gathered = P.allgather(S.keep_if(blob, me < q), world)   # the owners' messages in order
+    gathered = primitives.allgather(sparcml.keep_if(blob, me < q), world)   # the owners' messages in order
     offset, slices = tf.constant(0, tf.int32), []
     for j in range(q):
         head = tf.bitcast(tf.reshape(gathered[offset:offset + 4], [4]), tf.int32)
@@ -104,8 +104,8 @@ def reduce_streams(stream, d, topo, ctx, wire):
 
 def concat_time(d, m, n, density, params, options):
     """After ssar_split_ag's phases (with this payload), the q decoded slices concatenated (a copy of d)."""
-    return {"concat": C.copy_cost(d, params)}
+    return {"concat": alphabeta.copy_cost(d, params)}
 
 
-COLLECTIVE = S.collective("dsar_split_ag", reduce_streams, "split", payload, concat_time, OPTIONS, check_options)
+COLLECTIVE = sparcml.collective("dsar_split_ag", reduce_streams, "split", payload, concat_time, OPTIONS, check_options)
 dsar_split_ag = COLLECTIVE.fn

@@ -15,10 +15,10 @@ import math
 
 import tensorflow as tf
 
-from tf_commlib import alphabeta as C
-from tf_commlib import link_bytes as L
-from tf_commlib import primitives as P
-from tf_commlib.collectives import value_codec as V
+from tf_commlib import alphabeta
+from tf_commlib import link_bytes
+from tf_commlib import primitives
+from tf_commlib.collectives import value_codec
 from tf_commlib.collectives.count import num_selected
 from tf_commlib.collectives.error_feedback import unsent
 from tf_commlib.collectives.interface import Collective
@@ -38,7 +38,7 @@ def real_size(d, n, local):
     return max(0, min(s, d - local * s))
 
 
-def residual_size(d, topo, options=None):
+def state_size(d, topo, options=None):
     return shard_size(d, topo.n)
 
 
@@ -50,13 +50,13 @@ def residual_to_input(residual, d, topo):
 
 def pad_cost(d, n, params):
     """tf.pad copies x when n does not divide d (with no padding it forwards x)."""
-    return C.copy_cost(n * shard_size(d, n), params) if n * shard_size(d, n) > d else 0.0
+    return alphabeta.copy_cost(n * shard_size(d, n), params) if n * shard_size(d, n) > d else 0.0
 
 
 def reduce_shard(x, topo):
     """Step 1: this rank's shard (length ceil(d/n)) of the node's sum; x is padded to n shards."""
     d, s = x.shape[0], shard_size(x.shape[0], topo.n)
-    return P.reducescatter(tf.pad(x, [[0, topo.n * s - d]]), topo.intra)
+    return primitives.reducescatter(tf.pad(x, [[0, topo.n * s - d]]), topo.intra)
 
 
 def select_shard(shard, d, topo, density, select):
@@ -70,7 +70,7 @@ def select_shard(shard, d, topo, density, select):
 def inter_gather(values, indices, topo, codec="none"):
     """Step 3: what the ranks of this local index selected on every node, in node order:
     (values, indices, part) as SparseCodec.allgather (values must be quantised for the codec)."""
-    return V.get(codec).allgather(values, indices, topo.inter)
+    return value_codec.get(codec).allgather(values, indices, topo.inter)
 
 
 def sparse_step4(density, m, step4="auto", codec="none"):
@@ -78,7 +78,7 @@ def sparse_step4(density, m, step4="auto", codec="none"):
     m·k entries of the codec cost fewer bytes than the dense shard (2·m·density < 1 for "none")."""
     if step4 != "auto":
         return step4 == "sparse"
-    per_entry = V.get(codec).entry_bytes / C.BYTES
+    per_entry = value_codec.get(codec).entry_bytes / alphabeta.BYTES
     if tf.is_tensor(density):
         return tf.less(per_entry * m * tf.cast(density, tf.float64), 1.0)
     return per_entry * m * density < 1
@@ -99,15 +99,15 @@ def intra_gather(gathered, indices, d, topo, density, step4="auto", codec="none"
     offset = tf.cast(topo.local * s, indices.dtype)
 
     def sparse():   # every rank's gathered entries, moved to their place in x, summed into d
-        all_values, all_indices, _ = V.get(codec).allgather(values, node_indices + offset, topo.intra,
+        all_values, all_indices, _ = value_codec.get(codec).allgather(values, node_indices + offset, topo.intra,
                                                             part, topo.m)
         return scatter_add(all_indices, all_values, d)
 
     def dense():    # the shard's sum, then an allgather of the dense shards
-        return P.allgather(scatter_add(node_indices, values, s), topo.intra)[:d]
+        return primitives.allgather(scatter_add(node_indices, values, s), topo.intra)[:d]
 
     aggregated = _branch(sparse_step4(density, topo.m, step4, codec), sparse, dense)
-    return aggregated, P.allgather(indices + offset, topo.intra)
+    return aggregated, primitives.allgather(indices + offset, topo.intra)
 
 
 def hitopk(x, topo, density, select, residual=None, ctx=None):
@@ -117,7 +117,7 @@ def hitopk(x, topo, density, select, residual=None, ctx=None):
     (aggregated, new residual, sent), sent being the indices of x that this rank's node sent.
     """
     options = (ctx or COLLECTIVE.context()).options
-    step4, codec = options["step4"], V.get(options["value_codec"])
+    step4, codec = options["step4"], value_codec.get(options["value_codec"])
     d = x.shape[0]
     shard = reduce_shard(x, topo)
     if residual is not None:
@@ -135,46 +135,46 @@ def time(d, m, n, density, params, options):
     sent indices) + error feedback."""
     s, k = shard_size(d, n), num_selected(density, d / n)
     a, b = params.alpha_intra, params.beta_intra
-    codec = V.get(options["value_codec"])
-    sent = C.allgather(C.BYTES * k, n, a, b)
+    codec = value_codec.get(options["value_codec"])
+    sent = alphabeta.allgather(alphabeta.BYTES * k, n, a, b)
     if sparse_step4(density, m, options["step4"], codec):
-        step4 = C.allgather(codec.bytes(m * k, m), n, a, b) + C.scatter_add_cost(n * m * k, d, params)
+        step4 = alphabeta.allgather(codec.bytes(m * k, m), n, a, b) + alphabeta.scatter_add_cost(n * m * k, d, params)
     else:
-        step4 = C.scatter_add_cost(m * k, s, params) + C.allgather(C.BYTES * s, n, a, b)
+        step4 = alphabeta.scatter_add_cost(m * k, s, params) + alphabeta.allgather(alphabeta.BYTES * s, n, a, b)
     return {
-        "reducescatter": pad_cost(d, n, params) + C.reducescatter(C.BYTES * n * s, n, a, b),
-        "select": C.select_cost(s, params),
-        "inter_allgather": C.allgather(codec.bytes(k) * n, m, params.alpha_inter, params.beta_inter),
+        "reducescatter": pad_cost(d, n, params) + alphabeta.reducescatter(alphabeta.BYTES * n * s, n, a, b),
+        "select": alphabeta.select_cost(s, params),
+        "inter_allgather": alphabeta.allgather(codec.bytes(k) * n, m, params.alpha_inter, params.beta_inter),
         "intra_allgather": step4 + sent,
-        "residual": C.residual_cost(k, s, params),
+        "residual": alphabeta.residual_cost(k, s, params),
     }
 
 
 def sent_bytes(d, m, n, density, options):
     """Steps 1, 3, 4 and the sent indices, averaged over the shards (short shards select fewer)."""
     s, k = shard_size(d, n), num_selected(density, d / n)
-    codec = V.get(options["value_codec"])
+    codec = value_codec.get(options["value_codec"])
     sparse4 = sparse_step4(density, m, options["step4"], codec)
-    total = {link: 0.0 for link in L.LINKS}
+    total = {link: 0.0 for link in link_bytes.LINKS}
     for local in range(n):
         kj = min(k, real_size(d, n, local))
-        shard = L.add(L.per_rank("reducescatter", C.BYTES * n * s, "intra", m, n),
-                      L.per_rank("allgather", codec.bytes(kj), "inter", m, n),
-                      L.per_rank("allgather", codec.bytes(m * kj, m) if sparse4 else C.BYTES * s,
+        shard = link_bytes.add(link_bytes.per_rank("reducescatter", alphabeta.BYTES * n * s, "intra", m, n),
+                      link_bytes.per_rank("allgather", codec.bytes(kj), "inter", m, n),
+                      link_bytes.per_rank("allgather", codec.bytes(m * kj, m) if sparse4 else alphabeta.BYTES * s,
                                  "intra", m, n),
-                      L.per_rank("allgather", C.BYTES * kj, "intra", m, n))
-        total = L.add(total, {link: v / n for link, v in shard.items()})
+                      link_bytes.per_rank("allgather", alphabeta.BYTES * kj, "intra", m, n))
+        total = link_bytes.add(total, {link: v / n for link, v in shard.items()})
     return total
 
 
 def check_options(options):
     if options["step4"] not in STEP4:
         raise ValueError(f"algorithm_options['hitopk']['step4'] must be one of {STEP4}, got {options['step4']!r}")
-    V.check(options["value_codec"], "hitopk")
+    value_codec.check(options["value_codec"], "hitopk")
 
 
 REFERENCE = "shard_topk"   # the top-k of each shard (tests/test_collectives.py's references)
 
-COLLECTIVE = Collective("hitopk", hitopk, time, sent_bytes, sparse=True, residual_size=residual_size,
+COLLECTIVE = Collective("hitopk", hitopk, time, sent_bytes, lossy=True, state_size=state_size,
                         residual_to_input=residual_to_input, options={"step4": "auto", "value_codec": "none"},
                         check_options=check_options)

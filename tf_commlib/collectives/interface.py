@@ -88,13 +88,14 @@ class Collective:
     """Everything about one aggregation algorithm.
 
     fn:     dense: fn(x, topo, ctx=None) -> sum over all ranks of the flat tensor x;
-            sparse: fn(x, topo, density, select, residual=None, ctx=None) -> (sum, new residual,
+            lossy: fn(x, topo, density, select, residual=None, ctx=None) -> (sum, new residual,
             indices of x this rank's selection sent); the same result on every rank.
     time:   time(d, m, n, density, params, options) -> {step: seconds}, the alpha-beta prediction
             for d float32 entries on m nodes x n ranks with alphabeta.LinkParams (and its helpers).
     bytes:  bytes(d, m, n, density, options) -> {"intra": B, "inter": B} sent per call, averaged
             over the ranks, by the convention of tf_commlib.link_bytes (use link_bytes.per_rank).
-    sparse, residual_size(d, topo, options=None), residual_to_input(residual, d, topo): for error
+    lossy (the result is not the exact sum; the collective keeps error-feedback state),
+    state_size(d, topo, options=None), residual_to_input(residual, d, topo): for error
             feedback (the length of the per-rank state, which may hold more than the residual, e.g.
             PowerSGD's Q; the latter maps it to what this rank adds to its input to flush it).
     options: {name: default} that the aggregator's ``algorithm_options[name]`` may override;
@@ -107,7 +108,7 @@ class Collective:
             optimizer update may split (dense, 2dtar); None otherwise.
     A layout the algorithm cannot run on gets time {"unsupported": math.inf}, so `auto` skips it.
     shapes: breakdown, sent_bytes, sent_bytes_for and context take ``shapes=`` (see Context; None:
-            one flat vector of d). The formulas (time, bytes, actual_bytes, residual_size) keep
+            one flat vector of d). The formulas (time, bytes, actual_bytes, state_size) keep
             their signatures and get the shapes as ``options["shapes"]`` where the caller knows them
             (``formula_options``; GradientAggregator always passes its buckets'); the key is absent
             otherwise, so a formula that depends on the layers reads ``options.get("shapes")``.
@@ -116,8 +117,8 @@ class Collective:
     fn: Callable
     time: Callable
     bytes: Callable
-    sparse: bool = False
-    residual_size: Optional[Callable] = None
+    lossy: bool = False
+    state_size: Optional[Callable] = None
     residual_to_input: Optional[Callable] = None
     options: Mapping = dataclasses.field(default_factory=dict)
     check_options: Optional[Callable] = None
@@ -125,8 +126,8 @@ class Collective:
     sharding: Optional[Sharding] = None
 
     def __post_init__(self):
-        if self.sparse and not (self.residual_size and self.residual_to_input):
-            raise TypeError(f"sparse collective {self.name!r} needs residual_size and residual_to_input")
+        if self.lossy and not (self.state_size and self.residual_to_input):
+            raise TypeError(f"lossy collective {self.name!r} needs state_size and residual_to_input")
         if not callable(self.fn):
             raise TypeError(f"collective {self.name!r}: fn must be callable, got {self.fn!r}")
         object.__setattr__(self, "fn", plain_python(self.fn))

@@ -28,8 +28,8 @@ import math
 
 import tensorflow as tf
 
-from tf_commlib import alphabeta as C
-from tf_commlib import link_bytes as L
+from tf_commlib import alphabeta
+from tf_commlib import link_bytes
 from tf_commlib.collectives import dense, two_d_tar
 from tf_commlib.collectives.interface import Collective, check_shapes
 
@@ -72,7 +72,7 @@ def _options(options):
     return COLLECTIVE.resolve_options(None) if options is None else options
 
 
-def residual_size(d, topo, options=None):
+def state_size(d, topo, options=None):
     options = _options(options)
     return d + _sizes(layout(d, options), options["rank"])[2]
 
@@ -125,7 +125,7 @@ def powersgd(x, topo, density, select, residual=None, ctx=None):
     d = x.shape[0]
     options = {**ctx.options, "shapes": ctx.shapes}
     tensors = layout(d, options)
-    state = tf.zeros([residual_size(d, topo, options)], x.dtype) if residual is None else residual
+    state = tf.zeros([state_size(d, topo, options)], x.dtype) if residual is None else residual
     m = x + state[:d]
     packed = [t for t in tensors if t.compressed]
     if not packed:
@@ -166,7 +166,7 @@ def product_cost(entries, rank, params):
     """A product of a matrix (`entries` entries) with a rank-column factor, or the matrix such a
     product makes: rank multiply-adds per entry, counted as rank passes of one element write each
     (small ranks are memory-bound; not calibrated)."""
-    return rank * C.copy_cost(entries, params)
+    return rank * alphabeta.copy_cost(entries, params)
 
 
 def time(d, m, n, density, params, options):
@@ -177,14 +177,14 @@ def time(d, m, n, density, params, options):
     rank = options["rank"]
     plain, p_size, q_size, entries = _sizes(layout(d, options), rank)
     if not entries:
-        return {"allreduce": _sum_time(d, m, n, params), "residual": C.copy_cost(d, params)}
+        return {"allreduce": _sum_time(d, m, n, params), "residual": alphabeta.copy_cost(d, params)}
     return {
         "allreduce_dense": _sum_time(plain, m, n, params),
         "allreduce_p": _sum_time(p_size, m, n, params),
         "allreduce_q": _sum_time(q_size, m, n, params),
         "products": 4 * product_cost(entries, rank, params),
-        "orthogonalise": rank * C.copy_cost(p_size, params),
-        "residual": 3 * C.copy_cost(d, params),
+        "orthogonalise": rank * alphabeta.copy_cost(p_size, params),
+        "residual": 3 * alphabeta.copy_cost(d, params),
     }
 
 
@@ -194,7 +194,7 @@ def sent_bytes(d, m, n, density, options):
     plain, p_size, q_size, entries = _sizes(layout(d, options), options["rank"])
     if not entries:
         return coll.sent_bytes(d, m, n, 1.0)
-    return L.add(*[coll.sent_bytes(k, m, n, 1.0) for k in (plain, p_size, q_size) if k])
+    return link_bytes.add(*[coll.sent_bytes(k, m, n, 1.0) for k in (plain, p_size, q_size) if k])
 
 
 def check_options(options):
@@ -206,5 +206,5 @@ def check_options(options):
 
 REFERENCE = None   # a low-rank approximation, not a top-k: tests/test_powersgd.py checks it
 
-COLLECTIVE = Collective("powersgd", powersgd, time, sent_bytes, sparse=True, residual_size=residual_size,
+COLLECTIVE = Collective("powersgd", powersgd, time, sent_bytes, lossy=True, state_size=state_size,
                         residual_to_input=residual_to_input, options=OPTIONS, check_options=check_options)

@@ -40,11 +40,11 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from tf_commlib import alphabeta as C
-from tf_commlib import link_bytes as L
-from tf_commlib import primitives as P
+from tf_commlib import alphabeta
+from tf_commlib import link_bytes
+from tf_commlib import primitives
 from tf_commlib.collectives import naive_ag
-from tf_commlib.collectives import value_codec as V
+from tf_commlib.collectives import value_codec
 from tf_commlib.collectives.count import num_selected
 from tf_commlib.collectives.error_feedback import unsent
 from tf_commlib.collectives.interface import Collective
@@ -75,7 +75,7 @@ CODECS = ("none", "fp16")
 
 
 def check_codec(options, algorithm):
-    V.check(options["value_codec"], algorithm, CODECS)
+    value_codec.check(options["value_codec"], algorithm, CODECS)
 
 
 class Wire:
@@ -83,7 +83,7 @@ class Wire:
     rounding lost, for the residual."""
 
     def __init__(self, codec):
-        self.codec, self.lost = V.get(codec), []
+        self.codec, self.lost = value_codec.get(codec), []
 
     def round(self, rows, keep, lose=True):
         """rows as receivers decode them; with keep, this rank's residual takes the loss (where the
@@ -120,7 +120,7 @@ def exchange(rows, to, process_set, wire=None):
     if to is not None:
         splits[to] = 1
     rows = wire.send(keep_if(rows, to is not None))
-    return wire.receive(P.alltoall(rows, tf.constant(splits, tf.int32) * tf.shape(rows)[0], process_set))
+    return wire.receive(primitives.alltoall(rows, tf.constant(splits, tf.int32) * tf.shape(rows)[0], process_set))
 
 
 def fold_in(stream, process_set, wire=None):
@@ -161,7 +161,7 @@ def split_reduce(stream, d, process_set, wire=None):
     _, indices = unpack(stream, tf.float32, tf.int32)
     splits = tf.math.bincount(indices // n_slice, minlength=process_set.size(),
                               maxlength=process_set.size(), dtype=tf.int32)
-    return merge(wire.receive(P.alltoall(wire.send(stream), splits, process_set)))
+    return merge(wire.receive(primitives.alltoall(wire.send(stream), splits, process_set)))
 
 
 def collective(name, reduce_streams, algorithm, payload=None, extra_time=None, options=None,
@@ -175,8 +175,8 @@ def collective(name, reduce_streams, algorithm, payload=None, extra_time=None, o
     def time(d, m, n, density, params, options):
         return {**base_time(d, m, n, density, params, options),
                 **(extra_time(d, m, n, density, params, options) if extra_time else {})}
-    coll = Collective(name, sparse_collective(reduce_streams, lambda: coll), time, sent_bytes, sparse=True,
-                      residual_size=naive_ag.residual_size, residual_to_input=naive_ag.residual_to_input,
+    coll = Collective(name, sparse_collective(reduce_streams, lambda: coll), time, sent_bytes, lossy=True,
+                      state_size=naive_ag.state_size, residual_to_input=naive_ag.residual_to_input,
                       actual_bytes=actual_bytes, options=options or {"value_codec": "none"},
                       check_options=check_options or (lambda options: check_codec(options, name)))
     return coll
@@ -207,7 +207,7 @@ def densify(rows, d):
 
 
 # -- bytes and time --------------------------------------------------------------------------
-def schedule(algorithm, d, p, union, payload=None, entry=C.SPARSE_BYTES):
+def schedule(algorithm, d, p, union, payload=None, entry=alphabeta.SPARSE_BYTES):
     """Every message of one call: [(phase, sender, receiver, bytes)], and in the phases that merge
     (fold, rounds, split) the part of its own stream a rank merges with what it receives, as a
     message to itself (src == dst, not sent: per_link and phase_times skip it). union(ranks, lo,
@@ -254,7 +254,7 @@ def actual_union(index_sets):
 
 def per_link(messages, m, n):
     """{"intra": B, "inter": B} sent, averaged over the m·n ranks."""
-    total = {link: 0.0 for link in L.LINKS}
+    total = {link: 0.0 for link in link_bytes.LINKS}
     for _, src, dst, nbytes in messages:
         if src != dst:
             total["intra" if src // n == dst // n else "inter"] += nbytes
@@ -285,7 +285,7 @@ def cost(algorithm, payload=None):
     payload for the split variants' allgather."""
     def messages(d, m, n, options, union):
         return schedule(algorithm, d, m * n, union, payload and payload(d, m * n, options),
-                        V.get(options["value_codec"]).entry_bytes)
+                        value_codec.get(options["value_codec"]).entry_bytes)
 
     def time(d, m, n, density, params, options):
         k, p = num_selected(density, d), m * n
@@ -294,12 +294,13 @@ def cost(algorithm, payload=None):
         for phase, _, dst, nbytes in msgs:
             if phase not in ("allgather", "unfold"):
                 rows = merged.setdefault(phase, {})
-                rows[dst] = rows.get(dst, 0.0) + nbytes / V.get(options["value_codec"]).entry_bytes
+                rows[dst] = rows.get(dst, 0.0) + nbytes / value_codec.get(options["value_codec"]).entry_bytes
         merge_rows = sum(max(rows.values()) for rows in merged.values())
         result = expected_union(d, k)(range(p), 0, d)
-        return {"select": C.select_cost(d, params), "sort": C.merge_cost(k, params),
-                **phase_times(msgs, m, n, params), "merge": C.merge_cost(merge_rows, params),
-                "scatter_add": C.scatter_add_cost(result, d, params), "residual": C.residual_cost(k, d, params)}
+        return {"select": alphabeta.select_cost(d, params), "sort": alphabeta.merge_cost(k, params),
+                **phase_times(msgs, m, n, params), "merge": alphabeta.merge_cost(merge_rows, params),
+                "scatter_add": alphabeta.scatter_add_cost(result, d, params),
+                "residual": alphabeta.residual_cost(k, d, params)}
 
     def sent_bytes(d, m, n, density, options):
         return per_link(messages(d, m, n, options, expected_union(d, num_selected(density, d))), m, n)

@@ -5,7 +5,7 @@ import sys
 
 import tensorflow as tf
 
-from tf_commlib import primitives as P
+from tf_commlib import primitives
 
 
 _LITTLE = sys.byteorder == "little"
@@ -43,5 +43,5 @@ def allgather_sparse(values, indices, process_set, name=None):
     """(values, indices) of every rank of the set, concatenated in rank order."""
     if process_set.size() == 1:   # the identity: no packing (two row-wise copies of the message)
         return tf.identity(values), tf.identity(indices)
-    rows = P.allgather(pack(values, indices), process_set, name=name)
+    rows = primitives.allgather(pack(values, indices), process_set, name=name)
     return unpack(rows, values.dtype, indices.dtype)

@@ -1,11 +1,11 @@
 """STAR-Topk on each intra-node shard: intra reduce-scatter (as hitopk's step 1), AR-Topk over
 the inter-node set with root node step mod m, sparse intra allgather. See ar_topk.py."""
-from tf_commlib.collectives import ar_topk as A
+from tf_commlib.collectives import ar_topk
 from tf_commlib.collectives import hitopk
 from tf_commlib.collectives.interface import Collective
 
 REFERENCE = None   # the root's indices, not each rank's own top-k: tests/test_artopk.py checks it
 
-COLLECTIVE = Collective("star_hier", A.hierarchical(A.STAR), A.hier_time(A.STAR), A.hier_bytes(A.STAR),
-                        sparse=True, residual_size=hitopk.residual_size,
+COLLECTIVE = Collective("star_hier", ar_topk.hierarchical(ar_topk.STAR), ar_topk.hier_time(ar_topk.STAR),
+                        ar_topk.hier_bytes(ar_topk.STAR), lossy=True, state_size=hitopk.state_size,
                         residual_to_input=hitopk.residual_to_input)

@@ -1,7 +1,7 @@
-"""Value codecs of sparse messages (issue 12 §2): how the values of [index | value] rows travel.
+"""Value codecs of sparse messages: how the values of [index | value] rows travel.
 The option ``value_codec`` names one (CODECS); ``get(name)`` gives its SparseCodec.
 
-* "none": float32 values, today's rows (8 bytes per entry with int32 indices).
+* "none": float32 values, the plain rows (8 bytes per entry with int32 indices).
 * "fp16": the values as float16 (6 bytes per entry).
 * "mean": indices only, and per part of the message (a sender's selection) one 8-byte header
   [count int32 | value float32]: the part's mean. Exact when the part's values are all equal, as
@@ -14,19 +14,19 @@ included); decoded values re-encode exactly, so a collective may forward what it
 """
 import tensorflow as tf
 
-from tf_commlib import primitives as P
-from tf_commlib.collectives import codec as C
+from tf_commlib import primitives
+from tf_commlib.collectives import codec
 from tf_commlib.collectives.sparse_message import allgather_sparse, pack, unpack
 
 CODECS = ("none", "fp16", "mean")   # what the option value_codec accepts
 INDEX_BYTES, HEADER_BYTES = 4, 8
 
 
-def check(codec, algorithm, codecs=CODECS):
-    C.check(codec, "value_codec", algorithm, codecs)
+def check(name, algorithm, codecs=CODECS):
+    codec.check(name, "value_codec", algorithm, codecs)
 
 
-class Mean(C.Codec):
+class Mean(codec.Codec):
     """k values sent as one: their mean (v0 + mean(v - v0): exactly v0 when all are equal)."""
     name, value_bytes, header_bytes = "mean", 0, HEADER_BYTES
 
@@ -43,7 +43,7 @@ class Mean(C.Codec):
         return tf.zeros_like(x) + (first + tf.reduce_mean(x - first))
 
 
-MEAN = C.register(Mean())
+MEAN = codec.register(Mean())
 
 
 class SparseCodec:
@@ -147,18 +147,18 @@ class MeanSparse(SparseCodec):
         if process_set.size() == 1:   # the identity, no packing (as allgather_sparse)
             return tf.identity(values), tf.identity(indices), part
         rows = self.encode(tf.cast(values, tf.float32), tf.cast(indices, tf.int32), part, parts)
-        return self.decode(P.allgather(rows, process_set), values.dtype, indices.dtype,
+        return self.decode(primitives.allgather(rows, process_set), values.dtype, indices.dtype,
                            process_set.size() * parts)
 
 
 _SPARSE = {"mean": MeanSparse(MEAN)}
 
 
-def get(codec):
+def get(which):
     """The SparseCodec carrying the values of a value codec (its name, or a Codec or SparseCodec)."""
-    if isinstance(codec, SparseCodec):
-        return codec
-    values = C.get(codec)
+    if isinstance(which, SparseCodec):
+        return which
+    values = codec.get(which)
     if values.name not in _SPARSE:
         _SPARSE[values.name] = SparseCodec(values)
     return _SPARSE[values.name]

@@ -1,4 +1,4 @@
-"""Dense values on the wire in 16 bits (issue 29 §2): the option ``compression`` of dense and 2dtar,
+"""Dense values on the wire in 16 bits: the option ``compression`` of dense and 2dtar,
 as Horovod's Compression.fp16: cast before sending, sum in that type on the wire, cast back.
 
 (The codecs are codec.py's NONE, FP16 and BF16; a name or a Codec is accepted below.)
@@ -19,62 +19,63 @@ import math
 
 import tensorflow as tf
 
-from tf_commlib import alphabeta as C
-from tf_commlib import link_bytes as L
-from tf_commlib import primitives as P
-from tf_commlib.collectives import codec as K
+from tf_commlib import alphabeta
+from tf_commlib import link_bytes
+from tf_commlib import primitives
+from tf_commlib.collectives import codec
 
 COMPRESSIONS = ("none", "fp16", "bf16")   # what the option compression accepts (codec.py's codecs)
 
 
 def check(compression, algorithm):
-    K.check(compression, "compression", algorithm, COMPRESSIONS)
+    codec.check(compression, "compression", algorithm, COMPRESSIONS)
 
 
 def to_wire(x, size, compression):
     """x/size in the wire type (x itself for "none")."""
-    codec = K.get(compression)
-    return x if codec.exact else codec.encode(x / tf.cast(size, x.dtype))
+    wire_codec = codec.get(compression)
+    return x if wire_codec.exact else wire_codec.encode(x / tf.cast(size, x.dtype))
 
 
 def from_wire(y, dtype, size, compression):
     """The inverse of to_wire: y in dtype, times size."""
-    codec = K.get(compression)
-    return y if codec.exact else codec.decode(y, None, dtype) * tf.cast(size, dtype)
+    wire_codec = codec.get(compression)
+    return y if wire_codec.exact else wire_codec.decode(y, None, dtype) * tf.cast(size, dtype)
 
 
 def allreduce(x, process_set):
     """Sum of the flat tensor x over the set in x's type (bfloat16 as reduce-scatter + all-gather)."""
     if x.dtype != tf.bfloat16 or process_set.size() == 1:
-        return P.allreduce(x, process_set)
+        return primitives.allreduce(x, process_set)
     p, d = process_set.size(), tf.shape(x)[0]
-    shard = P.reducescatter(tf.pad(x, [[0, (-d) % p]]), process_set)
-    return P.allgather(shard, process_set)[:d]
+    shard = primitives.reducescatter(tf.pad(x, [[0, (-d) % p]]), process_set)
+    return primitives.allgather(shard, process_set)[:d]
 
 
 def allreduce_bytes(d, compression, kind, m, n):
     """{"intra": B, "inter": B} per rank of allreduce on d entries on a set of this kind."""
-    codec = K.get(compression)
-    if codec.summable:
-        return L.per_rank("allreduce", codec.bytes(d), kind, m, n)
+    wire_codec = codec.get(compression)
+    if wire_codec.summable:
+        return link_bytes.per_rank("allreduce", wire_codec.bytes(d), kind, m, n)
     p = {"intra": n, "inter": m, "world": m * n}[kind]
     s = math.ceil(d / p)
-    return L.add(L.per_rank("reducescatter", codec.bytes(p * s), kind, m, n),
-                 L.per_rank("allgather", codec.bytes(s), kind, m, n))
+    return link_bytes.add(link_bytes.per_rank("reducescatter", wire_codec.bytes(p * s), kind, m, n),
+                 link_bytes.per_rank("allgather", wire_codec.bytes(s), kind, m, n))
 
 
 def allreduce_time(d, compression, p, alpha, beta):
     """Seconds of allreduce on d entries over p ranks (ring, or reduce-scatter + ring all-gather)."""
-    codec = K.get(compression)
-    if codec.summable:
-        return C.ring_allreduce(codec.bytes(d), p, alpha, beta)
+    wire_codec = codec.get(compression)
+    if wire_codec.summable:
+        return alphabeta.ring_allreduce(wire_codec.bytes(d), p, alpha, beta)
     s = math.ceil(d / p)
-    return C.reducescatter(codec.bytes(p * s), p, alpha, beta) + C.allgather(codec.bytes(s), p, alpha, beta)
+    return (alphabeta.reducescatter(wire_codec.bytes(p * s), p, alpha, beta)
+            + alphabeta.allgather(wire_codec.bytes(s), p, alpha, beta))
 
 
 def cast_cost(d, compression, params):
     """The casts to and from the wire type (two passes over d)."""
-    return 0.0 if K.get(compression).exact else 2 * C.copy_cost(d, params)
+    return 0.0 if codec.get(compression).exact else 2 * alphabeta.copy_cost(d, params)
 
 
 def padded(d, p):
@@ -91,7 +92,7 @@ def reduce_scatter_sharded(x, topo, compression, sets):
     if x.shape[0] is not None:
         wire.set_shape([padded(x.shape[0], topo.size)])
     for process_set in sets:
-        wire = P.reducescatter(wire, process_set)
+        wire = primitives.reducescatter(wire, process_set)
     return from_wire(wire, x.dtype, topo.size, compression)
 
 
@@ -99,7 +100,7 @@ def all_gather_sharded(piece, sets, name=None):
     """The inverse order of reduce_scatter_sharded's sets: all-gathers of the slices (named
     name_0, name_1, ... when a name is given)."""
     for k, process_set in enumerate(reversed(sets)):
-        piece = P.allgather(piece, process_set, name=None if name is None else f"{name}_{k}")
+        piece = primitives.allgather(piece, process_set, name=None if name is None else f"{name}_{k}")
     return piece
 
 
@@ -124,7 +125,7 @@ def node_reduce(x, topo, compression):
     d, s = x.shape[0], node_size(x.shape[0], topo.n)
     wire = tf.pad(to_wire(x, topo.size, compression), [[0, topo.n * s - d]])
     if topo.n > 1:
-        wire = P.reducescatter(wire, topo.intra)
+        wire = primitives.reducescatter(wire, topo.intra)
     if topo.m > 1:
         wire = allreduce(wire, topo.inter)
     return from_wire(wire, x.dtype, topo.size, compression)
@@ -132,6 +133,6 @@ def node_reduce(x, topo, compression):
 
 def node_reduce_bytes(d, compression, m, n):
     """{"intra": B, "inter": B} per rank of node_reduce on d entries."""
-    codec, s = K.get(compression), node_size(d, n)
-    return L.add(L.per_rank("reducescatter", codec.bytes(n * s), "intra", m, n),
+    wire_codec, s = codec.get(compression), node_size(d, n)
+    return link_bytes.add(link_bytes.per_rank("reducescatter", wire_codec.bytes(n * s), "intra", m, n),
                  allreduce_bytes(s, compression, "inter", m, n))

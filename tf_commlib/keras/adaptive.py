@@ -21,7 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_commlib import primitives as P
+from tf_commlib import primitives
 from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import ALGORITHMS
 from tf_commlib.keras.optimizer import distributed_optimizer
@@ -82,7 +82,7 @@ def predicted_times(opt, density, params):
 def gain_sums(opt):
     """[Σ‖g_c‖², Σ‖g_e‖²] accumulated so far by opt's sparse aggregators, summed over all ranks."""
     local = tf.add_n([tf.convert_to_tensor(agg.gain) for agg in opt.lossy_aggregators()])
-    return P.allreduce(local, current_topology().world).numpy()
+    return primitives.allreduce(local, current_topology().world).numpy()
 
 
 def gain_between(before, after):
@@ -232,7 +232,8 @@ class AdaptiveDensity(keras.callbacks.Callback):
         density = knee_density([r["density"] for r in rows], [r["t_compute"] for r in rows],
                                [r["t_sync"] for r in rows], [r["gain"] for r in rows])
         # every rank computed the same from all-reduced gains; rank 0's choice settles float noise
-        density = float(P.broadcast(tf.constant([density], tf.float64), 0, current_topology().world).numpy()[0])
+        world = current_topology().world
+        density = float(primitives.broadcast(tf.constant([density], tf.float64), 0, world).numpy()[0])
         opt.set_target_density(min(1.0, max(density, min(opt.candidates))))
         self.profiled_link, self.baseline, self.last_sums = self.link_params, None, None
         return rows

@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_commlib import primitives as P
+from tf_commlib import internals, primitives
 from tf_commlib.keras.loss_scale import global_loss_scale
 from tf_commlib.keras.optimizer import distributed_optimizer
 from tf_commlib.topology import topology as current_topology
@@ -30,13 +30,13 @@ def _each_dtype(variables, collective):
 def broadcast_variables(variables, root_rank=0):
     """Sets every variable to its value on root_rank."""
     world = current_topology().world
-    _each_dtype(variables, lambda flat: P.broadcast(flat, root_rank, world))
+    _each_dtype(variables, lambda flat: primitives.broadcast(flat, root_rank, world))
 
 
 def average_variables(variables):
     """Sets every variable to its mean over the ranks (e.g. batch-norm statistics)."""
     world = current_topology().world
-    _each_dtype(variables, lambda flat: P.allreduce(flat, world, average=True))
+    _each_dtype(variables, lambda flat: primitives.allreduce(flat, world, average=True))
 
 
 class BroadcastGlobalVariables(keras.callbacks.Callback):
@@ -77,7 +77,7 @@ class MetricAverage(keras.callbacks.Callback):
             return
         world = current_topology().world
         keys = sorted(k for k, v in logs.items() if isinstance(v, (int, float, np.floating)))
-        values = P.allreduce(tf.constant([float(logs[k]) for k in keys], tf.float64), world,
+        values = primitives.allreduce(tf.constant([float(logs[k]) for k in keys], tf.float64), world,
                              average=True).numpy()
         logs.update(dict(zip(keys, values.tolist())))
 
@@ -146,7 +146,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         # a collective before the backup goes: a rank whose last save failed (a full disk) never
         # reaches it, the others then fail here too and keep their backups, so the job can resume
         if self.delete_checkpoint:
-            P.allreduce(tf.ones([1]), current_topology().world)
+            primitives.allreduce(tf.ones([1]), current_topology().world)
         super().on_train_end(logs)
 
     # -- restore ---------------------------------------------------------------------------
@@ -155,18 +155,21 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         mine = _saved_epoch(self.rank_dir)
         common = _common_epoch(self.rank_dir, mine, _saved_epoch(self.rank_dir, previous=True))
         if (mine or 0) > common:   # this rank saved one epoch more than some other: back to its previous backup
-            for prev, cur in ((self._prev_weights_path, self._weights_path),
-                              (self._prev_training_metadata_path, self._training_metadata_path)):
+            weights, prev_weights, metadata, prev_metadata = internals.backup_paths(self)
+            for prev, cur in ((prev_weights, weights), (prev_metadata, metadata)):
                 _replace_with_copy(prev, cur)
-            self._load_model()
+            self.restore_backup()
 
-    def _load_model(self):
-        super()._load_model()
+    def restore_backup(self):
+        """BackupAndRestore's restore of the latest backup (its _load_model), then this rank's
+        sharded-state check and tf_commlib's metadata."""
+        internals.load_backup(self)
+        _, _, metadata_path, _ = internals.backup_paths(self)
         opt = _distributed_or_none(self.model)
         if opt is not None and opt._sharded is not None:   # a sharded state: this rank's slices
             opt._sharded.check_layout()
-        if os.path.exists(self._training_metadata_path):
-            with open(self._training_metadata_path) as f:
+        if os.path.exists(metadata_path):
+            with open(metadata_path) as f:
                 state = json.load(f).get("tf_commlib")
             opt = _distributed_or_none(self.model)
             if state and opt is not None:
@@ -176,21 +179,27 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 object.__setattr__(opt, "_restored_adaptive_state", state.get("adaptive"))
 
     # -- save ------------------------------------------------------------------------------
-    def _save_model(self):
+    def write_backup(self):
+        """BackupAndRestore's save (its _save_model): weights and metadata, each written atomically
+        after the previous backup was copied aside."""
         os.makedirs(self.rank_dir, exist_ok=True)
-        for cur, prev in ((self._weights_path, self._prev_weights_path),
-                          (self._training_metadata_path, self._prev_training_metadata_path)):
+        weights, prev_weights, metadata_path, prev_metadata = internals.backup_paths(self)
+        for cur, prev in ((weights, prev_weights), (metadata_path, prev_metadata)):
             if os.path.exists(cur):
                 _replace_with_copy(cur, prev)
-        metadata = {"epoch": self._current_epoch, "batch": self._last_batch_seen}
+        epoch, batch = internals.backup_position(self)
+        metadata = {"epoch": epoch, "batch": batch}
         opt = _distributed_or_none(self.model)
         if opt is not None:
             metadata["tf_commlib"] = {"target_density": float(opt.target_density),
                                       "adaptive": getattr(opt, "_adaptive_state", None)}
-        tmp = self._weights_path + ".tmp.weights.h5"
+        tmp = weights + ".tmp.weights.h5"
         self.model.save_weights(filepath=tmp, overwrite=True)
-        os.replace(tmp, self._weights_path)
-        _write_atomically(self._training_metadata_path, json.dumps(metadata))
+        os.replace(tmp, weights)
+        _write_atomically(metadata_path, json.dumps(metadata))
+
+
+internals.override_backup(BackupAndRestore, BackupAndRestore.restore_backup, BackupAndRestore.write_backup)
 
 
 def _distributed_or_none(model):
@@ -226,7 +235,7 @@ def _common_epoch(rank_dir, mine, previous):
     epoch ahead reaches with its previous backup. RuntimeError on every rank otherwise."""
     topo = current_topology()
     ask = [-1 if mine is None else mine, -1 if previous is None else previous]
-    table = P.allgather(tf.constant([ask], tf.int64), topo.world).numpy().tolist()
+    table = primitives.allgather(tf.constant([ask], tf.int64), topo.world).numpy().tolist()
     latest = [max(e, 0) for e, _ in table]
     common = min(latest)
     stuck = [r for r, (e, p) in enumerate(table) if max(e, 0) > common and p != common]

@@ -3,7 +3,7 @@ whose aggregation it does not hold back (docs/mixed_precision.md)."""
 import keras
 import tensorflow as tf
 
-from tf_commlib import primitives as P
+from tf_commlib import internals, primitives
 from tf_commlib.collectives.interface import plain_python
 from tf_commlib.keras.optimizer import DistributedOptimizer, distributed_optimizer
 from tf_commlib.topology import topology as current_topology
@@ -27,7 +27,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return self._globally(super().check_finite(grads))
 
     def _globally(self, finite):
-        overflowed = P.allreduce(tf.reshape(tf.cast(tf.logical_not(finite), tf.float32), [1]),
+        overflowed = primitives.allreduce(tf.reshape(tf.cast(tf.logical_not(finite), tf.float32), [1]),
                                  current_topology().world)
         return tf.equal(overflowed[0], 0.0)
 
@@ -42,11 +42,11 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             self.built = True
         inner._finite_checked_globally = True
         inner._ensure_built(trainable_variables)
-        tvs = trainable_variables or self._trainable_variables
+        tvs = trainable_variables or internals.trainable_variables(self)
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
         local = keras.optimizers.LossScaleOptimizer.check_finite(self, grads)
         scale = self.dynamic_scale
-        unscaled = [g if g is None or self._overwrite_variable_with_gradient(v)
+        unscaled = [g if g is None or internals.overwrites_with_gradient(self, v)
                     else tf.where(tf.math.is_finite(g), g, tf.zeros_like(g)) / tf.cast(scale, g.dtype)
                     for g, v in zip(grads, tvs)]
         update, commit = inner.aggregate(unscaled)
@@ -60,7 +60,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             self.step_counter.assign(tf.where(grow, tf.zeros_like(self.step_counter), self.step_counter + 1))
             self.dynamic_scale.assign(tf.where(grow, self.dynamic_scale * 2.0, self.dynamic_scale))
 
-        tf.cond(finite, step, self._stateful_handle_non_finite_grads)
+        tf.cond(finite, step, lambda: internals.handle_non_finite(self))
 
 
 def global_loss_scale(model):

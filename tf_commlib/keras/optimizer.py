@@ -25,7 +25,7 @@ import weakref
 import keras
 import tensorflow as tf
 
-from tf_commlib import link_bytes, ops
+from tf_commlib import internals, link_bytes, ops
 from tf_commlib.aggregator import GradientAggregator, check_config
 from tf_commlib.collectives import with_compression
 from tf_commlib.collectives.interface import plain_python
@@ -269,7 +269,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     @property
     def variables(self):
-        return self._variables + self.inner_optimizer.variables
+        return internals.optimizer_variables(self) + self.inner_optimizer.variables
 
     @property
     def learning_rate(self):
@@ -341,7 +341,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         """The wrapped optimizer's step with aggregate()'s update (sharded: this rank's slices)."""
         if self._sharded is not None:
             return self._sharded.step(update)
-        self.inner_optimizer.apply(update, trainable_variables or self._trainable_variables)
+        self.inner_optimizer.apply(update, trainable_variables or internals.trainable_variables(self))
 
     def _ensure_built(self, trainable_variables):
         if not self.built:

@@ -20,13 +20,13 @@ its allreduce when a bucket's length is a multiple of P, else its padding of < P
 for layer-wise optimizers, one allreduce of (L + 1) * k float32 per step (L variables, k = 2
 quantities for LARS and LAMB; the +1 is the padding's dummy layer).
 
-Sharded over a node. Any other schedule (a sparse collective such as hitopk, auto, or a switch of
+Sharded over a node. Any other schedule (a lossy collective such as hitopk, auto, or a switch of
 algorithm, e.g. DAWNBench's hitopk early and 2dtar late) ends with the same aggregated gradient on
 every rank of a node, so the update is sharded over the n ranks of a node instead: local rank l
 owns the node slice [l*s, (l+1)*s) of each bucket padded to n*s (s = ceil(d/n); the ranks with the
 same local index on other nodes compute the same bits), its state is 1/n of the unsharded one, and
 the weights are all-gathered over the intra-node link only (16-bit deltas under a group's fp16 /
-bf16 compression, as above). A sparse collective runs whole and the rank keeps its node slice
+bf16 compression, as above). A lossy collective runs whole and the rank keeps its node slice
 (GradientAggregator.aggregate_deferred(node_slices=True)); dense and 2dtar stop before their
 intra-node all-gather (wire.node_reduce: intra reduce-scatter, inter allreduce of the shard), so
 they send 2dtar's bytes. The slices do not change with the algorithm: at a schedule switch
@@ -64,10 +64,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_commlib import link_bytes
-from tf_commlib import primitives as P
+from tf_commlib import internals, link_bytes
+from tf_commlib import primitives
 from tf_commlib.collectives import ALGORITHMS
-from tf_commlib.collectives import codec as K
+from tf_commlib.collectives import codec
 from tf_commlib.topology import topology as current_topology
 
 
@@ -119,7 +119,7 @@ _REFUSED = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_acc
 
 def world_sharded(schedule):
     """True where the update is sharded over all P ranks (one dense / 2dtar algorithm for the whole
-    run), False where it is sharded over the ranks of a node (sparse collectives, auto, switches)."""
+    run), False where it is sharded over the ranks of a node (lossy collectives, auto, switches)."""
     names = set(schedule.values())
     return len(names) == 1 and "auto" not in names and ALGORITHMS[next(iter(names))].sharding is not None
 
@@ -175,7 +175,7 @@ class SliceView:
         # slice touches its own number of variables, so its trace has its own number of ops)
         total = tf.reshape(tf.stack(partial, 1), [-1])
         if self._set.size() > 1:
-            total = P.allreduce(total, self._set, name="sharded_layer_norms")
+            total = primitives.allreduce(total, self._set, name="sharded_layer_norms")
         norms = tf.sqrt(tf.reshape(total, [self._num + 1, len(xs)]))
         return [norms[:, j] for j in range(len(xs))]
 
@@ -217,7 +217,7 @@ class ShardedUpdate:
         slots, self.norms = build(self.var_list)
         keras.optimizers.Optimizer.build(self.inner, self.var_list)   # its iterations, no per-variable state
         decay = self.inner.weight_decay
-        self.decays = [float(decay) if decay and self.inner._use_weight_decay(v) else 0.0 for v in var_list]
+        self.decays = [float(decay) if decay and internals.uses_weight_decay(self.inner, v) else 0.0 for v in var_list]
         with tf.init_scope():
             self.slots = {name: owner.add_variable(shape=[self.size], initializer="zeros", dtype=self.dtype.name,
                                                    aggregation="none", name=f"shard_{name}") for name in slots}
@@ -261,9 +261,9 @@ class ShardedUpdate:
         out = [self.norm_bytes()]
         for agg, _, sparse in self.groups:
             out.append(agg.node_sliced_bytes(algorithm if sparse else None, density if sparse else None))
-            codec = self._codec(agg)
+            delta_codec = self._codec(agg)
             for _, _, s in agg.node_slices_layout():   # the weights' all-gather inside the node
-                out.append(link_bytes.per_rank("allgather", codec.bytes(s), "intra", self.topo.m, self.topo.n))
+                out.append(link_bytes.per_rank("allgather", delta_codec.bytes(s), "intra", self.topo.m, self.topo.n))
         return link_bytes.add(*out)
 
     def state_bytes(self):
@@ -320,18 +320,18 @@ class ShardedUpdate:
         new_parts = iter(tf.split(new, sizes) if len(sizes) > 1 else [new])
         old_parts = iter(tf.split(w_old, sizes) if len(sizes) > 1 else [w_old])
         for g, (agg, idx, _) in enumerate(self.groups):
-            codec, send = self._codec(agg), []
+            delta_codec, send = self._codec(agg), []
             for _ in agg.buckets:   # the weights, or the 16-bit deltas w_old - w_new
                 old, piece = next(old_parts), next(new_parts)
-                send.append(piece if codec.exact else codec.encode(old - piece))
+                send.append(piece if delta_codec.exact else delta_codec.encode(old - piece))
             # named: a rank's slices hold their own number of runs, so its graph has its own ops
             gathered = (agg.all_gather if self.world else agg.node_all_gather)(send, f"sharded_gather_{g}")
             for bucket, flat in zip(agg.buckets, gathered):
                 for p, part, shape in zip(bucket.positions, tf.split(flat, bucket.sizes), bucket.shapes):
                     var = self.var_list[idx[p]]
                     value = tf.reshape(part, shape)
-                    var.assign(value if codec.exact else
-                               tf.convert_to_tensor(var) - codec.decode(value, None, self.dtype))
+                    var.assign(value if delta_codec.exact else
+                               tf.convert_to_tensor(var) - delta_codec.decode(value, None, self.dtype))
                     if getattr(var, "constraint", None) is not None:
                         var.assign(var.constraint(var))
         self.inner.iterations.assign_add(1)
@@ -341,4 +341,4 @@ class ShardedUpdate:
         dense / 2dtar (every candidate) the weight deltas in 16 bits."""
         names = {agg.algorithm_options.get(c, {}).get("compression", "none") if c in ALGORITHMS and
                  ALGORITHMS[c].sharding is not None else "none" for c in agg.candidates}
-        return K.get(names.pop() if len(names) == 1 else "none")
+        return codec.get(names.pop() if len(names) == 1 else "none")

@@ -24,7 +24,7 @@ import tf_commlib
 from tf_commlib import alphabeta, collectives, costmodel, ops
 from tfc_apps.bench.common import print_json, print_table
 from tf_commlib.collectives import ALGORITHMS
-from tf_commlib.collectives import hitopk as H
+from tf_commlib.collectives import hitopk
 from tf_commlib.collectives.error_feedback import unsent
 from tf_commlib.collectives.sparse_message import allgather_sparse
 from tf_commlib.timing import Timer, ready
@@ -41,7 +41,7 @@ def collective_fn(name, x, topo, density, graph=False):
     """One call of the collective, blocking until all its outputs (for sparse ones: aggregate,
     residual and sent indices) are ready; with graph=True inside tf.function, as in training."""
     algo = ALGORITHMS[name]
-    if algo.sparse:
+    if algo.lossy:
         fn = lambda v: algo.fn(v, topo, density, select, None)  # noqa: E731
     else:
         fn = lambda v: algo.fn(v, topo)  # noqa: E731
@@ -73,10 +73,10 @@ def hitopk_steps(x, topo, density):
     """HiTopKComm (collectives/hitopk.py) step by step, as in shi2021 Fig. 8."""
     d = x.shape[0]
     return [
-        ("reducescatter", lambda st: H.reduce_shard(x, topo)),
-        ("select", lambda st: tuple(H.select_shard(st["reducescatter"], d, topo, density, select))),
-        ("inter_allgather", lambda st: H.inter_gather(*st["select"], topo)),
-        ("intra_allgather", lambda st: H.intra_gather(st["inter_allgather"], st["select"][1], d, topo,
+        ("reducescatter", lambda st: hitopk.reduce_shard(x, topo)),
+        ("select", lambda st: tuple(hitopk.select_shard(st["reducescatter"], d, topo, density, select))),
+        ("inter_allgather", lambda st: hitopk.inter_gather(*st["select"], topo)),
+        ("intra_allgather", lambda st: hitopk.intra_gather(st["inter_allgather"], st["select"][1], d, topo,
                                                       density)),
         ("residual", lambda st: unsent(st["reducescatter"], *st["select"])),
     ]

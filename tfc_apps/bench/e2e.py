@@ -42,7 +42,7 @@ DEFAULT_CONFIGS = ["dense_fp32", "dense_fp16", "2dtar_fp16", "hitopk@0.001", "hi
 BASELINE, OLD_BASELINE = "dense_fp16", "dense_fp32"
 ROWS = "e2e_rows.jsonl"   # rank 0 appends one JSON object per configuration
 PHASES = ("input", "forward_backward", "optimizer", "aggregation")   # seconds per step, timed apart
-# the issue's target: dense fp16, overlapped, at 100 Mbit/s: step <= 1.15 x max(compute, communication)
+# the target: dense fp16, overlapped, at 100 Mbit/s: step <= 1.15 x max(compute, communication)
 TARGET_MBIT, TARGET_RATIO = 100, 1.15
 
 
@@ -212,7 +212,7 @@ def table_rows(rows):
 
 
 def target_lines(rows, shaped_mbit):
-    """One line per dense_fp16 row: whether step <= 1.15 x max(compute, comm) (the issue's target,
+    """One line per dense_fp16 row: whether step <= 1.15 x max(compute, comm) (the target,
     stated at 100 Mbit/s; at another link the ratio is shown and the target not judged); where
     dense_fp16 ran more than once at a resolution and bucket size (``--configs dense_fp16
     dense_fp16 ...``), a last line judges the median of those rows' ratios (one step's noise on a

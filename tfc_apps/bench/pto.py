@@ -102,7 +102,7 @@ def worker(spec_path, result_path, repeats):
 
     import tf_commlib
     from pto.parallel import CALL_COST, partition
-    from tf_commlib import primitives as P
+    from tf_commlib import primitives
     from tf_commlib.timing import Timer
 
     topo = tf_commlib.init()
@@ -121,7 +121,7 @@ def worker(spec_path, result_path, repeats):
         del weights
         costs = [int(np.prod(s)) + CALL_COST for s in shapes]
         mine = len(partition(costs, topo.size)[topo.rank])
-        gather = tf.function(lambda x: P.allgather(x, topo.world))
+        gather = tf.function(lambda x: primitives.allgather(x, topo.world))
         allgather_s = timed({"ag": lambda: gather(tf.ones([mine])).numpy()})["ag"] if topo.size > 1 else 0.0
         for kind in spec["optimizers"]:
             row = {"model": model, "optimizer": kind, "ranks": topo.size, "tensors": len(shapes),

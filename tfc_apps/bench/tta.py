@@ -28,7 +28,7 @@ import time
 HITOPK = {"density": 0.01, "selector": "mstopk", "dgc_warmup": 2, "no_momentum_masking": True}
 # name -> the DAWNBench script's options for it
 CONFIGS = {
-    "dense_fp32": {"schedule": "0:dense", "no_overlap": True},          # today's: after backprop, fp32
+    "dense_fp32": {"schedule": "0:dense", "no_overlap": True},          # aggregation after backprop, fp32
     "dense_fp16": {"schedule": "0:dense", "compression": "fp16"},       # the baseline
     "2dtar_fp16": {"schedule": "0:2dtar", "compression": "fp16"},
     "hitopk": {"schedule": "0:hitopk", **HITOPK},

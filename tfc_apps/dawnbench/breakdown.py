@@ -57,7 +57,7 @@ def _measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, t
     dist = distributed_optimizer(optimizer)
 
     def aggregator():   # as the optimizer's: its options, compression and, for "auto", its choice
-        agg = GradientAggregator(algorithm, density if algorithm == "auto" or ALGORITHMS[algorithm].sparse else 1.0,
+        agg = GradientAggregator(algorithm, density if algorithm == "auto" or ALGORITHMS[algorithm].lossy else 1.0,
                                  selector, topology=topo, algorithm_options=dist.algorithm_options,
                                  compression=dist.compression, cost_params=dist.auto.cost_params,
                                  auto_margin=dist.auto.margin,
@@ -67,10 +67,10 @@ def _measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, t
 
     agg, aggregate = _traced((optimizer, "communication", algorithm, density, selector, shapes), aggregator)
     names = set(agg.bucket_algorithms(algorithm))
-    sparse = any(ALGORITHMS[a].sparse for a in names)
+    lossy = any(ALGORITHMS[a].lossy for a in names)
     d = sum(int(g.shape.num_elements()) for g in grads)
     out["selection"] = 0.0
-    if sparse:
+    if lossy:
         flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
         if names == {"hitopk"}:
             flat = flat[:max(1, d // topo.n)]   # hitopk selects on its d/n shard

@@ -174,11 +174,11 @@ class Data:
         """DataCache's hits / misses / fallbacks summed over the ranks (None without DataCache)."""
         if self.cache is None:
             return None
-        from tf_commlib import primitives as P
+        from tf_commlib import primitives
 
         s = self.cache.stats()
         keys = ("hits", "misses", "fallbacks", "source_bytes")
-        total = P.allreduce(tf.constant([float(s.get(k) or 0) for k in keys], tf.float64), self.topo.world,
+        total = primitives.allreduce(tf.constant([float(s.get(k) or 0) for k in keys], tf.float64), self.topo.world,
                             average=False).numpy()
         return "datacache (all ranks): " + ", ".join(f"{k} {int(v)}" for k, v in zip(keys, total))
 

@@ -22,23 +22,23 @@ def build(name, num_classes, seed=0):
 
 
 def _block(x, filters, stride, name):
-    L = keras.layers
+    layers = keras.layers
     shortcut = x
     if stride != 1 or x.shape[-1] != filters:
-        shortcut = L.Conv2D(filters, 1, stride, use_bias=False, name=f"{name}_proj")(x)
-        shortcut = L.BatchNormalization(momentum=BN_MOMENTUM, name=f"{name}_proj_bn")(shortcut)
-    y = L.Conv2D(filters, 3, stride, padding="same", use_bias=False, name=f"{name}_conv1")(x)
-    y = L.ReLU()(L.BatchNormalization(momentum=BN_MOMENTUM, name=f"{name}_bn1")(y))
-    y = L.Conv2D(filters, 3, padding="same", use_bias=False, name=f"{name}_conv2")(y)
-    y = L.BatchNormalization(momentum=BN_MOMENTUM, name=f"{name}_bn2")(y)
-    return L.ReLU()(L.Add()([shortcut, y]))
+        shortcut = layers.Conv2D(filters, 1, stride, use_bias=False, name=f"{name}_proj")(x)
+        shortcut = layers.BatchNormalization(momentum=BN_MOMENTUM, name=f"{name}_proj_bn")(shortcut)
+    y = layers.Conv2D(filters, 3, stride, padding="same", use_bias=False, name=f"{name}_conv1")(x)
+    y = layers.ReLU()(layers.BatchNormalization(momentum=BN_MOMENTUM, name=f"{name}_bn1")(y))
+    y = layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"{name}_conv2")(y)
+    y = layers.BatchNormalization(momentum=BN_MOMENTUM, name=f"{name}_bn2")(y)
+    return layers.ReLU()(layers.Add()([shortcut, y]))
 
 
 def _small_resnet(x):
-    L = keras.layers
-    x = L.Conv2D(32, 3, padding="same", use_bias=False, name="stem_conv")(x)
-    x = L.ReLU()(L.BatchNormalization(momentum=BN_MOMENTUM, name="stem_bn")(x))
+    layers = keras.layers
+    x = layers.Conv2D(32, 3, padding="same", use_bias=False, name="stem_conv")(x)
+    x = layers.ReLU()(layers.BatchNormalization(momentum=BN_MOMENTUM, name="stem_bn")(x))
     x = _block(x, 32, 1, "block1")
     x = _block(x, 64, 2, "block2")
     x = _block(x, 128, 2, "block3")
-    return L.GlobalAveragePooling2D()(x)
+    return layers.GlobalAveragePooling2D()(x)

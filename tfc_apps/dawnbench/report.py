@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_commlib import primitives as P
+from tf_commlib import primitives
 from tf_commlib.keras.callbacks import average_variables
 from tf_commlib.keras.optimizer import distributed_optimizer
 
@@ -45,7 +45,7 @@ class Log:
             self.writer = tf.summary.create_file_writer(os.path.join(log_dir, "tensorboard"))
         self.resume_unscored = None   # every rank: the resumed epoch whose row waits for its evaluation
         if start_epoch > 0:
-            flag = P.broadcast(tf.constant([float(self.unscored is not None)], tf.float64), 0, topo.world)
+            flag = primitives.broadcast(tf.constant([float(self.unscored is not None)], tf.float64), 0, topo.world)
             self.resume_unscored = start_epoch if flag.numpy()[0] > 0 else None
         last = self.unscored or (self.rows[-1] if self.rows else None)
         self.offset = last["wall_s"] if last else 0.0
@@ -189,7 +189,7 @@ class Reporter:
         sizes = [int(np.prod(v.shape, dtype=np.int64)) for v in floats]
         flat = tf.concat([tf.reshape(tf.convert_to_tensor(v), [-1]) for v in floats]
                          + [tf.constant([loss], tf.float32), tf.constant(counts, tf.float32)], 0)
-        total = P.allreduce(flat, self.topo.world, average=False)
+        total = primitives.allreduce(flat, self.topo.world, average=False)
         parts = tf.split(total, sizes + [1, 3])
         for v, part in zip(floats, parts):
             v.assign(tf.reshape(part / self.topo.size, v.shape))
@@ -210,7 +210,7 @@ class Reporter:
         if val is not None:
             self.evaluator.start(val)
             if epoch == self.last_epoch:   # nothing left to overlap it with
-                c = P.allreduce(tf.constant(self.evaluator.local_counts(), tf.float64), self.topo.world,
+                c = primitives.allreduce(tf.constant(self.evaluator.local_counts(), tf.float64), self.topo.world,
                                 average=False).numpy()
                 row["top1"], row["top5"] = _accuracy(c)
             else:

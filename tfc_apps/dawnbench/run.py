@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_commlib
-from tf_commlib import primitives as P
+from tf_commlib import primitives
 from tfc_apps.dawnbench import breakdown, config, models
 from tfc_apps.dawnbench.data import Data
 from tfc_apps.dawnbench.report import EpochReport, Log, Reporter
@@ -66,7 +66,7 @@ def weights_digest(model, topo):
 
     codes = [int(hashlib.sha256(v.numpy().tobytes()).hexdigest()[:15], 16) for v in model.variables]
     mine = tf.constant([codes], tf.int64)
-    every = P.allgather(mine, topo.world).numpy()
+    every = primitives.allgather(mine, topo.world).numpy()
     differ = [v.path for j, v in enumerate(model.variables) if len(set(every[:, j].tolist())) != 1]
     if differ:
         raise RuntimeError(f"the ranks' weights differ after training: {len(differ)} of "

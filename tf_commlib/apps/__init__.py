@@ -1,4 +1,0 @@
-"""Moved to tfc_apps."""
-from tf_commlib._moved import moved
-
-moved("tf_commlib.apps")

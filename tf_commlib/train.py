@@ -1,4 +1,0 @@
-"""Moved to tfc_apps.train."""
-from tf_commlib._moved import moved
-
-moved("tf_commlib.train")
