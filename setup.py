@@ -43,6 +43,11 @@ LIBRARIES = {
 }
 
 
+# Machine code for sm_80 (A100) and sm_90 (H100), and PTX of sm_90 that newer GPUs compile when loading.
+CUDA_ARCHS = ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90",
+              "-gencode", "arch=compute_90,code=compute_90"]
+
+
 def cpu_level():
     """x86-64-v3 (AVX2) when the building machine has it: the library is built where it runs."""
     try:
@@ -87,8 +92,7 @@ class BuildOps(build_ext):
             # nvcc takes -I/-D/-std itself; host-compiler flags (fp-contract off keeps the float64
             # threshold arithmetic identical to the CPU kernels) go through -Xcompiler.
             nvflags = [f for f in cflags if f.startswith(("-I", "-D"))] + ["-std=c++17"]
-            nvflags += ["-Xcompiler", "-ffp-contract=off", "-fmad=false",
-                        "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90"]
+            nvflags += ["-Xcompiler", "-ffp-contract=off", "-fmad=false", *CUDA_ARCHS]
             for src in (p for p in sources if p.name.endswith(".cu.cc")):
                 obj = objdir / (str(src.relative_to(OPS)).replace("/", "__") + ".o")
                 jobs.append([nvcc, *nvflags, "-x", "cu", "-Xcompiler", "-fPIC", "-O3",

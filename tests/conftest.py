@@ -11,7 +11,7 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 # `-m "not root"` leaves out what needs root (network namespaces, Slurm's daemons, a second uid).
 ROOT_MODULES = {"test_emulated_cluster", "test_slurm", "test_slurm_dawnbench", "test_shm_security", "test_faults"}
 SLOW_MODULES = {"test_bench_tta", "test_convergence", "test_dawnbench", "test_emulated_cluster", "test_fidelity",
-                "test_slurm", "test_slurm_dawnbench", "test_demo", "test_faults"}
+                "test_slurm", "test_slurm_dawnbench", "test_demo", "test_faults", "test_install"}
 
 
 def pytest_collection_modifyitems(config, items):

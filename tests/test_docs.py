@@ -70,6 +70,8 @@ MAPPED = {
         ("tests/test_slurm.py", "test_scancel_then_requeue_resumes"),
     "sbatch scripts/slurm/train.sbatch --algorithm hitopk --density 0.01 --epochs 20":
         ("tests/test_slurm.py", "uninterrupted"),
+    "bash scripts/build_horovod.sh --dry-run /path/to/venv":
+        ("tests/test_install.py", "test_build_horovod_says_what_it_builds"),
     "sbatch -N2 --ntasks-per-node=2 scripts/slurm/dawnbench.sbatch --data /data/imagenet --ckpt-dir $HOME/ckpt/dawn1":
         ("tests/test_slurm_dawnbench.py", "test_dawnbench_job_completes"),
 }
@@ -145,6 +147,12 @@ FLAGS = {
         "prints the CUDA version of a CUDA TensorFlow (None on this CPU build); one more TensorFlow import",
     "python3 scripts/cuda_harness/run_harness.py --json": "needs a GPU with CuPy and nvcc",
     "make cuda-check": "needs nvcc (test_make_cuda_check runs it where nvcc is)",
+    "horovodrun -np 16 -H host1:8,host2:8 --gloo --network-interface eth0 python -m tfc_apps.train --algorithm hitopk":
+        "needs two real hosts reachable by ssh",
+    "sbatch -N2 --ntasks-per-node=4 --gpus-per-task=1 scripts/slurm/train.sbatch --algorithm hitopk --density 0.01":
+        "needs two GPU nodes under Slurm (tests/test_slurm.py runs train.sbatch on two CPU nodes)",
+    "horovodrun -np 16 -H host1:8,host2:8 --gloo python -m tfc_apps.bench comm --quick":
+        "needs two real hosts reachable by ssh",
 }
 # Extra sources whose add_argument calls belong to a program's parser.
 PARSER_SOURCES = {"scripts/dawnbench_resnet50.py": ["tfc_apps/dawnbench/*.py"]}
@@ -324,6 +332,10 @@ def check_command_line(cmd, problems=None):
             problems.append(f"emulate_cluster.sh has no subcommand {tokens[1]}")
         if tokens[1] == "up" and "--inter-mbit" not in tokens:
             problems.append("emulate_cluster.sh up needs --inter-mbit")
+    elif head == "bash" and tokens[1:2] == ["scripts/build_horovod.sh"]:
+        script = (ROOT / tokens[1]).read_text()
+        problems.extend(f"build_horovod.sh has no option {t}" for t in tokens[2:] if t.startswith("--")
+                        and f'"{t}"' not in script)
     elif head == ".venv/bin/pytest":
         markers = re.findall(r"^\s+(\w+):", (ROOT / "pytest.ini").read_text(), re.M)
         for word in re.findall(r"\b(\w+)\b", " ".join(tokens[tokens.index("-m") + 1:][:1])):

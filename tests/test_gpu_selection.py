@@ -22,6 +22,7 @@ def fake(device, dtype=tf.float32, rank=1):
 def test_one_gpu_per_local_rank():
     assert topology.gpu_for_rank(0, 2, 0) is None   # no GPU: nothing to pin
     assert [topology.gpu_for_rank(r, 4, 8) for r in range(4)] == [0, 1, 2, 3]
+    assert [topology.gpu_for_rank(r, 4, 1) for r in range(4)] == [0] * 4   # one GPU visible per rank
     with pytest.raises(ValueError, match="pin_gpu: 4 ranks on this machine but 2 GPUs visible"):
         topology.gpu_for_rank(3, 4, 2)
     assert topology.pin_gpu(0, 1) is None and tf.config.list_physical_devices("GPU") == []

@@ -78,9 +78,12 @@ def _fixed_set_class(hvd):
 
 def gpu_for_rank(local_rank, local_size, gpu_count):
     """The index of the GPU a rank uses (one GPU per rank, by its rank on its machine), or None on a
-    machine without GPUs; ValueError when the machine has fewer GPUs than ranks."""
+    machine without GPUs. A rank that sees one GPU uses it (Slurm's --gpus-per-task=1, or
+    CUDA_VISIBLE_DEVICES set per rank); ValueError when several ranks would share the GPUs they see."""
     if gpu_count == 0:
         return None
+    if gpu_count == 1:
+        return 0
     if local_size > gpu_count:
         raise ValueError(f"pin_gpu: {local_size} ranks on this machine but {gpu_count} GPUs visible; start at most "
                          "one rank per GPU, or pass pin_gpu=False and place each rank yourself")

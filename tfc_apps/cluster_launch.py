@@ -1,4 +1,4 @@
-"""Starts Horovod (Gloo) ranks on the cluster emulated by scripts/emulate_cluster.sh.
+"""Starts Horovod (Gloo) ranks on the cluster emulated by scripts/emulate_cluster.sh, or on this machine.
 
     python -m tfc_apps.cluster_launch [--np-per-node N] [--timeout S] -- CMD ARGS...
     python -m tfc_apps.cluster_launch --local M [--np-per-node N] -- CMD ARGS...
@@ -10,7 +10,9 @@ with ``ip netns exec tfc-nodeI env HOROVOD_...=... CMD``. Ranks are node-major (
 local) and Horovod's local/cross ranks describe the M x N layout, so tf_commlib.init() finds it
 without TF_COMMLIB_TOPOLOGY. ``--local M`` runs the same layout on 127.0.0.1 without namespaces.
 Output lines are prefixed ``[rank]<stdout>:`` as horovodrun does; the exit code of the first rank
-to fail is returned (124 on timeout) and the remaining ranks are killed.
+to fail is returned (124 on timeout) and the remaining ranks are killed. It starts ranks on this
+machine only: on real hosts use ``horovodrun -H`` or, under Slurm, ``python -m tfc_apps.slurm``
+(docs/cluster.md).
 """
 import argparse
 import os
@@ -149,7 +151,9 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     ap = argparse.ArgumentParser(prog="python -m tfc_apps.cluster_launch",
-                                 description=__doc__.split("\n")[0])
+                                 description=__doc__.split("\n")[0],
+                                 epilog="On real hosts: horovodrun -np N -H host1:8,host2:8 --gloo CMD, or "
+                                        "python -m tfc_apps.slurm -- CMD under Slurm (docs/cluster.md).")
     ap.add_argument("--np-per-node", type=int, default=None,
                     help="ranks per node (default: N of the cluster; 1 with --local)")
     ap.add_argument("--local", type=int, metavar="M", help="M emulated nodes on 127.0.0.1, no namespaces")

@@ -137,7 +137,11 @@ def plot(rows, stage_rows, m, n, density, out):
 
 
 def main(argv):
-    p = argparse.ArgumentParser(prog="python -m tfc_apps.bench comm", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tfc_apps.bench comm", description=(
+        "Collective benchmark (shi2021 Figs. 7 and 8): time against size of every collective, the calibrated "
+        "cost model's prediction and choice, and HiTopKComm's per-step breakdown. Run it on every rank of a "
+        "Horovod job: on the emulated cluster, or under horovodrun -H / Slurm on your own hosts to measure "
+        "your own link (docs/cluster.md)."))
     p.add_argument("--sizes", type=int, nargs="+", default=None, help="float32 elements per tensor")
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=list(ALGORITHMS),
