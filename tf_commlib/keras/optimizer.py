@@ -27,7 +27,7 @@ import keras
 import tensorflow as tf
 
 from tf_commlib import link_bytes, ops
-from tf_commlib.aggregator import GradientAggregator, check_config, check_cost_params
+from tf_commlib.aggregator import AutoSettings, ExecutionSettings, GradientAggregator, check_config, check_cost_params
 from tf_commlib.keras.arguments import check_arguments, qrgc_options, take_momentum
 from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import AUTO_MARGIN, check_margin, check_seconds, with_compression
@@ -171,12 +171,12 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
         def aggregator(algorithm, selector, fusion, options=self.algorithm_options):
             return GradientAggregator(algorithm, self.target_density, selector, topology=topo,
                                       fusion_threshold_bytes=fusion, seed=self.seed,
-                                      variable_factory=self._factory,
-                                      algorithm_options=options, track_gain=self.adaptive,
-                                      compression=self.compression, timeline=self.timeline,
-                                      cost_params=self.cost_params, auto_margin=self.auto_margin,
+                                      algorithm_options=with_compression(options, self.compression),
                                       # without overlap nothing hides under backprop
-                                      auto_compute_s=self.auto_compute_s if self.overlap else None)
+                                      auto=AutoSettings(self.cost_params, self.auto_margin,
+                                                        self.auto_compute_s if self.overlap else None),
+                                      execution=ExecutionSettings(track_gain=self.adaptive, timeline=self.timeline,
+                                                                  variable_factory=self._factory))
 
         # (aggregator, variable indices, sparse?) groups
         self._groups = []

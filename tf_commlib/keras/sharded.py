@@ -207,7 +207,9 @@ class ShardedUpdate:
         # per (group, bucket): (aggregator, bucket, padded, start, length)
         self.pieces, layer = [], []
         for agg, idx, _ in groups:
-            for bucket, (dp, start, s) in zip(agg.buckets, agg.shard_slices() if self.world else agg.node_slices_layout()):
+            halves = agg.sharded
+            for bucket, (dp, start, s) in zip(agg.buckets, halves.shard_slices() if self.world
+                                              else halves.node_slices_layout()):
                 ids = np.repeat([idx[p] for p in bucket.positions], bucket.sizes).astype(np.int32)
                 ids = np.concatenate([ids, np.full(dp - len(ids), len(var_list), np.int32)])
                 layer.append(ids[start:start + s])
@@ -257,12 +259,12 @@ class ShardedUpdate:
         """Bytes per rank of a step: the halves (world) or the node slices and the intra-node
         all-gather of the weights (node; ``algorithm``, ``density``: the sparse groups' now)."""
         if self.world:
-            return link_bytes.add(*(agg.sharded_bytes() for agg, _, _ in self.groups), self.norm_bytes())
+            return link_bytes.add(*(agg.sharded.sharded_bytes() for agg, _, _ in self.groups), self.norm_bytes())
         out = [self.norm_bytes()]
         for agg, _, sparse in self.groups:
-            out.append(agg.node_sliced_bytes(algorithm if sparse else None, density if sparse else None))
+            out.append(agg.sharded.node_sliced_bytes(algorithm if sparse else None, density if sparse else None))
             codec = self._codec(agg)
-            for _, _, s in agg.node_slices_layout():   # the weights' all-gather inside the node
+            for _, _, s in agg.sharded.node_slices_layout():   # the weights' all-gather inside the node
                 out.append(link_bytes.per_rank("allgather", codec.bytes(s), "intra", self.topo.m, self.topo.n))
         return link_bytes.add(*out)
 
@@ -295,7 +297,7 @@ class ShardedUpdate:
         pieces, commits, sent = [], [], {}
         for agg, idx, sparse in self.groups:
             if self.world:
-                got, commit = agg.reduce_scatter_deferred([send[i] for i in idx], step=self.inner.iterations)
+                got, commit = agg.sharded.reduce_scatter_deferred([send[i] for i in idx], step=self.inner.iterations)
             else:
                 got, where, commit = agg.aggregate_deferred([send[i] for i in idx], step=self.inner.iterations,
                                                             sent="indices", node_slices=True)
@@ -325,7 +327,7 @@ class ShardedUpdate:
                 old, piece = next(old_parts), next(new_parts)
                 send.append(piece if codec.exact else codec.encode(old - piece))
             # named: a rank's slices hold their own number of runs, so its graph has its own ops
-            gathered = (agg.all_gather if self.world else agg.node_all_gather)(send, f"sharded_gather_{g}")
+            gathered = (agg.sharded.all_gather if self.world else agg.sharded.node_all_gather)(send, f"sharded_gather_{g}")
             for bucket, flat in zip(agg.buckets, gathered):
                 for p, part, shape in zip(bucket.positions, tf.split(flat, bucket.sizes), bucket.shapes):
                     var = self.var_list[idx[p]]

@@ -77,7 +77,7 @@ def sharded_steps(kind, variables, grads):
     pieces = opt._sharded.reduce_scatter(grads)[0]
     sharded = opt._sharded
     step = captured(lambda: (sharded.step(pieces), opt.iterations)[1])
-    gather = captured(lambda: [agg.all_gather(pieces) for agg, _, _ in sharded.groups])
+    gather = captured(lambda: [agg.sharded.all_gather(pieces) for agg, _, _ in sharded.groups])
     return opt, {"step_sharded_s": lambda: step().numpy(),
                  "allgather_weights_s": lambda: [t.numpy() for ts in gather() for t in ts]}
 
