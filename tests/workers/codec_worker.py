@@ -96,6 +96,6 @@ for codec in ("mean", "none"):
     out["qrgc_optimizer"]["weights"][codec] = [w.numpy().ravel().tolist() for w in ws]
     out["qrgc_optimizer"]["sent"][codec] = opt.sent_bytes_at(0)
     if codec == "mean":
-        out["qrgc_optimizer"]["options"] = opt._groups[0][0].algorithm_options
+        out["qrgc_optimizer"]["options"] = opt._groups[0].aggregator.algorithm_options
 out["t_total"] = time.perf_counter() - t0
 report(topo.rank, out)

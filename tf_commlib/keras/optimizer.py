@@ -29,6 +29,7 @@ import tensorflow as tf
 from tf_commlib import link_bytes, ops
 from tf_commlib.aggregator import AutoSettings, ExecutionSettings, GradientAggregator, check_config, check_cost_params
 from tf_commlib.keras.arguments import check_arguments, qrgc_options, take_momentum
+from tf_commlib.keras.groups import Group
 from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import AUTO_MARGIN, check_margin, check_seconds, with_compression
 from tf_commlib.collectives.interface import plain_python
@@ -178,20 +179,19 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
                                       execution=ExecutionSettings(track_gain=self.adaptive, timeline=self.timeline,
                                                                   variable_factory=self._factory))
 
-        # (aggregator, variable indices, sparse?) groups
         self._groups = []
         if self.qrgc and len(sparse_idx) > 1:
-            self._groups.append((aggregator(names, "qrgc", 0, qrgc_options(self.algorithm_options)),
-                                 sparse_idx[:-1], True))
+            self._groups.append(Group(aggregator(names, "qrgc", 0, qrgc_options(self.algorithm_options)),
+                                      sparse_idx[:-1], True))
             sparse_idx = sparse_idx[-1:]
-        self._groups.append((aggregator(names, self.selector, self.fusion_threshold_bytes), sparse_idx, True))
-        self._groups.append((aggregator(["2dtar" if topo.m > 1 and topo.n > 1 else "dense"],
-                                        self.selector, self.fusion_threshold_bytes), dense_idx, False))
-        self._groups = [g for g in self._groups if g[1]]
-        for tag, (agg, _, _) in enumerate(self._groups):
-            agg.timeline_tag = tag
-        for agg, idx, _ in self._groups:
-            agg.build([(var_list[i].shape, var_list[i].dtype) for i in idx])
+        self._groups.append(Group(aggregator(names, self.selector, self.fusion_threshold_bytes), sparse_idx, True))
+        self._groups.append(Group(aggregator(["2dtar" if topo.m > 1 and topo.n > 1 else "dense"],
+                                             self.selector, self.fusion_threshold_bytes), dense_idx, False))
+        self._groups = [g for g in self._groups if g.indices]
+        for tag, group in enumerate(self._groups):
+            group.aggregator.timeline_tag = tag
+        for group in self._groups:
+            group.aggregator.build([(var_list[i].shape, var_list[i].dtype) for i in group.indices])
         self.velocities = [self.add_variable_from_reference(v, "dgc_momentum")
                            for v in var_list] if self.momentum_correction else []
         if self.shard_optimizer:   # the inner optimizer's state only for this rank's slices
@@ -206,8 +206,8 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
         rank saved for all (the consistency check refuses another rank's state otherwise)."""
         if not self.built:
             return
-        for agg, _, _ in self._groups:
-            agg.reset_rank_state()
+        for group in self._groups:
+            group.aggregator.reset_rank_state()
         for u in self.velocities:
             u.assign(tf.zeros(u.shape, u.dtype))
         if self._sharded is not None:   # the rank's slices of the optimizer state
@@ -247,8 +247,8 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
         """{"intra": B, "inter": B} a step sends per rank at this epoch (the collectives' formulas)."""
         if self._sharded is not None:   # reduce-scatter + all-gather, and the norm exchange
             return self._sharded.sent_bytes(self.algorithm_at(epoch), self.density_at(epoch))
-        return link_bytes.add(*(agg.sent_bytes(self.algorithm_at(epoch), self.density_at(epoch))
-                                if sparse else agg.sent_bytes() for agg, _, sparse in self._groups))
+        return link_bytes.add(*(g.aggregator.sent_bytes(self.algorithm_at(epoch), self.density_at(epoch))
+                                if g.lossy else g.aggregator.sent_bytes() for g in self._groups))
 
     def sharded_state_bytes(self):
         """(this rank's, unsharded) bytes of the wrapped optimizer's state with shard_optimizer=True
@@ -258,12 +258,12 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
         return self._sharded.state_bytes(), self._sharded.unsharded_state_bytes()
 
     def sparse_aggregators(self):
-        return [agg for agg, _, sparse in self._groups if sparse]
+        return [g.aggregator for g in self._groups if g.lossy]
 
     def aggregators(self):
         """[(GradientAggregator, indices of the variables it aggregates)], in the order a step runs
         them (after build; the dense-layer group last): for profiling, e.g. twins with fresh state."""
-        return [(agg, list(idx)) for agg, idx, _ in self._groups]
+        return [(g.aggregator, list(g.indices)) for g in self._groups]
 
     # -- the step --------------------------------------------------------------------------
     @plain_python
@@ -327,13 +327,13 @@ class DistributedOptimizer(EpochPolicy, keras.optimizers.Optimizer):
                         _zero_at(self.velocities[i], where)
             return update, commit
         update, commits, masked = list(send), [], []
-        for agg, idx, sparse in self._groups:
-            aggregated, sent, commit = agg.aggregate_deferred([send[i] for i in idx], step=self.iterations,
-                                                              sent="indices")
+        for group in self._groups:
+            aggregated, sent, commit = group.aggregator.aggregate_deferred(
+                [send[i] for i in group.indices], step=self.iterations, sent="indices")
             commits.append(commit)
-            for i, g, where in zip(idx, aggregated, sent):
+            for i, g, where in zip(group.indices, aggregated, sent):
                 update[i] = g
-                if sparse and where is not None and self.momentum_correction and self.momentum_masking:
+                if group.lossy and where is not None and self.momentum_correction and self.momentum_masking:
                     masked.append((i, where))
 
         def commit():

@@ -104,7 +104,7 @@ class EpochPolicy:
             self._assign_epoch(epoch)
 
     def _assign_epoch(self, epoch):
-        for agg, _, sparse in self._groups:
-            if sparse:
-                agg.set_density(self.density_at(epoch))
-                agg.set_algorithm(self.algorithm_at(epoch))
+        for group in self._groups:
+            if group.lossy:
+                group.aggregator.set_density(self.density_at(epoch))
+                group.aggregator.set_algorithm(self.algorithm_at(epoch))
