@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tests import hvdrun
-from tf_commlib.aggregator import GradientAggregator
+from tf_commlib.aggregator import Auto, ExecutionSettings, GradientAggregator
 
 
 def test_aggregator_under_horovod(tmp_path):
@@ -42,14 +42,42 @@ def test_aggregator_under_horovod(tmp_path):
     (dict(density=0.0), r"density must be in \(0, 1\], got 0.0"),
     (dict(density=1.5), r"density must be in \(0, 1\], got 1.5"),
     (dict(op="max"), "op must be one of"),
-    (dict(auto_margin=0.0), r"auto_margin must be a number in \(0, 1\], got 0.0"),
-    (dict(auto_margin=True), "auto_margin must be"),
-    (dict(auto_compute_s=-0.1), "auto_compute_s must be None or a finite number of seconds >= 0, got -0.1"),
-    (dict(auto_compute_s="1"), "auto_compute_s must be"),
+    (dict(auto=dict(margin=0.0)), r"Auto.margin must be a number in \(0, 1\], got 0.0"),
+    (dict(auto=dict(margin=True)), "Auto.margin must be"),
+    (dict(auto=dict(compute_s=-0.1)), "Auto.compute_s must be None or a finite number of seconds >= 0, got -0.1"),
+    (dict(auto=dict(compute_s="1")), "Auto.compute_s must be"),
+    (dict(auto=dict(cost_params=1.0)), "Auto.cost_params must be None or a tf_commlib.alphabeta.LinkParams"),
+    (dict(execution=dict(overlap=1)), "overlap must be True or False, got 1"),
+    (dict(execution=dict(check_consistency=None)), "check_consistency must be True or False"),
+    (dict(auto=0.5), "auto must be None or a tf_commlib.aggregator.Auto"),
 ])
 def test_bad_configuration_raises_before_anything_runs(kwargs, message):
+    settings = {"auto": Auto, "execution": ExecutionSettings}
     with pytest.raises(ValueError, match=message):
-        GradientAggregator(**kwargs)
+        GradientAggregator(**{k: settings[k](**v) if isinstance(v, dict) else v for k, v in kwargs.items()})
+
+
+@pytest.mark.parametrize("old,new", [
+    ("cost_params", r"auto=Auto\(cost_params=...\)"),
+    ("auto_margin", r"auto=Auto\(margin=...\)"),
+    ("auto_compute_s", r"auto=Auto\(compute_s=...\)"),
+    ("compression", r"algorithm_options=tf_commlib.collectives.with_compression"),
+    ("check_consistency", r"execution=ExecutionSettings\(check_consistency=...\)"),
+    ("overlap", r"execution=ExecutionSettings\(overlap=...\)"),
+    ("track_gain", r"execution=ExecutionSettings\(track_gain=...\)"),
+    ("timeline", r"execution=ExecutionSettings\(timeline=...\)"),
+    ("timeline_tag", r"execution=ExecutionSettings\(timeline_tag=...\)"),
+    ("variable_factory", r"execution=ExecutionSettings\(variable_factory=...\)"),
+])
+def test_moved_keywords_name_their_new_place(old, new):
+    with pytest.raises(TypeError, match=f"{old} is no longer an argument, give {new}"):
+        GradientAggregator(**{old: None})
+
+
+def test_constructor_takes_at_most_ten_arguments():
+    import inspect
+
+    assert len(inspect.signature(GradientAggregator.__init__).parameters) - 1 <= 10
 
 
 def test_bad_sent_form_raises():
@@ -67,19 +95,19 @@ def test_auto_picks_the_cost_models_minimum():
 
     topo = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
     slow_inter = alphabeta.LinkParams(beta_inter=8 / 0.1e9)   # 100 Mbit/s between nodes
-    agg = GradientAggregator(algorithm="auto", density=0.01, topology=topo, cost_params=slow_inter,
-                             auto_margin=1.0)
-    margin = GradientAggregator(algorithm="auto", density=0.01, topology=topo, cost_params=slow_inter)
-    assert margin.auto_margin == collectives.AUTO_MARGIN == 0.5 and margin.twin().auto_margin == 0.5
+    agg = GradientAggregator(algorithm="auto", density=0.01, topology=topo,
+                             auto=Auto(cost_params=slow_inter, margin=1.0))
+    margin = GradientAggregator(algorithm="auto", density=0.01, topology=topo, auto=Auto(slow_inter))
+    assert margin.auto.margin == collectives.AUTO_MARGIN == 0.5 and margin.twin().auto.margin == 0.5
     for d in (1_000, 100_000, 1_000_000, 25_000_000):
         predicted = {a: collectives.predict(a, d, 2, 2, 0.01, slow_inter) for a in ALGORITHMS}
-        assert agg._resolve("auto", d) == min(predicted, key=predicted.get)
+        assert agg.chooser.resolve("auto", d) == min(predicted, key=predicted.get)
         # the default: a lossy collective only where it takes at most half the fastest exact one's time
         exact = min(("dense", "2dtar"), key=predicted.get)
         best = min(predicted, key=predicted.get)
         lossy_wins = ALGORITHMS[best].lossy and predicted[best] <= 0.5 * predicted[exact]
-        assert margin._resolve("auto", d) == (best if lossy_wins else exact)
-    assert agg._resolve("hitopk", 10) == "hitopk"
+        assert margin.chooser.resolve("auto", d) == (best if lossy_wins else exact)
+    assert agg.chooser.resolve("hitopk", 10) == "hitopk"
 
 
 def test_auto_keeps_buckets_exact_unless_compression_halves_the_overlapped_step():
@@ -97,9 +125,10 @@ def test_auto_keeps_buckets_exact_unless_compression_halves_the_overlapped_step(
     slow = alphabeta.LinkParams(beta_inter=8 / 10e6)   # 10 Mbit/s between nodes
     shapes = [((500, 400), tf.float32), ((300, 300), tf.float32), ((64,), tf.float32)]
 
-    def built(**kwargs):
-        agg = GradientAggregator(algorithm="auto", density=0.01, topology=topo, cost_params=slow,
-                                 fusion_threshold_bytes=1 << 20, **kwargs)
+    def built(auto_compute_s=None, overlap=True):
+        agg = GradientAggregator(algorithm="auto", density=0.01, topology=topo, fusion_threshold_bytes=1 << 20,
+                                 auto=Auto(cost_params=slow, compute_s=auto_compute_s),
+                                 execution=ExecutionSettings(overlap=overlap))
         agg.build(shapes)
         return agg
 
@@ -113,6 +142,6 @@ def test_auto_keeps_buckets_exact_unless_compression_halves_the_overlapped_step(
     for compute_s in (exact_s * 0.55, exact_s * 2):   # less than halved; communication hidden
         kept = built(auto_compute_s=compute_s)
         assert all(not ALGORITHMS[a].lossy for a in kept.bucket_algorithms("auto")), compute_s
-        assert kept.twin().auto_compute_s == compute_s
+        assert kept.twin().auto.compute_s == compute_s
         assert kept.bucket_algorithms("hitopk") == ["hitopk"] * len(kept.buckets)   # only "auto" is affected
     assert built(auto_compute_s=exact_s * 2, overlap=False).bucket_algorithms("auto") == picked

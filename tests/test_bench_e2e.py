@@ -98,12 +98,14 @@ def test_configs_and_command_line():
 
 
 def test_aggregator_twin_has_the_configuration_and_fresh_state():
-    from tf_commlib.aggregator import GradientAggregator
+    from tf_commlib.aggregator import ExecutionSettings, GradientAggregator
+    from tf_commlib.collectives import with_compression
     from tf_commlib.topology import Topology
 
     topo = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
     agg = GradientAggregator(["hitopk", "2dtar"], density=0.05, fusion_threshold_bytes=400, topology=topo,
-                             seed=3, compression="fp16", overlap=False)
+                             seed=3, algorithm_options=with_compression(None, "fp16"),
+                             execution=ExecutionSettings(overlap=False))
     agg.build([((30, 4), np.float32), None, ((50,), np.float32)])
     agg.set_density(0.2)
     agg.set_algorithm("2dtar")
@@ -113,7 +115,7 @@ def test_aggregator_twin_has_the_configuration_and_fresh_state():
     assert twin.buckets == agg.buckets and len(agg.buckets) == 2
     assert twin.candidates == agg.candidates and twin.selector == agg.selector and twin.seed == 3
     assert twin.algorithm_options == agg.algorithm_options and twin.algorithm_options["2dtar"]["compression"] == "fp16"
-    assert twin.overlap is False and twin.fusion_threshold_bytes == 400 and twin.topo is topo
+    assert twin.execution.overlap is False and twin.fusion_threshold_bytes == 400 and twin.topo is topo
     assert float(twin.density.numpy()) == 0.2 and int(twin.active.numpy()) == 1
     assert sorted(twin.residuals) == sorted(agg.residuals)
     for key, var in twin.residuals.items():

@@ -180,7 +180,7 @@ def test_library_code_runs_without_autograph_inside_a_users_tf_function():
 
     import tensorflow as tf
 
-    from tf_commlib import aggregator as aggregator_module
+    from tf_commlib.aggregator import gradient_aggregator as aggregator_module
     from tf_commlib.topology import Topology
 
     frames, tf_dir = [], os.path.dirname(tf.__file__)

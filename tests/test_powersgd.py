@@ -194,11 +194,11 @@ def test_compression_by_hand():
     assert with_compression(None, "none") == {}
     assert with_compression({"dense": {"compression": "none"}}, "bf16") == \
         {"dense": {"compression": "none"}, "2dtar": {"compression": "bf16"}}
-    agg = GradientAggregator("hitopk", compression="fp16", topology=object())   # not built
+    agg = GradientAggregator("hitopk", algorithm_options=with_compression(None, "fp16"), topology=object())
     assert agg.algorithm_options["2dtar"] == {"compression": "fp16"}
     for bad in ("fp8", None, 16):
         with pytest.raises(ValueError, match="^compression must be one of"):
-            GradientAggregator("dense", compression=bad)
+            GradientAggregator("dense", algorithm_options=with_compression(None, bad))
         with pytest.raises(ValueError, match="^compression must be one of"):
             DistributedOptimizer(keras.optimizers.SGD(0.1), compression=bad)
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1), compression="bf16")

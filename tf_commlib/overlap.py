@@ -64,7 +64,7 @@ class Timeline:
     each key (seconds since the epoch, float64; NaN before the first stamp). Works eagerly and in
     tf.function (one variable per key, made on first use, so a stamp orders nothing but itself).
 
-    GradientAggregator(timeline=...) stamps ("bucket", tag, i) when bucket i's aggregation starts
+    GradientAggregator(execution=ExecutionSettings(timeline=...)) stamps ("bucket", tag, i) when bucket i's aggregation starts
     (its gradients exist and the consistency check passed); DistributedOptimizer.timeline stamps
     ("gradient", i) when the gradient of its i-th variable reaches apply(), and hands the timeline
     to its aggregators (tag: the group's index)."""

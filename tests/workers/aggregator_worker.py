@@ -4,7 +4,7 @@ import tensorflow as tf
 
 import tf_commlib
 from tests.workers._report import report
-from tf_commlib.aggregator import GradientAggregator
+from tf_commlib.aggregator import Auto, GradientAggregator
 from tf_commlib.collectives import ALGORITHMS
 
 topo = tf_commlib.init()
@@ -93,8 +93,8 @@ except ValueError as e:
 from tf_commlib.alphabeta import LinkParams  # noqa: E402
 
 slow = LinkParams(beta_inter=8 / 10e6)
-split = GradientAggregator(algorithm="auto", density=0.01, cost_params=slow,
-                           auto_compute_s=100.0 if topo.rank == 0 else 0.0)
+split = GradientAggregator(algorithm="auto", density=0.01,
+                           auto=Auto(cost_params=slow, compute_s=100.0 if topo.rank == 0 else 0.0))
 try:
     split([tf.ones([400, 500], tf.float32)])
     out["auto_mismatch"] = None

@@ -10,7 +10,7 @@ import tf_commlib
 from tests.workers import _sparcml
 from tests.workers._report import report
 from tf_commlib import link_bytes, ops
-from tf_commlib.aggregator import GradientAggregator
+from tf_commlib.aggregator import ExecutionSettings, GradientAggregator
 from tf_commlib.collectives import ALGORITHMS
 
 SHAPES, STEPS, SEED = [(601,), (20, 20)], 3, 11   # two buckets (601 and 400 floats)
@@ -25,7 +25,8 @@ for name in NAMES:
     for density in DENSITIES:
         agg = GradientAggregator(name, density=density, selector="mstopk", op="sum", seed=SEED,
                                  fusion_threshold_bytes=4 * 601,
-                                 check_consistency=False)   # its step-0 allgather is not the collective
+                                 # its step-0 allgather is not the collective
+                                 execution=ExecutionSettings(check_consistency=False))
         call = tf.function(agg)
         results, sent = [], []
         with link_bytes.counting() as counter:

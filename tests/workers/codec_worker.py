@@ -11,7 +11,7 @@ import tensorflow as tf
 import tf_commlib
 from tests.workers._report import report
 from tf_commlib import link_bytes, ops
-from tf_commlib.aggregator import GradientAggregator
+from tf_commlib.aggregator import ExecutionSettings, GradientAggregator
 from tf_commlib.collectives import ALGORITHMS
 from tf_commlib.keras import Selection, DistributedOptimizer
 
@@ -67,7 +67,7 @@ grads = [tf.constant(rng.standard_normal(s).astype(np.float32)) for s in shapes]
 out["aggregator"] = {}
 for codec in ("none", "fp16", "mean"):
     agg = GradientAggregator("hitopk", density=0.2, op="sum", fusion_threshold_bytes=160, seed=3,
-                             check_consistency=False,
+                             execution=ExecutionSettings(check_consistency=False),
                              algorithm_options={"hitopk": {"value_codec": codec}})
     call = tf.function(agg) if codec == "mean" else agg   # mean's decode loop in a graph; the others eagerly
     with link_bytes.counting() as counter:
@@ -97,6 +97,6 @@ for codec in ("mean", "none"):
     out["qrgc_optimizer"]["weights"][codec] = [w.numpy().ravel().tolist() for w in ws]
     out["qrgc_optimizer"]["sent"][codec] = opt.sent_bytes_at(0)
     if codec == "mean":
-        out["qrgc_optimizer"]["options"] = opt._groups[0][0].algorithm_options
+        out["qrgc_optimizer"]["options"] = opt._groups[0].aggregator.algorithm_options
 out["t_total"] = time.perf_counter() - t0
 report(topo.rank, out)

@@ -5,7 +5,7 @@ import tensorflow as tf
 
 import tf_commlib
 from tests.workers._report import report
-from tf_commlib.aggregator import GradientAggregator
+from tf_commlib.aggregator import ExecutionSettings, GradientAggregator
 
 topo = tf_commlib.init()
 rng = np.random.default_rng(topo.rank)
@@ -40,9 +40,9 @@ run("skip_eager", lambda: skip("eager"))
 run("skip_graph", lambda: skip("graph"))
 run("density", lambda: GradientAggregator("hitopk", density=0.02 if topo.rank == 1 else 0.01)(grads()))
 run("algorithm", lambda: GradientAggregator("naive_ag" if topo.rank == 3 else "hitopk", density=0.01)(grads()))
-run("dtype_unchecked", lambda: GradientAggregator("naive_ag", density=0.1, check_consistency=False)(
+run("dtype_unchecked", lambda: GradientAggregator("naive_ag", density=0.1, execution=ExecutionSettings(check_consistency=False))(
     grads(np.float64 if topo.rank == 2 else np.float32)))
-unchecked = GradientAggregator("hitopk", density=0.1, check_consistency=False)
+unchecked = GradientAggregator("hitopk", density=0.1, execution=ExecutionSettings(check_consistency=False))
 step = tf.function(lambda g: unchecked(g))
 run("dtype_unchecked_graph", lambda: step(grads(np.float64 if topo.rank == 2 else np.float32)))
 # a consistent run still works after the failures, and equals the dense sum

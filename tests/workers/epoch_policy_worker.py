@@ -22,7 +22,7 @@ for initial_epoch in (0, 3):
 
     class Probe(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            agg = opt._groups[0][0]   # the sparse group (the 20x200 kernel)
+            agg = opt._groups[0].aggregator   # the sparse group (the 20x200 kernel)
             seen.append([float(agg.density.numpy()), agg.candidates[int(agg.active.numpy())]])
 
     model.fit(x, y, batch_size=8, epochs=initial_epoch + 1, initial_epoch=initial_epoch, verbose=0,

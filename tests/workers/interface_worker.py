@@ -9,7 +9,7 @@ import tf_commlib
 from tests.workers._report import report
 from tf_commlib import link_bytes
 from tf_commlib import primitives
-from tf_commlib.aggregator import GradientAggregator
+from tf_commlib.aggregator import ExecutionSettings, GradientAggregator
 from tf_commlib.collectives import Collective, dense, register
 from tf_commlib.keras import Selection, DistributedOptimizer
 
@@ -64,7 +64,7 @@ for name, kw in {"hitopk": dict(density=0.05),
                  "hitopk_dense4": dict(density=0.05, algorithm_options={"hitopk": {"step4": "dense"}}),
                  "naive_ag": dict(density=0.2), "2dtar": {}}.items():
     agg = GradientAggregator(name.split("_dense4")[0], fusion_threshold_bytes=160,
-                             check_consistency=False, **kw)
+                             execution=ExecutionSettings(check_consistency=False), **kw)
     with link_bytes.counting() as counter:
         agg(grads(0))
         out["sent"][name] = {"counted": counter.result(), "formula": agg.sent_bytes()}

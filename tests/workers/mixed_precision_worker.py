@@ -55,7 +55,7 @@ def class_name(obj):
 
 def rank_state(opt):
     """DGC momentum and every aggregator's residuals (numpy)."""
-    residuals = [v for agg, _, _ in opt._groups for v in agg.residuals.values()]
+    residuals = [v for g in opt._groups for v in g.aggregator.residuals.values()]
     shards = list(opt._sharded.slots.values()) if opt._sharded is not None else []   # this rank's slices
     return [v.numpy() for v in list(opt.velocities) + residuals + shards]
 

@@ -66,9 +66,9 @@ for case in sys.argv[1:]:
     model, opt = model_for(case)
     record = Record(opt.timeline)
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[record])
-    groups = [{"tag": tag, "variables": list(idx),
-               "buckets": [list(b.positions) for b in agg.buckets]}
-              for tag, (agg, idx, _) in enumerate(opt._groups)]
+    groups = [{"tag": tag, "variables": list(g.indices),
+               "buckets": [list(b.positions) for b in g.aggregator.buckets]}
+              for tag, g in enumerate(opt._groups)]
     digest = hashlib.sha256(b"".join(w.numpy().tobytes() for w in model.weights)).hexdigest()
     out["cases"][case] = {"steps": record.steps, "groups": groups, "n_variables": len(model.trainable_variables),
                           "weights": digest}

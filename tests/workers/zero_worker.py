@@ -104,7 +104,7 @@ def exact(algorithm, kinds="sgd,adam,adamw,lars,lamb"):
                 opt, _, case["sharded" if shard else "unsharded"] = train(kind, correction, shard, algorithm, graph=graph)
             out["cases"][f"{kind}_{correction}"] = case
             print(f"rank {topo.rank}: {kind} {correction} done", flush=True)
-    out["slices"] = [list(map(int, s)) for agg, _, _ in opt._groups for s in agg.shard_slices()]
+    out["slices"] = [list(map(int, s)) for g in opt._groups for s in g.aggregator.sharded.shard_slices()]
     return out
 
 

@@ -71,7 +71,7 @@ def predicted_times(opt, density, params):
         algorithm = agg.candidates[int(agg.active.numpy())]
         for bucket in agg.buckets:
             d = sum(bucket.sizes)
-            name = agg._resolve(algorithm, d, bucket.shapes)
+            name = agg.chooser.resolve(algorithm, d, bucket.shapes)
             parts = ALGORITHMS[name].breakdown(d, topo.m, topo.n, density, params, agg.algorithm_options.get(name),
                                                bucket.shapes)
             compute += sum(v for k, v in parts.items() if k in COMPUTE)

@@ -1,8 +1,13 @@
-"""A DistributedOptimizer's groups of variables, each aggregated by one GradientAggregator."""
+"""The groups of a DistributedOptimizer's variables: each aggregated by its own GradientAggregator."""
 from typing import NamedTuple
+
+from tf_commlib.aggregator import GradientAggregator
 
 
 class Group(NamedTuple):
-    aggregator: object   # the tf_commlib.GradientAggregator of these variables
-    indices: list        # positions of its variables in the optimizer's variable list
-    lossy: bool          # True: a lossy collective (sparse or low-rank) may run it; False: always exact
+    """``aggregator`` aggregates the gradients of the variables at ``indices`` (into the optimizer's
+    variable list); ``lossy``: a group of lossy (sparse) collectives, which the epoch policy, the
+    adaptive density and momentum masking act on (False: the dense-layer group)."""
+    aggregator: GradientAggregator
+    indices: list
+    lossy: bool

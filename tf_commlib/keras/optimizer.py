@@ -26,13 +26,13 @@ import keras
 import tensorflow as tf
 
 from tf_commlib import internals, link_bytes, ops
-from tf_commlib.aggregator import GradientAggregator, check_config
+from tf_commlib.aggregator import Auto, ExecutionSettings, GradientAggregator, check_config
 from tf_commlib.collectives import with_compression
 from tf_commlib.collectives.interface import plain_python
 from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
 from tf_commlib.overlap import after_all
 from tf_commlib.keras.groups import Group
-from tf_commlib.keras.options import (DGC, MOVED, Auto, Schedule, Selection, as_schedule, check_density, grouped,
+from tf_commlib.keras.options import (DGC, MOVED, Schedule, Selection, as_schedule, check_density, grouped,
                                       moved_error)
 from tf_commlib.keras.policy import EpochPlan, default_dense_layers, qrgc_options
 from tf_commlib.keras.sharded import ShardedUpdate, check_shardable
@@ -228,11 +228,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         def aggregator(algorithm, selector, fusion, options=self.algorithm_options):
             return GradientAggregator(algorithm, self.target_density, selector, topology=topo,
                                       fusion_threshold_bytes=fusion, seed=sel.seed,
-                                      variable_factory=self._factory,
-                                      algorithm_options=options, track_gain=self.adaptive,
-                                      compression=self.compression, timeline=self.timeline,
-                                      cost_params=auto.cost_params, auto_margin=auto.margin,
-                                      auto_compute_s=auto.compute_s)
+                                      algorithm_options=with_compression(options, self.compression), auto=auto,
+                                      execution=ExecutionSettings(track_gain=self.adaptive, timeline=self.timeline,
+                                                                  variable_factory=self._factory))
 
         groups = []
         if sel.qrgc and len(lossy_idx) > 1:

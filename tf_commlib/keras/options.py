@@ -13,8 +13,7 @@ import dataclasses
 import math
 import numbers
 
-from tf_commlib.alphabeta import LinkParams
-from tf_commlib.collectives import AUTO_MARGIN, check_margin, check_seconds
+from tf_commlib.aggregator import Auto  # noqa: F401  (the fourth group: how "auto" chooses)
 
 # DGC §3.2: density during the warm-up epochs (sparsity 75 %, 93.75 %, 98.4375 %, 99.6 %).
 WARMUP_DENSITIES = (0.25, 0.0625, 0.015625, 0.004)
@@ -151,40 +150,6 @@ def as_schedule(schedule):
     if isinstance(schedule, dict):
         return Schedule(schedule)
     raise ValueError(f"schedule must be None, a dict {{epoch: algorithm}} or a Schedule, got {schedule!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Auto:
-    """How algorithm "auto" chooses per bucket. cost_params: the tf_commlib.alphabeta.LinkParams it
-    predicts with (e.g. tf_commlib.costmodel.calibrate on the running cluster; None: LinkParams()).
-    margin in (0, 1]: a lossy collective only where its predicted time is at most margin x the
-    fastest exact one's (1.0: the plain minimum). compute_s: seconds of forward+backward per step,
-    which overlapped aggregation runs beside (tf_commlib.costmodel.compute_seconds): every bucket
-    stays exact unless the choice makes the predicted step, max(compute, communication), at most
-    margin x the all-exact one; None: not considered."""
-    cost_params: LinkParams = None
-    margin: float = AUTO_MARGIN
-    compute_s: float = None
-
-    def __post_init__(self):
-        if self.cost_params is not None and not isinstance(self.cost_params, LinkParams):
-            raise ValueError("Auto.cost_params must be None or a tf_commlib.alphabeta.LinkParams (e.g. from "
-                             f"tf_commlib.costmodel.calibrate), got {self.cost_params!r}")
-        object.__setattr__(self, "margin", check_margin(self.margin, "Auto.margin"))
-        object.__setattr__(self, "compute_s", check_seconds(self.compute_s, "Auto.compute_s"))
-
-    def to_config(self):
-        return {"cost_params": None if self.cost_params is None else dataclasses.asdict(self.cost_params),
-                "margin": self.margin, "compute_s": self.compute_s}
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        if config.get("cost_params") is not None:
-            params = dict(config["cost_params"])
-            params["compute_curve"] = tuple(tuple(row) for row in params.get("compute_curve", ()))
-            config["cost_params"] = LinkParams(**params)
-        return cls(**config)
 
 
 def check_density(density):

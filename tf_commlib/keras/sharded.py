@@ -198,7 +198,7 @@ class ShardedUpdate:
         self.world = world_sharded(owner.schedule)
         # the ranks whose slices make up the whole: all of them, or the ranks of this node
         self.owners = self.topo.world if self.world else self.topo.intra
-        self._index = {id(agg): idx for agg, idx, _ in groups}
+        self._index = {id(g.aggregator): g.indices for g in groups}
         build, self._update = _form(self.inner)
         dtypes = {v.dtype for v in var_list}
         if len(dtypes) != 1:
@@ -206,9 +206,11 @@ class ShardedUpdate:
         self.dtype = tf.as_dtype(dtypes.pop())
         # per (group, bucket): (aggregator, bucket, padded, start, length)
         self.pieces, layer = [], []
-        for agg, idx, _ in groups:
-            for bucket, (dp, start, s) in zip(agg.buckets, agg.shard_slices() if self.world else agg.node_slices_layout()):
-                ids = np.repeat([idx[p] for p in bucket.positions], bucket.sizes).astype(np.int32)
+        for group in groups:
+            agg, halves = group.aggregator, group.aggregator.sharded
+            for bucket, (dp, start, s) in zip(agg.buckets, halves.shard_slices() if self.world
+                                              else halves.node_slices_layout()):
+                ids = np.repeat([group.indices[p] for p in bucket.positions], bucket.sizes).astype(np.int32)
                 ids = np.concatenate([ids, np.full(dp - len(ids), len(var_list), np.int32)])
                 layer.append(ids[start:start + s])
                 self.pieces.append((agg, bucket, dp, start, s))
@@ -257,12 +259,13 @@ class ShardedUpdate:
         """Bytes per rank of a step: the halves (world) or the node slices and the intra-node
         all-gather of the weights (node; ``algorithm``, ``density``: the sparse groups' now)."""
         if self.world:
-            return link_bytes.add(*(agg.sharded_bytes() for agg, _, _ in self.groups), self.norm_bytes())
+            return link_bytes.add(*(g.aggregator.sharded.sharded_bytes() for g in self.groups), self.norm_bytes())
         out = [self.norm_bytes()]
-        for agg, _, sparse in self.groups:
-            out.append(agg.node_sliced_bytes(algorithm if sparse else None, density if sparse else None))
-            delta_codec = self._codec(agg)
-            for _, _, s in agg.node_slices_layout():   # the weights' all-gather inside the node
+        for group in self.groups:
+            halves = group.aggregator.sharded
+            out.append(halves.node_sliced_bytes(algorithm if group.lossy else None, density if group.lossy else None))
+            delta_codec = self._codec(group.aggregator)
+            for _, _, s in halves.node_slices_layout():   # the weights' all-gather inside the node
                 out.append(link_bytes.per_rank("allgather", delta_codec.bytes(s), "intra", self.topo.m, self.topo.n))
         return link_bytes.add(*out)
 
@@ -293,13 +296,14 @@ class ShardedUpdate:
         """(every bucket's averaged slice, in group/bucket order; commit; {variable index: int64
         indices of it sent sparsely} for the sparse groups' momentum masking)."""
         pieces, commits, sent = [], [], {}
-        for agg, idx, sparse in self.groups:
+        for group in self.groups:
+            agg, idx = group.aggregator, group.indices
             if self.world:
-                got, commit = agg.reduce_scatter_deferred([send[i] for i in idx], step=self.inner.iterations)
+                got, commit = agg.sharded.reduce_scatter_deferred([send[i] for i in idx], step=self.inner.iterations)
             else:
                 got, where, commit = agg.aggregate_deferred([send[i] for i in idx], step=self.inner.iterations,
                                                             sent="indices", node_slices=True)
-                if sparse:
+                if group.lossy:
                     sent.update((i, w) for i, w in zip(idx, where) if w is not None)
             pieces += got
             commits.append(commit)
@@ -319,13 +323,14 @@ class ShardedUpdate:
         sizes = [s for *_, s in self.pieces]
         new_parts = iter(tf.split(new, sizes) if len(sizes) > 1 else [new])
         old_parts = iter(tf.split(w_old, sizes) if len(sizes) > 1 else [w_old])
-        for g, (agg, idx, _) in enumerate(self.groups):
+        for g, group in enumerate(self.groups):
+            agg, idx = group.aggregator, group.indices
             delta_codec, send = self._codec(agg), []
             for _ in agg.buckets:   # the weights, or the 16-bit deltas w_old - w_new
                 old, piece = next(old_parts), next(new_parts)
                 send.append(piece if delta_codec.exact else delta_codec.encode(old - piece))
             # named: a rank's slices hold their own number of runs, so its graph has its own ops
-            gathered = (agg.all_gather if self.world else agg.node_all_gather)(send, f"sharded_gather_{g}")
+            gathered = (agg.sharded.all_gather if self.world else agg.sharded.node_all_gather)(send, f"sharded_gather_{g}")
             for bucket, flat in zip(agg.buckets, gathered):
                 for p, part, shape in zip(bucket.positions, tf.split(flat, bucket.sizes), bucket.shapes):
                     var = self.var_list[idx[p]]

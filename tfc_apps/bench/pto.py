@@ -77,7 +77,7 @@ def sharded_steps(kind, variables, grads):
     pieces = opt._sharded.reduce_scatter(grads)[0]
     sharded = opt._sharded
     step = captured(lambda: (sharded.step(pieces), opt.iterations)[1])
-    gather = captured(lambda: [agg.all_gather(pieces) for agg, _, _ in sharded.groups])
+    gather = captured(lambda: [g.aggregator.sharded.all_gather(pieces) for g in sharded.groups])
     return opt, {"step_sharded_s": lambda: step().numpy(),
                  "allgather_weights_s": lambda: [t.numpy() for ts in gather() for t in ts]}
 
@@ -87,7 +87,7 @@ def sharded_bytes(opt, variables, mine, topo):
     from tf_commlib import link_bytes
 
     sharded = opt._sharded
-    plain = sum(link_bytes.add(*(agg.sent_bytes() for agg, _, _ in sharded.groups)).values())
+    plain = sum(link_bytes.add(*(g.aggregator.sent_bytes() for g in sharded.groups)).values())
     ratios = sum(link_bytes.per_rank("allgather", 4 * mine, "world", topo.m, topo.n).values()) if topo.size > 1 else 0.0
     weights = sum(int(np.prod(v.shape)) * 4 for v in variables)
     return {"bytes_allreduce": plain, "bytes_pto": plain + ratios,

@@ -12,8 +12,8 @@ import keras
 import tensorflow as tf
 
 from tf_commlib import ops, timing
-from tf_commlib.aggregator import GradientAggregator
-from tf_commlib.collectives import ALGORITHMS
+from tf_commlib.aggregator import Auto, GradientAggregator
+from tf_commlib.collectives import ALGORITHMS, with_compression
 from tf_commlib.keras import DistributedOptimizer, distributed_optimizer
 
 
@@ -58,10 +58,9 @@ def _measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, t
 
     def aggregator():   # as the optimizer's: its options, compression and, for "auto", its choice
         agg = GradientAggregator(algorithm, density if algorithm == "auto" or ALGORITHMS[algorithm].lossy else 1.0,
-                                 selector, topology=topo, algorithm_options=dist.algorithm_options,
-                                 compression=dist.compression, cost_params=dist.auto.cost_params,
-                                 auto_margin=dist.auto.margin,
-                                 auto_compute_s=dist.auto.compute_s if dist.overlap else None)
+                                 selector, topology=topo,
+                                 algorithm_options=with_compression(dist.algorithm_options, dist.compression),
+                                 auto=dist.auto if dist.overlap else Auto(dist.auto.cost_params, dist.auto.margin))
         agg.build([(g.shape, g.dtype) for g in grads])
         return agg, tf.function(lambda gs: agg.aggregate(gs, sent="indices"))
 

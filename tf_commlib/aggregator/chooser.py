@@ -1,0 +1,102 @@
+"""The choice behind the algorithm name "auto": the collective each bucket runs.
+
+``Auto`` holds what the choice depends on besides the buckets (the link parameters, the
+margin a lossy collective must beat, the compute seconds overlapped aggregation hides under);
+``AutoChooser`` applies them to a GradientAggregator's buckets (collectives.choose per bucket,
+collectives.keep_exact for the whole step).
+"""
+import dataclasses
+
+from tf_commlib.alphabeta import LinkParams
+from tf_commlib.collectives import ALGORITHMS, AUTO_MARGIN, check_margin, check_seconds, choose, keep_exact
+
+
+def check_cost_params(cost_params, name="cost_params"):
+    """ValueError unless cost_params is None or a tf_commlib.alphabeta.LinkParams."""
+    if cost_params is not None and not isinstance(cost_params, LinkParams):
+        raise ValueError(f"{name} must be None or a tf_commlib.alphabeta.LinkParams (e.g. from "
+                         f"tf_commlib.costmodel.calibrate), got {cost_params!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Auto:
+    """How "auto" chooses; checked when made (ValueError naming the field).
+
+    ``cost_params`` (tf_commlib.alphabeta.LinkParams, e.g. from tf_commlib.costmodel.calibrate) are
+    the link parameters by which "auto" chooses (default LinkParams()); ``margin`` in (0, 1]: "auto"
+    picks a sparse (lossy) collective for a bucket only where its predicted time is at most margin
+    times the fastest exact one's (dense, 2dtar; collectives.choose's lossy_margin; default
+    AUTO_MARGIN = 0.5; 1.0 = the plain minimum). ``compute_s``: the seconds of forward+backward per
+    step that overlapped buckets aggregate beside (e.g. from tf_commlib.costmodel.compute_seconds);
+    a step then takes about max(compute, communication), and where the per-bucket choice does not
+    bring that to margin times the all-exact step (collectives.keep_exact), "auto" keeps every
+    bucket exact: compression would cost accuracy and save too little time. None (default): not
+    considered; ignored without overlap.
+    """
+    cost_params: LinkParams = None
+    margin: float = AUTO_MARGIN
+    compute_s: float = None
+
+    def __post_init__(self):
+        check_cost_params(self.cost_params, "Auto.cost_params")
+        object.__setattr__(self, "margin", check_margin(self.margin, "Auto.margin"))
+        object.__setattr__(self, "compute_s", check_seconds(self.compute_s, "Auto.compute_s"))
+
+    def to_config(self):
+        return {"cost_params": None if self.cost_params is None else dataclasses.asdict(self.cost_params),
+                "margin": self.margin, "compute_s": self.compute_s}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if config.get("cost_params") is not None:
+            params = dict(config["cost_params"])
+            params["compute_curve"] = tuple(tuple(row) for row in params.get("compute_curve", ()))
+            config["cost_params"] = LinkParams(**params)
+        return cls(**config)
+
+
+class AutoChooser:
+    """Resolves a candidate name to the collective a bucket runs: itself, or for "auto" the cost
+    model's choice for that bucket. ``plan``: the aggregator's BucketPlan (its buckets once built);
+    ``overlap``: whether buckets aggregate beside backprop (Auto.compute_s counts only then)."""
+
+    def __init__(self, settings, topo, density, algorithm_options, plan, overlap):
+        self.settings, self.topo, self.density = settings, topo, density
+        self.algorithm_options, self.plan, self.overlap = algorithm_options, plan, overlap
+        self._exact_only = None   # decided once the buckets are known
+
+    def resolve(self, name, d, shapes=None, step_rule=True):
+        """name, or for "auto" the cheapest collective for a bucket of d entries (of these shapes);
+        step_rule=False: the per-bucket choice alone (without compute_s's rule)."""
+        if name != "auto":
+            return name
+        exact = ([a for a in ALGORITHMS if not ALGORITHMS[a].lossy]
+                 if step_rule and self.exact_only() else None)
+        return choose(d, self.topo.m, self.topo.n, self.density, self.settings.cost_params, candidates=exact,
+                      options=self.algorithm_options, shapes=shapes, lossy_margin=self.settings.margin)
+
+    def exact_only(self):
+        """True where "auto" keeps every bucket exact (collectives.keep_exact with compute_s and
+        margin; overlapped only; known once the buckets are)."""
+        buckets = self.plan.buckets
+        if self.settings.compute_s is None or not self.overlap or buckets is None:
+            return False
+        if self._exact_only is None:
+            self._exact_only = keep_exact([(sum(b.sizes), b.shapes) for b in buckets], self.topo.m,
+                                          self.topo.n, self.density, self.settings.compute_s,
+                                          self.settings.cost_params, self.algorithm_options, self.settings.margin)
+        return self._exact_only
+
+    def bucket_algorithms(self, name):
+        """The collective each bucket runs for candidate `name` (for "auto": the cost model's
+        choice per bucket), after build."""
+        return [self.resolve(name, sum(b.sizes), b.shapes) for b in self.plan.buckets]
+
+    def spelled_out(self, candidates):
+        """The candidates with "auto" spelled out per bucket ("auto:dense,hitopk,..."), once the
+        buckets are known (None before): what the consistency check compares, so that ranks that
+        resolve "auto" differently fail it instead of running different collectives."""
+        if self.plan.buckets is None:
+            return None
+        return [c if c != "auto" else "auto:" + ",".join(self.bucket_algorithms(c)) for c in candidates]
