@@ -2,6 +2,7 @@
 aggregation out of TensorFlow's program-order chain of stateful ops, and, in model.fit on 2 ranks,
 the last layer's buckets aggregating before the first layer's gradient exists."""
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests import hvdrun
@@ -124,3 +125,42 @@ def test_buckets_aggregate_while_backprop_runs(tmp_path):
                 continue
             lead = [g0 - max(t[k] for k in keys) for t, g0 in zip(times, first_grad)]
             assert max(lead) > 0, (case, step, lead, times)
+
+
+def _ancestors(op):
+    """Every op that op waits for (data and control inputs, transitively)."""
+    seen, todo = set(), [op]
+    while todo:
+        cur = todo.pop()
+        for dep in [t.op for t in cur.inputs] + list(cur.control_inputs):
+            if dep.name not in seen:
+                seen.add(dep.name)
+                todo.append(dep)
+    return seen
+
+
+@pytest.mark.parametrize("algorithm", ["dense", "hitopk"])
+def test_buckets_aggregate_one_after_another(algorithm):
+    """Inside tf.function bucket b + 1's aggregation starts after bucket b's results (one bucket's
+    collectives in flight at a time: each waiting shared-memory collective polls on a thread of its
+    own), and never the other way round; bucket 0 still waits for no other bucket."""
+    from tf_commlib.aggregator import GradientAggregator
+    from tf_commlib.topology import Topology
+
+    class Alone:   # a process set of this one rank: the collectives pass the tensor through
+        def size(self):
+            return 1
+
+    one = Topology(m=1, n=1, rank=0, node=0, local=0, intra_ranks=(0,), inter_ranks=(0,), intra=Alone(),
+                   inter=Alone(), world=Alone())
+    agg = GradientAggregator(algorithm, density=0.5, topology=one, fusion_threshold_bytes=40)
+    grads = [tf.constant(np.arange(n, dtype=np.float32)) for n in (10, 10, 10)]
+    # without commit(): the function's outputs also wait for every state write (automatic control deps)
+    graph = tf.function(lambda gs: agg.aggregate_deferred(gs)[0]).get_concrete_function(grads).graph
+    assert [b.positions for b in agg.buckets] == [(2,), (1,), (0,)]   # bucket b holds gradient 2 - b
+    waits = [_ancestors(t.op) for t in graph.outputs]   # what the result for each gradient waits for
+    inputs = [t.op.name for t in graph.inputs[:3]]      # the gradients
+    for b in (0, 1):   # bucket b + 1 (gradient 1 - b) waits for bucket b (gradient 2 - b), not back
+        assert inputs[2 - b] in waits[1 - b]
+        assert inputs[1 - b] not in waits[2 - b]
+    assert waits[2].isdisjoint(inputs[:2])   # bucket 0 waits for no other gradient

@@ -18,7 +18,7 @@ import numpy as np
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import tf_commlib  # noqa: E402
 from _report import report  # noqa: E402
-from tf_commlib.keras import DGC, Selection, DistributedOptimizer, distributed_optimizer  # noqa: E402
+from tf_commlib.keras import DGC, DistributedOptimizer, Selection, distributed_optimizer, with_loss_scale  # noqa: E402
 from tf_commlib.overlap import Timeline  # noqa: E402
 
 topo = tf_commlib.init()
@@ -40,10 +40,10 @@ def model_for(case):
         keras.layers.Dense(40, dtype="float32"),
     ])
     sgd = keras.optimizers.SGD(0.01, momentum=0.9)
-    opt = DistributedOptimizer(keras.optimizers.LossScaleOptimizer(sgd) if mixed else sgd, algorithm=algorithm,
-                               density=0.1, fusion_threshold_bytes=1, overlap=not serial,
-                               shard_optimizer=shard, selection=Selection(seed=3),
-                               dgc=DGC(local_clip_norm=1.0 if clip else None))
+    options = dict(algorithm=algorithm, density=0.1, fusion_threshold_bytes=1, overlap=not serial,
+                   shard_optimizer=shard, selection=Selection(seed=3), dgc=DGC(local_clip_norm=1.0 if clip else None))
+    opt = (with_loss_scale(keras.optimizers.LossScaleOptimizer(sgd), **options) if mixed
+           else DistributedOptimizer(sgd, **options))
     distributed_optimizer(opt).timeline = Timeline()
     model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     return model, distributed_optimizer(opt)

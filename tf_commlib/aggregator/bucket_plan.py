@@ -33,14 +33,16 @@ class BucketPlan:
             raise ValueError("the gradient list changed shape since the first call; "
                              "create a new GradientAggregator for a new model")
 
-    def walk(self, grads):
+    def walk(self, grads, finished):
         """Yields (i, bucket, flat gradients of the bucket) for every bucket in order. Inside
         tf.function, the ops the caller adds for a bucket before asking for the next one are taken
         out of the program-order chain of stateful ops (tf_commlib.overlap.run_independently), so a
-        bucket's aggregation depends only on its own gradients."""
+        bucket's aggregation depends only on its own gradients and on the bucket before it: the
+        caller appends each bucket's results (a tensor or a list of them) to ``finished``, and
+        bucket i + 1 starts once bucket i's exist (overlap.after: one bucket's collectives in flight)."""
         for i, bucket in enumerate(self.buckets):
             since = overlap.op_count()
-            flat = fusion.flatten(grads, bucket)
+            flat = overlap.after(fusion.flatten(grads, bucket), finished[-1] if finished else None)
             if self.timeline is not None:
                 flat = self.timeline.stamp(("bucket", self.timeline_tag, i), flat)
             yield i, bucket, flat

@@ -318,8 +318,8 @@ class GradientAggregator:
         if sent not in SENT:
             raise ValueError(f"sent must be one of {SENT}, got {sent!r}")
         grads = self.open_step([None if g is None else tf.convert_to_tensor(g) for g in grads], step)
-        out, masks, writes, gains, pieces = list(grads), list(grads), [], [], []
-        for i, bucket, flat in self.plan.walk(grads):
+        out, masks, writes, gains, pieces, finished = list(grads), list(grads), [], [], [], []
+        for i, bucket, flat in self.plan.walk(grads, finished):
             names = [self.chooser.resolve(c, flat.shape[0], bucket.shapes) for c in self.candidates]
             if len(names) == 1:
                 agg, indices, residuals, gain = self._run_bucket(i, names[0], flat, node_slices)
@@ -327,6 +327,7 @@ class GradientAggregator:
                 branches = [(lambda n: lambda: self._run_bucket(i, n, flat, node_slices))(n) for n in names]
                 agg, indices, residuals, gain = tf.switch_case(tf.convert_to_tensor(self.active), branches)
             writes += zip(self.state.of_bucket(i), residuals)
+            finished.append([agg, indices, gain, *residuals])
             if gain is not None:
                 gains.append(gain)
             agg = self.apply_op(agg)

@@ -54,7 +54,7 @@ class ShardedHalves:
             raise ValueError("grads: a sharded update needs a gradient for every variable (got None)")
         grads = agg.open_step([tf.convert_to_tensor(g) for g in grads], step)
         pieces = []
-        for i, _, flat in agg.plan.walk(grads):
+        for i, _, flat in agg.plan.walk(grads, pieces):
             ctx = coll.context(tf.convert_to_tensor(agg.step), None, agg.algorithm_options.get(coll.name), i)
             pieces.append(agg.apply_op(coll.sharding.reduce_scatter(flat, agg.topo, ctx)))
         return pieces, lambda: agg.step.assign_add(1)
