@@ -113,7 +113,7 @@ def test_auto_picks_the_cost_models_minimum():
 def test_auto_keeps_buckets_exact_unless_compression_halves_the_overlapped_step():
     """A slow link on which the margin picks a lossy collective per bucket: with auto_compute_s, a
     step takes about max(compute, communication), and auto keeps every bucket exact unless its
-    choice makes that at most auto_margin x the all-exact step; without overlap it chooses per
+    choice makes that at most Auto.margin x the all-exact step; without overlap it chooses per
     bucket as before."""
     import tensorflow as tf
 

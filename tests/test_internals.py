@@ -21,6 +21,7 @@ PRIVATE_NAMES = {
     "_variables", "_trainable_variables", "_get_variable_index",
     "_overwrite_variable_with_gradient", "_use_weight_decay", "_backend_update_step",
     "_momentums", "_velocities", "_stateful_handle_non_finite_grads",
+    "_learning_rate", "_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern",
     "_load_model", "_save_model", "_weights_path", "_prev_weights_path",
     "_training_metadata_path", "_prev_training_metadata_path", "_current_epoch", "_last_batch_seen",
 }

@@ -261,3 +261,36 @@ def test_epoch_policy_applies_from_the_first_step_of_fit(tmp_path):
     for r in hvdrun.run("epoch_policy_worker.py", 2, tmp_path):
         assert r["0"] == [[0.25, "hitopk"]] * 4          # warm-up density from step 0
         assert r["3"] == [[0.01, "naive_ag"]] * 4        # a resumed epoch's density and algorithm
+
+
+def test_the_stepping_copy_keeps_the_learning_rate_and_weight_decay_exclusions():
+    """The copy without momentum shares a schedule or callable learning rate (whatever its
+    serialisability) and keeps exclude_from_weight_decay's exclusions, which get_config drops."""
+    import json
+
+    from tf_commlib import internals
+
+    sgd = keras.optimizers.SGD(0.1, momentum=0.9, weight_decay=0.1)
+    sgd.exclude_from_weight_decay(var_names=["bias"])
+    dist = DistributedOptimizer(sgd, algorithm="dense")
+    bias, kernel = keras.Variable(np.ones(3, np.float32), name="bias"), keras.Variable(np.ones(3, np.float32), name="k")
+    copy = dist.inner_optimizer
+    assert not internals.uses_weight_decay(copy, bias) and internals.uses_weight_decay(copy, kernel)
+    assert float(copy.learning_rate) == pytest.approx(0.1) and copy.weight_decay == 0.1
+
+    def lr():
+        return 0.25
+
+    dist = DistributedOptimizer(keras.optimizers.SGD(lr, momentum=0.9), algorithm="dense")
+    assert float(dist.learning_rate) == 0.25 and dist.m == 0.9
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.5, 10, 0.5)
+    dist = DistributedOptimizer(keras.optimizers.SGD(schedule, momentum=0.9), algorithm="dense")
+    assert internals.momentum_free_copy(keras.optimizers.SGD(schedule, momentum=0.9), momentum=0.0)._learning_rate \
+        is schedule
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), dgc=DGC(warmup=np.int64(2)),
+                               selection=Selection(seed=np.int64(3)), schedule=Schedule({np.int64(0): "hitopk"}))
+    json.dumps(opt.get_config())   # plain Python numbers
+    with pytest.raises(ValueError, match="algorithm must be the name of a collective"):
+        DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm=["hitopk", "dense"])
+    with pytest.raises(ValueError, match="density must be"):
+        DistributedOptimizer(keras.optimizers.SGD(0.1), density={0.1: 1})

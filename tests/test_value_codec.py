@@ -195,7 +195,7 @@ def test_codecs_in_every_collective_on_2x2(tmp_path):
         np.testing.assert_allclose(got, plain, rtol=2e-3, atol=1e-3)
     assert all(r["weights"] == reports[0]["weights"] for r in reports)
     assert all(np.any(np.array(w) != 1) for w in reports[0]["weights"])
-    # DistributedOptimizer(qrgc=True): its qRGC group sends one mean per rank, with the same
+    # DistributedOptimizer(selection=Selection(qrgc=True)): its qRGC group sends one mean per rank, with the same
     # weights as the same optimizer told value_codec "none", and fewer bytes
     for r in reports:
         q = r["qrgc_optimizer"]
@@ -210,7 +210,7 @@ def test_qrgc_group_sends_one_mean_unless_told_otherwise():
     assert qrgc_options({"hitopk": {"value_codec": "fp16", "step4": "dense"}, "ssar_rd": {}}) == \
         {"naive_ag": {"value_codec": "mean"}, "hitopk": {"value_codec": "fp16", "step4": "dense"},
          "ssar_rd": {}}
-    # DistributedOptimizer(qrgc=True) end to end: tests/workers/codec_worker.py ("qrgc_optimizer")
+    # DistributedOptimizer(selection=Selection(qrgc=True)) end to end: tests/workers/codec_worker.py ("qrgc_optimizer")
 
 
 def test_codecs_share_one_interface_and_registry():

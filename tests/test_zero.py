@@ -14,7 +14,7 @@ import pto
 from tests import hvdrun
 from tests.workers.sequence_worker import cases_file
 from tests import pto_reference as ref
-from tf_commlib.keras import DGC, DistributedOptimizer
+from tf_commlib.keras import DGC, DistributedOptimizer, Selection
 from tf_commlib.keras.sharded import SUPPORTED, world_sharded
 
 DECAYED = [len(s) > 1 for s in ref.ZERO_SHAPES]   # the 1-D ones are named bias*
@@ -174,7 +174,7 @@ def test_argument_errors():
     # one dense / 2dtar algorithm: sharded over all ranks; anything else over the ranks of a node
     for kwargs, world in (({"algorithm": "hitopk"}, False), ({"algorithm": "auto"}, False),
                           ({"algorithm": "dense", "schedule": {0: "dense", 2: "2dtar"}}, False),
-                          ({"algorithm": "dense", "qrgc": True, "schedule": {0: "hitopk"}}, False),
+                          ({"algorithm": "dense", "selection": Selection(qrgc=True), "schedule": {0: "hitopk"}}, False),
                           ({"algorithm": "2dtar"}, True), ({"algorithm": "dense", "compression": "fp16"}, True)):
         dist = DistributedOptimizer(keras.optimizers.SGD(0.1), shard_optimizer=True, **kwargs)
         assert world_sharded(dist.schedule) is world, kwargs

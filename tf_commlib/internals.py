@@ -22,6 +22,7 @@ PRIVATE_NAMES = frozenset({
     "_variables", "_trainable_variables", "_get_variable_index",      # keras.optimizers.Optimizer
     "_overwrite_variable_with_gradient", "_use_weight_decay", "_backend_update_step",
     "_momentums", "_velocities",                                      # keras.optimizers.Lamb
+    "_learning_rate", "_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern",
     "_stateful_handle_non_finite_grads",                              # keras.optimizers.LossScaleOptimizer
     "_load_model", "_save_model", "_weights_path", "_prev_weights_path",   # keras.callbacks.BackupAndRestore
     "_training_metadata_path", "_prev_training_metadata_path", "_current_epoch", "_last_batch_seen",
@@ -144,6 +145,29 @@ def uses_weight_decay(optimizer, variable):
                   "exclude_from_weight_decay is ignored by the sharded update (every variable decays)")
         return True
     return method(variable)
+
+
+def momentum_free_copy(optimizer, **changes):
+    """A new, unbuilt optimizer of the same class and config with ``changes`` (e.g. momentum=0.0):
+    it shares the original's learning rate when that is a schedule or a callable (whatever its
+    serialisability; a float's value is copied), and keeps the weight-decay exclusions that
+    exclude_from_weight_decay() set, which get_config() does not carry. The original is left as it is."""
+    raw = optimizer._learning_rate
+    # the config without the learning rate: a callable or an unregistered schedule need not
+    # serialise, and the copy takes the object itself
+    object.__setattr__(optimizer, "_learning_rate", None)
+    try:
+        config = optimizer.get_config()
+    finally:
+        object.__setattr__(optimizer, "_learning_rate", raw)
+    value = float(raw.numpy()) if isinstance(raw, keras.Variable) else 0.0
+    copy = type(optimizer).from_config({**config, "learning_rate": value, **changes})
+    if not isinstance(raw, keras.Variable):
+        copy.learning_rate = raw
+    for name in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
+        if hasattr(optimizer, name):
+            object.__setattr__(copy, name, getattr(optimizer, name))
+    return copy
 
 
 def handle_non_finite(loss_scale_optimizer):

@@ -84,7 +84,7 @@ for _ in range(2):
     opt.apply(grads, ws)
 out["weights"] = [w.numpy().ravel().tolist() for w in ws]
 out["t_aggregator"] = time.perf_counter() - t0
-# DistributedOptimizer(qrgc=True): the qRGC group (all but the last variable) defaults to "mean"
+# DistributedOptimizer(selection=Selection(qrgc=True)): the qRGC group (all but the last variable) defaults to "mean"
 out["qrgc_optimizer"] = {"weights": {}, "sent": {}}
 for codec in ("mean", "none"):
     ws = [keras.Variable(np.ones(s, np.float32)) for s in shapes]

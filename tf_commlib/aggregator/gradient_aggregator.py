@@ -72,12 +72,12 @@ class ExecutionSettings:
     variable_factory: object = None
 
     def __post_init__(self):
-        for arg in ("check_consistency", "overlap"):
+        for arg in ("check_consistency", "overlap", "track_gain"):
             if not isinstance(getattr(self, arg), bool):
                 raise ValueError(f"{arg} must be True or False, got {getattr(self, arg)!r}")
 
 
-# keyword arguments the constructor no longer takes -> where they went
+# keywords of options that a settings object holds -> where they are given
 _MOVED = {
     "cost_params": "auto=Auto(cost_params=...)",
     "auto_margin": "auto=Auto(margin=...)",
@@ -126,7 +126,7 @@ class GradientAggregator:
 
     @_refuse_moved
     def __init__(self, algorithm="hitopk", density=0.01, selector="mstopk", op="average",
-                 fusion_threshold_bytes=fusion.DEFAULT_THRESHOLD_BYTES, topology=None, seed=None,
+                 fusion_threshold_bytes=fusion.DEFAULT_THRESHOLD_BYTES, topology=None, seed=None, *,
                  algorithm_options=None, auto=None, execution=None):
         self.auto = Auto() if auto is None else auto
         self.execution = ExecutionSettings() if execution is None else execution

@@ -16,11 +16,11 @@ sets ``REFERENCE`` (another of that test's references, or None where another tes
 The predictions over the registry are here too: ``breakdown`` and ``predict`` (a collective's time
 formula, on tf_commlib.alphabeta.LinkParams) and ``choose``: the argmin of the predictions (tyagi's
 closed-form inequalities divide by zero at N = 2). algorithm="auto" runs choose with
-lossy_margin=auto_margin (default AUTO_MARGIN = 0.5): a lossy collective, which needs more
+lossy_margin=Auto.margin (default AUTO_MARGIN = 0.5): a lossy collective, which needs more
 steps to reach the same accuracy, is picked only where its prediction is at most half the fastest
 exact one's; choose's own default (1.0) is the plain argmin, which `bench comm` compares with the
 measured fastest. The margin also applies to the step: with overlap, aggregation runs beside the
-forward+backward compute (auto_compute_s), so a step takes about max(compute, communication);
+forward+backward compute (Auto.compute_s), so a step takes about max(compute, communication);
 ``keep_exact`` says whether the per-bucket choice fails to bring that to lossy_margin times the
 all-exact step, and then "auto" keeps every bucket exact.
 """
@@ -93,7 +93,7 @@ def predict(algorithm, d, m, n, density, params=None, options=None, shapes=None)
     return float(sum(breakdown(algorithm, d, m, n, density, params, options, shapes).values()))
 
 
-AUTO_MARGIN = 0.5   # GradientAggregator's and DistributedOptimizer's default auto_margin
+AUTO_MARGIN = 0.5   # the default Auto.margin of GradientAggregator and DistributedOptimizer
 
 
 def check_margin(value, name="lossy_margin"):

@@ -69,8 +69,7 @@ def _momentum(optimizer, dgc):
         nesterov = dgc.nesterov or bool(optimizer.nesterov)
         if optimizer.momentum or optimizer.nesterov:
             try:
-                config = {**optimizer.get_config(), "momentum": 0.0, "nesterov": False}
-                optimizer = type(optimizer).from_config(config)
+                optimizer = internals.momentum_free_copy(optimizer, momentum=0.0, nesterov=False)
             except (NotImplementedError, TypeError, ValueError) as e:
                 raise ValueError(f"optimizer: DGC's momentum correction steps with a copy of "
                                  f"{type(optimizer).__name__} without momentum, which its config cannot make ({e}); "
@@ -135,6 +134,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             raise moved_error(key) if key in MOVED else TypeError(
                 f"DistributedOptimizer got an unexpected keyword argument {key!r}")
         _check_optimizer(optimizer)
+        if not isinstance(algorithm, str):
+            raise ValueError(f"algorithm must be the name of a collective or 'auto' (a schedule switches between "
+                             f"several: schedule={{epoch: algorithm}}), got {algorithm!r}")
         dgc, selection = _option(dgc, DGC, "dgc"), _option(selection, Selection, "selection")
         auto, schedule = _option(auto, Auto, "auto"), as_schedule(schedule)
         target, candidates = check_density(density)

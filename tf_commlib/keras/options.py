@@ -6,8 +6,8 @@
                          selection=Selection(selector="mstopk", seed=1),
                          auto=Auto(cost_params=params, compute_s=0.2))
 
-``MOVED`` maps each keyword DistributedOptimizer took before the groups existed to where it lives now;
-``grouped(flat)`` turns such a flat set of keywords into the grouped ones (configs saved that way).
+``MOVED`` maps each top-level keyword of an option that a group holds to its group and field (the
+TypeError for such a keyword names it); ``grouped(flat)`` reads a config with those keywords at the top.
 """
 import dataclasses
 import math
@@ -63,6 +63,11 @@ class DGC:
             raise ValueError(f"DGC.local_clip_norm must be None or a positive finite number, got {c!r}")
         if not _is_int(self.warmup) or self.warmup < 0:
             raise ValueError(f"DGC.warmup must be a number of epochs >= 0, got {self.warmup!r}")
+        # plain Python numbers (numpy's would not serialise to JSON)
+        object.__setattr__(self, "warmup", int(self.warmup))
+        for field in ("momentum", "local_clip_norm"):
+            if getattr(self, field) is not None:
+                object.__setattr__(self, field, float(getattr(self, field)))
 
     def density_at(self, epoch, target, adaptive=False):
         """The density of an epoch: the warm-up's (never below target unless adaptive, whose choice
@@ -97,6 +102,8 @@ class Selection:
             raise ValueError(f"Selection.dense_layers must be None or a predicate variable -> bool, "
                              f"got {self.dense_layers!r}")
         _check_bool("Selection", qrgc=self.qrgc)
+        if self.seed is not None:
+            object.__setattr__(self, "seed", int(self.seed))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +133,9 @@ class Schedule:
             object.__setattr__(self, "epochs", dict(epochs))
         if not _is_int(self.dense_warmup_epochs) or self.dense_warmup_epochs < 0:
             raise ValueError(f"Schedule.dense_warmup_epochs must be an int >= 0, got {self.dense_warmup_epochs!r}")
+        object.__setattr__(self, "dense_warmup_epochs", int(self.dense_warmup_epochs))
+        if self.epochs is not None:
+            object.__setattr__(self, "epochs", {int(e): a for e, a in self.epochs.items()})
 
     def resolve(self, algorithm):
         """{epoch: algorithm} from epoch 0, with ``algorithm`` where the schedule starts later and the
@@ -161,7 +171,7 @@ def check_density(density):
             raise ValueError("density must be a number in (0, 1], 'adaptive' or a sequence of densities, "
                              f"got {density!r}")
         density = CANDIDATES
-    if hasattr(density, "__iter__"):
+    if isinstance(density, (list, tuple)):
         candidates = tuple(density)
         if not candidates:
             raise ValueError("density: give at least one candidate density")
@@ -196,8 +206,8 @@ def moved_error(keyword):
 
 
 def grouped(config):
-    """A config saved with every keyword at the top (before the groups) as grouped keywords; a
-    grouped config is returned as it is."""
+    """A config with the group options as top-level keywords (MOVED; "auto" the plain argmin, margin
+    1.0, where it names no margin) as grouped keywords; a grouped config is returned as it is."""
     if not any(key in MOVED for key in config):
         return dict(config)
     flat = {"auto_margin": 1.0, **config}   # saved before auto_margin existed: "auto" was the plain argmin
