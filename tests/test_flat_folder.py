@@ -131,3 +131,25 @@ def test_dawnbench_validation_set_is_the_same(digits):
         got.append(sorted(pairs))
     assert got[0] == got[1] and len(got[0]) == len(datacache.ImageFolderSource(f"{root}/val"))
     assert np.unique([y for _, y in got[0]]).tolist() == list(range(10))
+
+
+def test_warm_a_flat_validation_folder_for_training(digits):
+    """datacache warm --labels FILE --classes TRAIN fills the entries the DAWNBench script's
+    validation set of a node then reads (FlatFolderSource with the train/ classes, --seed shards)."""
+    from datacache import DataCache, DecodeResize, RedisServer, cached_dataset
+    from datacache.cli import main
+
+    root, flat, labels = digits
+    server = RedisServer(maxmemory="64mb")
+    try:
+        url = server.url(with_password=True)
+        assert main(["warm", f"{flat}/val", "--labels", labels, "--classes", f"{flat}/train", "--size", "16",
+                     "--redis-url", url, "--node", "1/2", "--ranks-per-node", "2", "--seed", "4"]) == 0
+        val = FlatFolderSource(f"{flat}/val", labels, ImageFolderSource(f"{flat}/train").class_names)
+        with DataCache(url, progress=False) as cache:
+            for rank in (2, 3):
+                list(cached_dataset(val, DecodeResize(16), cache, shard=(rank, 4), shuffle=False, shard_seed=4))
+            assert [(e["misses"], e["hits"] > 0) for e in cache.stats()["epochs"]] == [(0, True)] * 2
+            assert cache.stats()["redis_keys"] == sum(e["hits"] for e in cache.stats()["epochs"])
+    finally:
+        server.stop()
