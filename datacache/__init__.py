@@ -15,10 +15,11 @@ from datacache.cache import DataCache
 from datacache.codec import Codec
 from datacache.fingerprint import preprocess_fingerprint
 from datacache.server import RedisServer
-from datacache.sources import ImageFolderSource, Source, TfdsSource
+from datacache.sources import FlatFolderSource, ImageFolderSource, Source, TfdsSource, read_labels
 
-__all__ = ["DataCache", "Source", "ImageFolderSource", "TfdsSource", "cached_dataset", "shard_range",
-           "shard_indices", "shard_of", "RedisServer", "Codec", "preprocess_fingerprint", "DecodeResize"]
+__all__ = ["DataCache", "Source", "ImageFolderSource", "FlatFolderSource", "TfdsSource", "read_labels",
+           "cached_dataset", "shard_range", "shard_indices", "shard_of", "node_shards", "node_indices",
+           "RedisServer", "Codec", "preprocess_fingerprint", "DecodeResize"]
 
 
 def __getattr__(name):
@@ -26,7 +27,7 @@ def __getattr__(name):
     if name == "cached_dataset":
         from datacache import dataset
         return dataset.cached_dataset
-    if name in ("shard_range", "shard_indices", "shard_of"):
+    if name in ("shard_range", "shard_indices", "shard_of", "node_shards", "node_indices"):
         from datacache import shards
         return getattr(shards, name)
     if name == "DecodeResize":

@@ -29,6 +29,27 @@ def shard_indices(n, index, count, seed=0, labels=None):
     return np.sort(order[index::count]).astype(np.int64)
 
 
+def node_shards(node, nodes, ranks_per_node):
+    """The (rank, size) shards of node ``node`` of ``nodes``, each running ``ranks_per_node`` ranks
+    numbered node-major, as Horovod numbers them on hosts of equal slots (node i runs ranks
+    i*n .. i*n+n-1 of nodes*n)."""
+    for name, value in (("node", node), ("nodes", nodes), ("ranks_per_node", ranks_per_node)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ValueError(f"{name} must be an int, got {value!r}")
+    if ranks_per_node < 1 or not 0 <= node < nodes:
+        raise ValueError(f"node {node} of {nodes} with {ranks_per_node} ranks per node: need "
+                         "0 <= node < nodes and ranks_per_node >= 1")
+    size = nodes * ranks_per_node
+    return [(int(rank), int(size)) for rank in range(node * ranks_per_node, (node + 1) * ranks_per_node)]
+
+
+def node_indices(n, node, nodes, ranks_per_node, seed=0, labels=None):
+    """The sample indices node ``node`` reads (and so caches), sorted: the union of its ranks'
+    ``shard_indices`` (node_shards) with the training's shard seed and labels."""
+    return np.sort(np.concatenate([shard_indices(n, rank, size, seed, labels)
+                                   for rank, size in node_shards(node, nodes, ranks_per_node)]))
+
+
 def shard_of(dataset, n, shard=None, seed=0):
     """``dataset`` (n elements in a fixed order, e.g. a tfds split read without file shuffling)
     restricted to this process' shard_indices (no labels: a plain permutation), in the same

@@ -1,13 +1,15 @@
-"""Where the samples come from: a folder of images in the ImageNet layout, or a tfds ImageFolder.
+"""Where the samples come from: a folder of images in the ImageNet layout, a flat folder of images
+with a labels file (ImageNet's validation set), or a tfds ImageFolder.
 
 A source is a list of files with a label each. Sample ``i`` is the i-th file in sorted order (class
 folders sorted by name, files sorted by path inside each), its label the index of its class folder
 in ``class_names``, as Keras' ``image_dataset_from_directory`` and tfds number them. The fingerprint
-covers the class names and every file's path, size and modification time, so a changed data set
-never reads the cache entries of the old one.
+covers the class names and every file's path, label, size and modification time, so a changed data
+set never reads the cache entries of the old one.
 """
 import hashlib
 import os
+import re
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -60,7 +62,7 @@ class ImageFolderSource:
         self.root = os.path.abspath(os.fspath(root))
         if not os.path.isdir(self.root):
             raise ValueError(f"root {self.root!r} is not a directory")
-        found = sorted(e.name for e in os.scandir(self.root) if e.is_dir() and not e.name.startswith("."))
+        found = class_folders(self.root)
         self.class_names = list(class_names) if class_names is not None else found
         files, labels, sizes, mtimes = [], [], [], []
         for label, name in enumerate(self.class_names):
@@ -102,6 +104,139 @@ class ImageFolderSource:
         if not data.startswith(_MAGIC):
             raise ValueError(f"source: {self.path(i)} is not a JPEG or PNG image "
                              f"(it starts with {bytes(data[:8])!r})")
+
+
+def class_folders(root):
+    """The class names of an ImageNet-layout folder: its non-hidden subfolders, sorted."""
+    return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+
+
+SOLUTION_HEADER = "ImageId,PredictionString"   # the first line of ImageNet's LOC_val_solution.csv
+
+
+def read_labels(labels_file, class_names=None, argument="labels"):
+    """The labels file of a flat folder: ({name: class index} in the file's order, class names).
+
+    One line per image, ``NAME LABEL`` (whitespace between) or ``NAME,LABEL``; blank lines and lines
+    starting with ``#`` are skipped, and so is a first line ``ImageId,PredictionString``. After a
+    comma only the first word counts, so ImageNet's ``LOC_val_solution.csv``
+    (``ILSVRC2012_val_00008726,n02119789 255 142 454 329 ...``: the synset, then boxes) reads as it is.
+    NAME is a file name in the folder, with or without its extension. LABEL is a class name of
+    ``class_names`` (a synset such as ``n01440764``) or, if it is none of them, an integer index
+    into ``class_names`` (0-based). class_names=None: the file's distinct labels, sorted, are the
+    classes (returned as the class names). Errors are ValueErrors that start with ``argument`` and
+    the file, and give the line."""
+    where = f"{argument} {os.fspath(labels_file)!r}"
+    if not os.path.isfile(labels_file):
+        raise ValueError(f"{where}: no such file")
+    rows = []
+    with open(labels_file, encoding="utf-8-sig") as f:
+        for number, line in enumerate(f, 1):
+            line = line.strip()
+            if not line or line.startswith("#") or (not rows and line.replace(" ", "") == SOLUTION_HEADER):
+                continue
+            name, sep, rest = line.partition(",")
+            if not sep:
+                name, rest = (line.split(None, 1) + [""])[:2]
+            name, words = name.strip(), rest.split()
+            if not name or not words:
+                raise ValueError(f"{where}: line {number}: {line!r} is not NAME LABEL or NAME,LABEL")
+            if "/" in name or os.sep in name:
+                raise ValueError(f"{where}: line {number}: {name!r} is a path; the folder is flat, "
+                                 "give file names")
+            rows.append((number, name, words[0]))
+    if not rows:
+        raise ValueError(f"{where}: no labels in the file")
+    if class_names is None:
+        class_names = sorted({label for _, _, label in rows})
+    index = {name: i for i, name in enumerate(class_names)}
+    out, lines = {}, {}
+    for number, name, label in rows:
+        if label in index:
+            value = index[label]
+        elif re.fullmatch(r"\d+", label) and int(label) < len(class_names):
+            value = int(label)
+        else:
+            shown = ", ".join(list(class_names)[:5]) + (", ..." if len(class_names) > 5 else "")
+            raise ValueError(f"{where}: line {number}: unknown class {label!r} (neither one of the "
+                             f"{len(class_names)} class names: {shown}, nor an index 0..{len(class_names) - 1})")
+        if name in out:
+            raise ValueError(f"{where}: line {number}: {name!r} is labelled twice (first on line {lines[name]})")
+        out[name], lines[name] = value, number
+    return out, list(class_names)
+
+
+def flat_folder_labels(root, labels_file, class_names=None, argument="labels"):
+    """(files, labels, class names) of a flat folder of images labelled by ``labels_file``
+    (``read_labels``): the image file names sorted, each with its class index. Every image must
+    have a label and every label an image; a subfolder or a file that is not an image (other than the labels file itself)
+    is an error, as in ImageFolderSource."""
+    root = os.path.abspath(os.fspath(root))
+    if not os.path.isdir(root):
+        raise ValueError(f"root {root!r} is not a directory")
+    labels, class_names = read_labels(labels_file, class_names, argument)
+    where = f"{argument} {os.fspath(labels_file)!r}"
+    itself = os.path.abspath(os.fspath(labels_file))
+    files, folders = [], []
+    for e in os.scandir(root):
+        if e.name.startswith(".") or os.path.abspath(e.path) == itself:
+            continue
+        if e.is_dir():
+            folders.append(e.name)
+        elif os.path.splitext(e.name)[1].lower() not in IMAGE_EXTENSIONS:
+            raise ValueError(f"root {root!r}: unsupported image format {e.path!r}; a flat folder holds "
+                             f"{', '.join(IMAGE_EXTENSIONS)} files")
+        else:
+            files.append(e.name)
+    if folders:
+        raise ValueError(f"root {root!r} holds folders ({', '.join(sorted(folders)[:3])}): with {argument} "
+                         "it must be one flat folder of images (class folders need no labels file)")
+    by_stem = {}
+    for name in files:
+        by_stem.setdefault(os.path.splitext(name)[0], []).append(name)
+    names = set(files)
+    label_of, named_by = {}, {}
+    for name, label in labels.items():
+        if name in names:
+            file = name
+        elif len(by_stem.get(name, ())) == 1:
+            file = by_stem[name][0]
+        elif name in by_stem:
+            raise ValueError(f"{where}: {name!r} is ambiguous: {', '.join(sorted(by_stem[name]))} in {root!r}")
+        else:
+            raise ValueError(f"{where}: label without image: {name!r} is not in {root!r}")
+        if file in label_of:
+            raise ValueError(f"{where}: {file!r} is labelled twice (as {named_by[file]!r} and {name!r})")
+        label_of[file], named_by[file] = label, name
+    unlabelled = sorted(names - set(label_of))
+    if unlabelled:
+        raise ValueError(f"{where}: image without label: {len(unlabelled)} image(s) of {root!r} have no line, "
+                         f"e.g. {', '.join(unlabelled[:3])}")
+    files = sorted(label_of)
+    return files, [label_of[f] for f in files], class_names
+
+
+class FlatFolderSource(ImageFolderSource):
+    """``root/<image>.jpg|.jpeg|.png`` (one flat folder, as ImageNet's validation set), labelled by
+    ``labels_file`` (see ``read_labels``: ``NAME LABEL``, ``NAME,LABEL`` or ImageNet's
+    ``LOC_val_solution.csv``). Sample i is the i-th file name in sorted order. ``class_names``: the
+    training set's (``ImageFolderSource(train).class_names``), so labels index the same classes;
+    ``argument`` starts every error message (e.g. the command-line flag that gave the file)."""
+
+    def __init__(self, root, labels_file, class_names=None, argument="labels_file"):
+        if not isinstance(root, (str, os.PathLike)):
+            raise TypeError(f"root must be a path, got {type(root).__name__}")
+        if not isinstance(labels_file, (str, os.PathLike)):
+            raise TypeError(f"{argument} must be a path, got {type(labels_file).__name__}")
+        self.root = os.path.abspath(os.fspath(root))
+        files, labels, self.class_names = flat_folder_labels(self.root, labels_file, class_names, argument)
+        self.labels_file = os.path.abspath(os.fspath(labels_file))
+        stats = [os.stat(os.path.join(self.root, f)) for f in files]
+        self.files = files
+        self.labels = np.asarray(labels, np.int32)
+        self.sizes = np.asarray([st.st_size for st in stats], np.int64)
+        self.mtimes = np.asarray([st.st_mtime_ns for st in stats], np.int64)
+        self._fingerprint = None
 
 
 def _images(root, class_name):

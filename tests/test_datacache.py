@@ -385,6 +385,78 @@ def test_warm_command_fills_a_server(source, ref16, tmp_path, monkeypatch):
         server.stop()
 
 
+@pytest.mark.parametrize("nodes, per_node, seed", [(2, 4, 3), (3, 2, 0)], ids=["2x4", "3x2"])
+def test_warm_fills_exactly_what_the_ranks_of_a_node_read(source, tmp_path, nodes, per_node, seed):
+    """warm --node I/M --ranks-per-node n --seed S stores the union of the shards that the node's
+    ranks (node-major) read in training (cached_dataset's own _Shard, with the source's labels and
+    shard_seed S), no key more; those ranks' first epoch then misses nothing."""
+    from datacache.cli import main
+    from datacache.shards import _Shard
+
+    n, size = len(source), nodes * per_node
+    server = RedisServer(maxmemory="64mb")
+    try:
+        url = server.url(with_password=True)
+        with DataCache(url, progress=False) as cache:
+            covered = []
+            for node in range(nodes):
+                cache.redis.flushdb()
+                assert main(["warm", source.root, "--size", "16", "--redis-url", url, "--node", f"{node}/{nodes}",
+                             "--ranks-per-node", str(per_node), "--seed", str(seed)]) == 0
+                keys = {int(k.rsplit(b":", 1)[1]) for k in keys_of(cache.redis)}
+                ranks = range(node * per_node, (node + 1) * per_node)
+                reads = [_Shard(n, r, size, seed, False, True, 0, source.labels).indices(1) for r in ranks]
+                assert sorted(keys) == sorted(np.concatenate(reads).tolist())
+                assert sorted(keys) == datacache.node_indices(n, node, nodes, per_node, seed, source.labels).tolist()
+                covered += sorted(keys)
+            assert sorted(covered) == list(range(n))   # the nodes' parts: the data set, once
+            for rank in ranks:   # the last node's: every sample a hit
+                ds = cached_dataset(source, DecodeResize(16), cache, shard=(rank, size), shard_seed=seed, seed=1)
+                got = [int(y) for _, y in ds]
+                assert len(got) == len(reads[rank - ranks[0]])
+            hits = [(e["hits"], e["misses"], e["size"]) for e in cache.stats()["epochs"]]
+            assert hits == [(len(r), 0, len(r)) for r in reads], hits
+    finally:
+        server.stop()
+
+
+def test_warm_seed_and_layout_matter(source, tmp_path, capsys):
+    """--shard I/N is --node I/N with one rank per node; a node of 4 ranks warmed as --shard 0/2
+    (one rank's shard of 2) holds other samples, and so does another seed; bad layouts are named."""
+    from datacache.cli import main
+
+    n = len(source)
+    server = RedisServer(maxmemory="64mb")
+    try:
+        url = server.url(with_password=True)
+        with DataCache(url, progress=False) as cache:
+            got = {}
+            for name, args in (("shard", ["--shard", "1/2"]), ("node", ["--node", "1/2"]),
+                               ("node4", ["--node", "1/2", "--ranks-per-node", "4"]),
+                               ("seed", ["--node", "1/2", "--seed", "5"])):
+                cache.redis.flushdb()
+                assert main(["warm", source.root, "--size", "16", "--redis-url", url, *args]) == 0
+                got[name] = sorted(int(k.rsplit(b":", 1)[1]) for k in keys_of(cache.redis))
+            assert got["shard"] == got["node"] == datacache.shard_indices(n, 1, 2, 0, source.labels).tolist()
+            assert got["node4"] == datacache.node_indices(n, 1, 2, 4, 0, source.labels).tolist() != got["node"]
+            assert got["seed"] != got["node"] and len(got["seed"]) == len(got["node"])
+    finally:
+        server.stop()
+    for args, message in [
+        (["--node", "2/2"], "--node 2/2: need 0 <= I < N"),
+        (["--node", "x"], "--node must look like I/N"),
+        (["--ranks-per-node", "0"], "--ranks-per-node must be an integer >= 1"),
+        (["--seed", "-1"], "--seed must be an integer >= 0 or 'none'"),
+        (["--node", "0/2", "--shard", "0/2"], "give --node or --shard, not both"),
+        (["--node", "0/11", "--ranks-per-node", "4"], "44 ranks in all, more than the 42 samples"),
+        (["--labels", str(tmp_path / "none.txt")], "--labels '"),
+        (["--classes", str(tmp_path / "none")], "--classes"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            main(["warm", source.root, "--local-dir", str(tmp_path), *args])
+        assert message in (str(e.value.code) + capsys.readouterr().err), args
+
+
 def test_two_nodes_two_ranks_each(source, ref16, tmp_path):
     """2x2 under horovodrun: one server per node, each holding exactly its node's part."""
     n = len(source)

@@ -5,6 +5,7 @@ the sharded optimizer update (--shard-optimizer)."""
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -221,3 +222,32 @@ def test_stage_data_set_resumes_where_the_uninterrupted_one_is(digits):
     assert not np.array_equal(full[0][0], other[0][0])
     with pytest.raises(ValueError, match="epochs"):
         Data(args, types.SimpleNamespace(rank=0, size=4)).train(stage, 0, 0)
+
+
+# docs/dawnbench.md's run on a flat validation folder (ImageNet's layout) with its labels file
+FLATTEN = "python -c \"from tfc_apps.dawnbench.data import flat_val; flat_val('/tmp/digits', '/tmp/digits_flat')\""
+FLAT_RUN = ("python scripts/dawnbench_resnet50.py --data /tmp/digits_flat --val-labels /tmp/digits_flat/val_labels.txt "
+            "--model small --stages 32:1:32 --optimizer sgd --schedule 0:dense --steps-per-epoch 4 "
+            "--breakdown-steps 0 --deterministic")
+
+
+def test_flat_validation_folder_with_labels_file_scores_as_class_folders(digits, tmp_path):
+    """The documented commands, one process (a 4-step epoch): the flat val/ and its labels file give
+    the top-1/top-5 that the class folders give the same (deterministic) training. That the labels
+    read are the class folders' is tests/test_flat_folder.py's check."""
+    (tmp_path / "digits").symlink_to(digits)
+    env = dict(os.environ, PYTHONPATH=str(hvdrun.ROOT), CUDA_VISIBLE_DEVICES="")
+
+    def argv(cmd):
+        words = shlex.split(cmd.replace("/tmp/", f"{tmp_path}/"))
+        return [sys.executable, *words[1:]]
+
+    subprocess.run(argv(FLATTEN), check=True, env=env, cwd=hvdrun.ROOT, timeout=120)
+    runs = {}
+    for name, cmd in (("flat", FLAT_RUN), ("folders", FLAT_RUN.replace(
+            "--data /tmp/digits_flat --val-labels /tmp/digits_flat/val_labels.txt", "--data /tmp/digits"))):
+        words = argv(cmd)
+        assert words[1] == "scripts/dawnbench_resnet50.py"
+        hvdrun.run_command([SCRIPT, *words[2:], "--log-dir", tmp_path / name], None, 300)
+        runs[name] = [(r["epoch"], r["top1"], r["top5"]) for r in _rows(tmp_path / name)]
+    assert runs["flat"] == runs["folders"] and len(runs["flat"]) == 1, runs

@@ -58,6 +58,21 @@ def check_algorithms(schedule):
         raise ValueError(f"--schedule: unknown algorithm(s) {unknown}; known: {sorted(ALGORITHMS) + ['auto']}")
 
 
+def check_val(args):
+    """val/ of --data: class folders, or with --val-labels a flat folder whose every image has a
+    label of a train/ class and every label an image (read here, so a bad file exits 2 at once)."""
+    from datacache.sources import IMAGE_EXTENSIONS, class_folders, flat_folder_labels
+
+    val = os.path.join(args.data, "val")
+    if args.val_labels:
+        flat_folder_labels(val, args.val_labels, class_folders(os.path.join(args.data, "train")),
+                           argument="--val-labels")
+    elif not class_folders(val) and any(e.is_file() and os.path.splitext(e.name)[1].lower() in IMAGE_EXTENSIONS
+                                        for e in os.scandir(val)):
+        raise ValueError(f"--data {args.data!r}: val/ holds images, not class folders: give --val-labels FILE "
+                         "(one line per image: NAME LABEL)")
+
+
 def parser():
     p = argparse.ArgumentParser(prog="scripts/dawnbench_resnet50.py", description=__doc__)
     a = p.add_argument
@@ -95,6 +110,11 @@ def parser():
     a("--label-smoothing", type=float, default=0.1)
     a("--model", choices=("resnet50", "small"), default="resnet50")
     a("--data", default=None, help="DIR with train/ and val/ in ImageNet layout (through DataCache)")
+    a("--val-labels", default=None, metavar="FILE",
+      help="val/ of --data is one flat folder of images (ImageNet's validation set) labelled by FILE: one "
+           "line per image, 'NAME LABEL' or 'NAME,LABEL' (NAME a file name, its extension optional; LABEL a "
+           "class folder name of train/ or a 0-based index into the sorted class folders), or ImageNet's "
+           "LOC_val_solution.csv (ImageId,PredictionString: the first word is the synset)")
     a("--tfds", default=None, help="tfds builder name, e.g. imagenet2012 (needs --manual-dir)")
     a("--manual-dir", default=None)
     a("--synthetic", action="store_true")
@@ -134,7 +154,11 @@ def check(args):
     if args.data:
         for sub in ("train", "val"):
             if not os.path.isdir(os.path.join(args.data, sub)):
-                raise ValueError(f"--data {args.data!r}: no {sub}/ folder (ImageNet layout: train/CLASS/*.jpg, val/CLASS/*.jpg)")
+                raise ValueError(f"--data {args.data!r}: no {sub}/ folder (ImageNet layout: train/CLASS/*.jpg, "
+                                 "val/CLASS/*.jpg, or val/*.jpg with --val-labels FILE)")
+        check_val(args)
+    elif args.val_labels:
+        raise ValueError("--val-labels labels the flat val/ folder of --data DIR: give --data")
     if args.tfds and not (args.manual_dir and os.path.isdir(args.manual_dir)):
         raise ValueError(f"--tfds needs --manual-dir DIR with the downloaded archives, got {args.manual_dir!r}")
     if not 0 < args.target_top5 <= 1:

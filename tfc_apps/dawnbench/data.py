@@ -38,6 +38,31 @@ def augment(x, seed):
     return normalize(x)
 
 
+def flat_val(data, dest, labels_name="val_labels.txt"):
+    """An ImageNet-style copy of the ImageNet-layout folder ``data``: DEST/train/ as it is and the
+    images of val/CLASS/ in one flat folder DEST/val/, labelled by DEST/``labels_name`` (``NAME
+    CLASS`` per line, the --val-labels format). For tests and demos (digits); image names must be
+    unique across classes. Returns the labels file's path."""
+    import os
+    import shutil
+
+    from datacache.sources import class_folders
+
+    os.makedirs(os.path.join(dest, "val"))
+    shutil.copytree(os.path.join(data, "train"), os.path.join(dest, "train"))
+    lines = []
+    for name in class_folders(os.path.join(data, "val")):
+        for f in sorted(os.listdir(os.path.join(data, "val", name))):
+            if os.path.exists(os.path.join(dest, "val", f)):
+                raise ValueError(f"flat_val: {f!r} is in two classes of {data!r}/val")
+            shutil.copy2(os.path.join(data, "val", name, f), os.path.join(dest, "val", f))
+            lines.append(f"{f} {name}\n")
+    labels = os.path.join(dest, labels_name)
+    with open(labels, "w") as out:
+        out.writelines(lines)
+    return labels
+
+
 class Data:
     """Datasets for one run (or several: nothing in it depends on the model)."""
 
@@ -51,8 +76,12 @@ class Data:
             import datacache
 
             self.train_src = datacache.ImageFolderSource(f"{args.data}/train")
-            self.val_src = datacache.ImageFolderSource(f"{args.data}/val",
-                                                       class_names=self.train_src.class_names)
+            if getattr(args, "val_labels", None):   # ImageNet's flat validation folder and its labels
+                self.val_src = datacache.FlatFolderSource(f"{args.data}/val", args.val_labels,
+                                                          self.train_src.class_names, argument="--val-labels")
+            else:
+                self.val_src = datacache.ImageFolderSource(f"{args.data}/val",
+                                                           class_names=self.train_src.class_names)
             self.num_classes, self.train_size = len(self.train_src.class_names), len(self.train_src)
             if not args.no_datacache:
                 self.cache = datacache.DataCache(redis_url=args.redis_url, local_dir=args.cache_dir,
