@@ -97,21 +97,6 @@ FLAGS = {
         "a benchmark: 9 four-rank trainings on the emulated cluster (13 min)",
     "python -m tfc_apps.bench tta": "a benchmark: 18 four-rank trainings, under an hour",
     "python -m tfc_apps.bench tta --inter-mbit 25": "a benchmark: 6 four-rank trainings (12 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 25 --configs dense_fp16 hitopk auto":
-        "a benchmark: 3 four-rank trainings at 25 Mbit/s (5 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 0 --configs dense_fp16 2dtar_fp16 auto":
-        "a benchmark: 3 four-rank trainings, unshaped (5 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 5 --configs dense_fp16 2dtar_fp16 hitopk powersgd --epochs 12":
-        "a benchmark: 4 four-rank trainings at 5 Mbit/s (15 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 25 100 0 --configs dense_fp16 auto":
-        "a benchmark: 6 four-rank trainings (10 min)",
-    "python -m tfc_apps.bench tta --batch 8 --epochs 16 --inter-mbit 0 --configs dense_fp16 hitopk":
-        "a benchmark: 2 four-rank trainings of 16 epochs, unshaped (9 min)",
-    "python -m tfc_apps.bench tta --batch 8 --inter-mbit 10 --configs dense_fp16 hitopk auto":
-        "a benchmark: 3 four-rank trainings at 10 Mbit/s (12 min)",
-    "python -m tfc_apps.bench e2e --model small --resolutions 32 --batch 8 --inter-mbit 10 --configs dense_fp16 "
-    "hitopk@0.01 dense_fp16 hitopk@0.01 --steps 6 --warmup 2 --breakdown-steps 4":
-        "a benchmark: 4 configurations on 4 ranks at 10 Mbit/s (minutes)",
     "python -m tfc_apps.bench e2e --model small --resolutions 32 --inter-mbit 100 --configs dense_fp32 dense_fp16 "
     "dense_fp16 dense_fp16 dense_fp16 dense_fp16 --fusion-threshold-bytes 1048576 --steps 6 --warmup 2 "
     "--breakdown-steps 4":
