@@ -168,3 +168,25 @@ def test_repeats_give_medians_over_seeds_and_ratios_to_the_same_seed():
     single = [r for r in results if r["seed"] == 0]
     assert [r["tta_s"] for r in tta.medians(single)] == [r["tta_s"] for r in single]
     assert "seeds" not in tta.tables(single, 0.9)
+
+
+def test_best_line_puts_auto_against_the_fastest_configuration():
+    spec = {(25, "dense_fp16"): ([0.5, 0.92], 10.0), (25, "hitopk"): ([0.91], 8.0), (25, "auto"): ([0.5, 0.91], 6.0),
+            (0, "dense_fp16"): ([0.91], 3.0), (0, "auto"): ([0.91], 2.0),
+            (5, "dense_fp16"): ([0.91], 30.0), (5, "auto"): ([0.5, 0.6], 9.0)}
+    results = [tta.summarize(rows(t, epoch_s=e), c, mbit, "link", 0.9) for (mbit, c), (t, e) in spec.items()]
+    tta.add_ratios(results)
+    tta.add_auto_vs_best(results)
+    by = {(r["inter_mbit"], r["config"]): r for r in results}
+    assert by[25, "auto"]["auto_vs_best"] == pytest.approx(14.0 / 9.0)   # epochs take epoch_s + 1 s and by[0, "auto"]["auto_vs_best"] == 1.0
+    assert by[5, "auto"]["auto_vs_best"] is None and "auto_vs_best" not in by[25, "hitopk"]
+    lines = {mbit: tta.best_line([r for r in results if r["inter_mbit"] == mbit]) for mbit in (25, 0, 5)}
+    assert lines[25] == "best: hitopk (9 s); auto 14 s, 1.56x the fastest"
+    assert lines[0] == "best: auto (3 s) was the fastest configuration"
+    assert lines[5] == "best: dense_fp16 (31 s); auto never reached the target"
+    assert tta.best_line([by[25, "dense_fp16"]]) is None
+    table = tta.tables(results, 0.9)
+    assert table.count("best: ") == 3 and "auto 14 s, 1.56x the fastest" in table
+    args = tta.parser().parse_args([])
+    tta.resolve(args)
+    assert args.inter_mbit == [5, 25, 100, 0]

@@ -4,7 +4,7 @@ configuration, at each inter-node bandwidth, and the table says how long each ne
 validation top-1, against the baseline dense_fp16 (fp16 on the wire, buckets overlapped with
 backprop: what a Horovod or PyTorch DDP user runs)::
 
-    python -m tfc_apps.bench tta [--data DIR] [--inter-mbit 25 100 0] [--configs ...] [--json]
+    python -m tfc_apps.bench tta [--data DIR] [--inter-mbit 5 25 100 0] [--configs ...] [--json]
 
 One job per bandwidth: the ranks run every configuration one after the other, sharing the input
 pipeline (DataCache), which is filled before the first one, so no configuration pays for it. Each
@@ -45,7 +45,7 @@ def parser():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
     a("--data", default=None, help="DIR with train/ and val/ in ImageNet layout (default: digits written to OUT)")
-    a("--inter-mbit", type=int, nargs="+", default=None, help="inter-node bandwidths, 0 = unshaped (default 25 100 0)")
+    a("--inter-mbit", type=int, nargs="+", default=None, help="inter-node bandwidths, 0 = unshaped (default 5 25 100 0)")
     a("--configs", nargs="+", default=None, choices=list(CONFIGS), help=f"default: all; {BASELINE} is the baseline")
     a("--target", type=float, default=None, help="validation top-1 to reach (default 0.85; --quick 0.15)")
     a("--epochs", type=int, default=None, help="epochs per run (default 8; --quick 2)")
@@ -74,7 +74,7 @@ def resolve(args):
     """Fills the defaults that depend on --quick; raises ValueError naming a bad argument."""
     quick = args.quick
     if args.inter_mbit is None:
-        args.inter_mbit = [0] if quick else [25, 100, 0]
+        args.inter_mbit = [0] if quick else [5, 25, 100, 0]
     if args.configs is None:
         args.configs = ["dense_fp32", BASELINE, "hitopk"] if quick else list(CONFIGS)
     if args.epochs is None:
@@ -250,6 +250,33 @@ def verdict(runs):
             f"{base['tta_s']:.0f} s ({base['tta_s'] / best['tta_s']:.2f}x faster)")
 
 
+def best_line(runs):
+    """What a user who changes nothing gets at one bandwidth: ``auto`` against the fastest
+    configuration to target (runs: one row per configuration, from medians()); None without auto."""
+    auto = next((r for r in runs if r["config"] == "auto"), None)
+    if auto is None:
+        return None
+    reached = sorted((r for r in runs if r["tta_s"] is not None), key=lambda r: r["tta_s"])
+    if not reached:
+        return "best: no configuration reached the target"
+    best = reached[0]
+    if auto["tta_s"] is None:
+        return f"best: {best['config']} ({best['tta_s']:.0f} s); auto never reached the target"
+    if best is auto or best["tta_s"] == auto["tta_s"]:
+        return f"best: auto ({auto['tta_s']:.0f} s) was the fastest configuration"
+    return (f"best: {best['config']} ({best['tta_s']:.0f} s); auto {auto['tta_s']:.0f} s, "
+            f"{auto['tta_s'] / best['tta_s']:.2f}x the fastest")
+
+
+def add_auto_vs_best(rows):
+    """auto_vs_best on auto's rows: its time to target over the fastest configuration's at its
+    bandwidth and seed (None where auto or every configuration never reached it)."""
+    for r in (r for r in rows if r["config"] == "auto"):
+        same = [b["tta_s"] for b in rows if b["inter_mbit"] == r["inter_mbit"] and b.get("seed") == r.get("seed")
+                and b["tta_s"] is not None]
+        r["auto_vs_best"] = r["tta_s"] / min(same) if same and r["tta_s"] is not None else None
+
+
 def json_lines(results):
     """One JSON object per run (its epochs left out: they are in OUT/tta.json)."""
     return "\n".join(json.dumps({k: v for k, v in r.items() if k != "epochs"}) for r in results)
@@ -279,6 +306,8 @@ def tables(results, target):
                        f"{r['wall_s']:7.1f}" + (f"  {' '.join(fmt(t, '.1f') for t in r['tta_each_s'])}"
                                                 if repeated else ""))
         out.append(verdict(runs))
+        if best_line(runs):
+            out.append(best_line(runs))
         out.append("")
     return "\n".join(out)
 
@@ -357,6 +386,7 @@ def measure(args):
                 if rows:
                     results.append(summarize(rows, config, mbit, link, args.target, seed))
     add_ratios(results)
+    add_auto_vs_best(results)
     return results, failed
 
 
