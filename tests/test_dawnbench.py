@@ -146,6 +146,8 @@ def test_auto_schedule_with_the_step_breakdown(tmp_path):
     (["--synthetic", "--density", "0"], "--density"),
     (["--tfds", "imagenet2012"], "--tfds needs --manual-dir"),
     ([], "give exactly one of --data DIR, --tfds NAME, --synthetic"),
+    (["--synthetic", "--calibration-cache", "/tmp/c.json"], "--calibration-cache and --recalibrate go with --calibrate"),
+    (["--synthetic", "--calibrate", "--recalibrate"], "--recalibrate rewrites the calibration cache"),
 ])
 def test_bad_arguments_exit_2_with_the_flag_named(args, message):
     proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120,

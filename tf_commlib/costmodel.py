@@ -1,10 +1,17 @@
 """Calibration of the alpha-beta cost model: calibrate(topo) measures the link parameters and
 compute costs (tf_commlib.alphabeta.LinkParams) on the running cluster, with the ops the
-collectives run. The vocabulary (LinkParams, the time formulas of the primitives) is
+collectives run; cached_calibration(topo, path) pays for it once per cluster (a file keyed by the
+layout, the hosts, TensorFlow's version and calibrate's arguments). The vocabulary (LinkParams, the time formulas of the primitives) is
 tf_commlib.alphabeta; the predictions and `auto` are tf_commlib.collectives.predict / choose.
 """
 import dataclasses
+import hashlib
+import json
 import math
+import os
+import secrets
+import socket
+import warnings
 
 from tf_commlib.alphabeta import BYTES, LinkParams
 
@@ -118,6 +125,94 @@ def calibrate(topo, sizes=(2**20, 2**22), repeats=5, defaults=None, density=0.01
     links = {f: float(sums[i] / counts[i]) if counts[i] > 0 else measured[f] for i, f in enumerate(names)}
     return LinkParams(**links, select_s_per_elem=curve[-1][1], add_s_per_elem=curve[-1][2],
                       mem_s_per_elem=curve[-1][3], merge_s_per_elem=merge, compute_curve=curve)
+
+
+CACHE_VERSION = 1
+
+
+def calibration_key(topo, calibrate_kwargs):
+    """What a cached calibration holds for: the layout, the hosts of all ranks (a hash of their
+    hostnames), TensorFlow's version and calibrate's arguments. Collective: every rank calls it."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tf_commlib import primitives
+
+    mine = np.frombuffer(hashlib.sha256(socket.gethostname().encode()).digest(), np.uint8)
+    every = (primitives.allgather(tf.constant(mine), topo.world, name="costmodel_hosts").numpy()
+             if topo.size > 1 else mine)
+    hosts = hashlib.sha256(b"".join(sorted(bytes(row) for row in np.reshape(every, (-1, 32))))).hexdigest()
+    arguments = {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(calibrate_kwargs.items())}
+    return {"version": CACHE_VERSION, "layout": [topo.m, topo.n], "hosts": hosts, "tensorflow": tf.__version__,
+            "calibrate": arguments}
+
+
+def _read_cache(path, key):
+    """The cached LinkParams values for ``key``, or None (no file, another key, or an unreadable file:
+    the last two say so)."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+        values = [float(v) for v in saved["params"]]
+        scalars = len(dataclasses.fields(LinkParams)) - 1
+        if len(values) < scalars or (len(values) - scalars) % 4 or not all(math.isfinite(v) and v >= 0 for v in values):
+            raise ValueError(f"params must be {scalars} + 4k finite numbers >= 0, got {len(values)} numbers")
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        warnings.warn(f"calibration cache {path} is unreadable ({type(e).__name__}: {e}): measuring again")
+        return None
+    if saved.get("key") != key:
+        print(f"costmodel: calibration cache {path} is for another cluster or settings: measuring again", flush=True)
+        return None
+    return values
+
+
+def _write_cache(path, key, params):
+    """Writes the cache through a new file (0600, unguessable name, O_EXCL|O_NOFOLLOW) renamed over ``path``."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".calibration-{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"key": key, "params": params.as_list()}, f)
+    os.replace(tmp, path)
+
+
+def cached_calibration(topo, path, remeasure=False, **calibrate_kwargs):
+    """(LinkParams, "cached" or "measured"): calibrate(topo, **calibrate_kwargs), paid once per
+    cluster. Rank 0 reads ``path`` (e.g. in the checkpoint directory); where it holds a calibration
+    for this key (calibration_key) and ``remeasure`` is False, every rank gets those numbers (sent
+    from rank 0 as float64s); else every rank measures and rank 0 writes the file. A file for
+    another layout, other hosts or other arguments is measured again; an unreadable one too, with a
+    warning naming it. Collective: every rank calls it with the same arguments."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tf_commlib import primitives
+
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise ValueError(f"path must be a file path, got {path!r}")
+    if not isinstance(remeasure, bool):
+        raise ValueError(f"remeasure must be True or False, got {remeasure!r}")
+    path = os.fspath(path)
+    key = calibration_key(topo, calibrate_kwargs)
+    values = _read_cache(path, key) if topo.rank == 0 and not remeasure else None
+
+    def from_rank0(array, name):   # a sum in which the other ranks add zeros
+        array = np.asarray(array, np.float64) if topo.rank == 0 else np.zeros(np.shape(array), np.float64)
+        if topo.size == 1:
+            return array
+        return primitives.allreduce(tf.constant(array), topo.world, name=name).numpy()
+
+    count = int(from_rank0([len(values) if values else 0], "costmodel_cache_count")[0])
+    if count:
+        got = from_rank0(values if topo.rank == 0 else np.zeros(count), "costmodel_cache_values")
+        return LinkParams.from_list(got.tolist()), "cached"
+    params = calibrate(topo, **calibrate_kwargs)
+    if topo.rank == 0:
+        _write_cache(path, key, params)
+    return params, "measured"
 
 
 def compute_points(d, density, seed, median_time, barrier):

@@ -91,6 +91,10 @@ def parser():
       help="measure the link parameters (tf_commlib.costmodel.calibrate) and the forward+backward seconds "
            "per step at the first stage's batch (costmodel.compute_seconds) first, for the schedule's 'auto'; "
            "the seconds it takes count in the wall time")
+    a("--calibration-cache", default=None, metavar="FILE",
+      help="with --calibrate: keep the link parameters in FILE and reuse them on the same layout, hosts and "
+           "sizes (tf_commlib.costmodel.cached_calibration); default: calibration.json in --ckpt-dir if given")
+    a("--recalibrate", action="store_true", help="with --calibration-cache: measure again and rewrite FILE")
     a("--shard-optimizer", action="store_true",
       help="ZeRO-1: each rank updates and keeps optimizer state for its slice only, and the weights are "
            "all-gathered (DistributedOptimizer(shard_optimizer=True)): slices of 1/P with one dense or 2dtar "
@@ -178,4 +182,8 @@ def check(args):
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)!r}")
     if args.num_classes < 2:
         raise ValueError(f"--num-classes must be >= 2, got {args.num_classes!r}")
+    if (args.calibration_cache or args.recalibrate) and not args.calibrate:
+        raise ValueError("--calibration-cache and --recalibrate go with --calibrate")
+    if args.recalibrate and not (args.calibration_cache or args.ckpt_dir):
+        raise ValueError("--recalibrate rewrites the calibration cache: give --calibration-cache FILE or --ckpt-dir")
     check_algorithms(args.schedule_map)

@@ -100,7 +100,14 @@ def calibrate_for(model, topo, args, num_classes, loss):
 
     threshold = DEFAULT_THRESHOLD_BYTES if args.fusion_threshold_bytes is None else args.fusion_threshold_bytes
     largest = max([threshold // 4] + [int(np.prod(v.shape)) for v in model.trainable_variables])
-    params = costmodel.calibrate(topo, **costmodel.sizes_for(largest))
+    cache = args.calibration_cache or (os.path.join(args.ckpt_dir, "calibration.json") if args.ckpt_dir else None)
+    if cache:
+        params, how = costmodel.cached_calibration(topo, cache, remeasure=args.recalibrate,
+                                                   **costmodel.sizes_for(largest))
+        if topo.rank == 0:
+            print(f"dawnbench: link parameters {how} ({cache})", flush=True)
+    else:
+        params = costmodel.calibrate(topo, **costmodel.sizes_for(largest))
     stage, rng = args.stage_list[0], np.random.default_rng(args.seed)
     x = tf.constant(rng.uniform(size=(stage.batch, stage.resolution, stage.resolution, 3)), tf.float32)
     y = tf.one_hot(rng.integers(0, num_classes, stage.batch), num_classes)
