@@ -65,7 +65,13 @@ class BuildOps(build_ext):
         self.force = True  # the extension lists no sources for distutils to compare dates with
 
     def build_extension(self, ext):
-        import tensorflow as tf
+        try:
+            import tensorflow as tf
+        except ImportError as e:
+            raise RuntimeError("tf_commlib builds its op libraries against the TensorFlow of the environment it "
+                               "installs into, which has none: install tensorflow (or tensorflow-cpu) 2.21 there "
+                               "first, then `pip install --no-build-isolation .` (an isolated build cannot see "
+                               f"it): {e}") from e
 
         lib = LIBRARIES[ext.name]
         out = Path(self.get_ext_fullpath(ext.name)).resolve()
