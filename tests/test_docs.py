@@ -135,6 +135,9 @@ FLAGS = {
         "prints the CUDA version of a CUDA TensorFlow (None on this CPU build); one more TensorFlow import",
     "python3 scripts/cuda_harness/run_harness.py --json": "needs a GPU with CuPy and nvcc",
     "make cuda-check": "needs nvcc (test_make_cuda_check runs it where nvcc is)",
+    "TF_COMMLIB_TOPOLOGY=2x2 horovodrun -np 4 -H localhost:4 --gloo python scripts/dawnbench_resnet50.py --synthetic "
+    "--stages 32:1:4,40:1:4 --steps-per-epoch 3 --schedule 0:hitopk,1:2dtar --optimizer lars":
+        "a measurement: synthetic ResNet-50 on 4 ranks (4 min); tests/test_dawnbench.py runs the script's breakdown",
     "horovodrun -np 16 -H host1:8,host2:8 --gloo --network-interface eth0 python -m tfc_apps.train --algorithm hitopk":
         "needs two real hosts reachable by ssh",
     "sbatch -N2 --ntasks-per-node=4 --gpus-per-task=1 scripts/slurm/train.sbatch --algorithm hitopk --density 0.01":

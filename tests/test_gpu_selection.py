@@ -74,3 +74,18 @@ def test_xla_is_refused_before_the_first_step():
     assert model.jit_compile is True
     with pytest.raises(ValueError, match="jit_compile=True.*no XLA kernels; compile with jit_compile=False"):
         model.fit(np.ones((8, 4), np.float32), np.ones((8, 2), np.float32), verbose=0, callbacks=default_callbacks())
+
+
+def test_a_step_compiled_with_xla_raises_a_clear_error():
+    """Without default_callbacks (a custom loop): the optimizer itself refuses to be traced into XLA."""
+    import tf_commlib
+    from tf_commlib.keras import DistributedOptimizer
+
+    tf_commlib.init()
+    var = keras.Variable(np.ones(4, np.float32))
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="dense")
+    opt.build([var])
+    with pytest.raises(ValueError, match="compiled with XLA.*compile the model with jit_compile=False"):
+        tf.function(lambda: opt.apply([tf.ones(4)], [var]), jit_compile=True)()
+    tf.function(lambda: opt.apply([tf.ones(4)], [var]))()   # without XLA it steps
+    np.testing.assert_allclose(var.numpy(), 0.9)

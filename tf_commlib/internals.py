@@ -91,6 +91,18 @@ def is_stateful(op):
         return False
 
 
+def in_xla_context():
+    """Whether the op being built is compiled by XLA (inside tf.function(jit_compile=True)), where
+    Horovod's and tf_commlib's ops have no kernels (False, with a warning, where the check is missing)."""
+    try:
+        from tensorflow.python.ops import control_flow_util
+        return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+    except (ImportError, AttributeError):
+        warn_once("tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext",
+                  "a step compiled with XLA fails inside TensorFlow instead of naming jit_compile")
+        return False
+
+
 # -- Keras optimizers -------------------------------------------------------------------------
 def optimizer_variables(optimizer):
     """The list of variables ``optimizer`` itself created (Optimizer._variables)."""

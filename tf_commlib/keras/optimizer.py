@@ -355,6 +355,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         the step changes here (DGC momentum, the collectives' residuals, momentum masking). apply()
         commits at once; tf_commlib.keras.LossScaleOptimizer only when every rank's gradients were
         finite, so that the aggregation overlaps backprop and a skipped step changes nothing."""
+        if not tf.executing_eagerly() and internals.in_xla_context():
+            raise ValueError("DistributedOptimizer cannot run in a step compiled with XLA (jit_compile=True; "
+                             "Keras' default jit_compile='auto' is XLA on a GPU): Horovod's and tf_commlib's ops "
+                             "have no XLA kernels; compile the model with jit_compile=False")
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
         if self.timeline is not None:
             grads = [self.timeline.stamp(("gradient", i), g) for i, g in enumerate(grads)]
