@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tf_commlib import internals, primitives
 from tf_commlib.keras.loss_scale import global_loss_scale
-from tf_commlib.keras.optimizer import distributed_optimizer
+from tf_commlib.keras.optimizer import DistributedOptimizer, distributed_optimizer
 from tf_commlib.topology import topology as current_topology
 
 
@@ -62,10 +62,13 @@ class BroadcastGlobalVariables(keras.callbacks.Callback):
         if not self._optimizer_done:
             opt = self.model.optimizer
             try:
-                opt = distributed_optimizer(opt).inner_optimizer
+                opt = distributed_optimizer(opt)
+                # DiLoCo's nodes have stepped apart already; its start weights are the broadcast model's
+                opt = None if getattr(opt, "state_differs_by_node", False) else opt.inner_optimizer
             except ValueError:   # no DistributedOptimizer: all of the optimizer's state
                 pass
-            broadcast_variables(opt.variables, self.root_rank)
+            if opt is not None:
+                broadcast_variables(opt.variables, self.root_rank)
             self._optimizer_done = True
 
 
@@ -86,7 +89,8 @@ class CompressionScheduler(keras.callbacks.Callback):
     """Drives DistributedOptimizer's density warm-up and collective schedule from model.fit, and
     makes the finite check of the LossScaleOptimizer that compile adds under mixed_float16 global
     (global_loss_scale). It refuses a model compiled with XLA (jit_compile=True, also what Keras'
-    default "auto" means on a GPU) before the first step, on every rank."""
+    default "auto" means on a GPU) before the first step, on every rank. A DiLoCo gets the model's
+    batch-norm statistics to average, each batch's end (its step count) and each epoch's end (a sync)."""
 
     def on_train_begin(self, logs=None):
         if getattr(self.model, "jit_compile", False) is True:
@@ -94,9 +98,25 @@ class CompressionScheduler(keras.callbacks.Callback):
                              "tf_commlib's ops) have no XLA kernels; compile with jit_compile=False (on a GPU, "
                              "Keras' default jit_compile='auto' turns XLA on)")
         global_loss_scale(self.model)
+        opt = distributed_optimizer(self.model)
+        if hasattr(opt, "track_statistics") and not opt.built:
+            opt.track_statistics(self.model.non_trainable_variables)
+        if hasattr(opt, "end_step") and getattr(self.model, "steps_per_execution", 1) not in (1, None):
+            raise ValueError("model.compile(steps_per_execution > 1): DiLoCo counts its inner steps per batch; "
+                             "compile with steps_per_execution=1")
 
     def on_epoch_begin(self, epoch, logs=None):
         distributed_optimizer(self.model).set_epoch(epoch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        opt = distributed_optimizer(self.model)
+        if hasattr(opt, "end_step"):
+            opt.end_step()
+
+    def on_epoch_end(self, epoch, logs=None):
+        opt = distributed_optimizer(self.model)
+        if hasattr(opt, "synchronize"):
+            opt.synchronize()
 
 
 class BackupAndRestore(keras.callbacks.BackupAndRestore):
@@ -203,10 +223,12 @@ internals.override_backup(BackupAndRestore, BackupAndRestore.restore_backup, Bac
 
 
 def _distributed_or_none(model):
+    """The model's DistributedOptimizer (a DiLoCo's state is all in its variables), or None."""
     try:
-        return distributed_optimizer(model)
+        opt = distributed_optimizer(model)
     except ValueError:
         return None
+    return opt if isinstance(opt, DistributedOptimizer) else None
 
 
 def _write_atomically(path, text):

@@ -27,6 +27,9 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return self._globally(super().check_finite(grads))
 
     def _globally(self, finite):
+        opt = distributed_optimizer(self)
+        if hasattr(opt, "finite_check"):   # DiLoCo: node-wide
+            return opt.finite_check(tf.cast(tf.logical_not(finite), tf.float32))
         overflowed = primitives.allreduce(tf.reshape(tf.cast(tf.logical_not(finite), tf.float32), [1]),
                                  current_topology().world)
         return tf.equal(overflowed[0], 0.0)
@@ -69,8 +72,8 @@ def global_loss_scale(model):
     tf_commlib.keras.LossScaleOptimizer, which only overrides check_finite. Call it before the first
     step; CompressionScheduler (default_callbacks()) calls it when model.fit starts."""
     opt = model.optimizer
-    distributed_optimizer(model)   # ValueError if there is none
-    while not isinstance(opt, DistributedOptimizer):
+    target = distributed_optimizer(model)   # ValueError if there is none
+    while opt is not target:
         if type(opt) is keras.optimizers.LossScaleOptimizer:
             opt.__class__ = LossScaleOptimizer
         opt = opt.inner_optimizer

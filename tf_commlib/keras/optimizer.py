@@ -51,8 +51,8 @@ def _check_optimizer(optimizer):
         raise ValueError("optimizer is a keras.optimizers.LossScaleOptimizer: loss scaling goes outside the "
                          "aggregation; use tf_commlib.keras.with_loss_scale(optimizer, ...), which gives "
                          "tf_commlib.keras.LossScaleOptimizer(DistributedOptimizer(optimizer.inner_optimizer, ...))")
-    if isinstance(optimizer, DistributedOptimizer) or not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ValueError(f"optimizer must be a Keras 3 optimizer (not a DistributedOptimizer), got {optimizer!r}")
+    if isinstance(optimizer, tuple(WRAPPERS)) or not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(f"optimizer must be a Keras 3 optimizer (not a DistributedOptimizer or DiLoCo), got {optimizer!r}")
     if optimizer in _WRAPPED or optimizer.built:
         raise ValueError("optimizer already steps (it is built, or another DistributedOptimizer wraps it); "
                          "wrap a new instance, e.g. type(opt).from_config(opt.get_config())")
@@ -449,11 +449,15 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         return cls(optimizer, **config)
 
 
+WRAPPERS = [DistributedOptimizer]   # tf_commlib's optimizers of a model (tf_commlib.keras.DiLoCo adds itself)
+
+
 def distributed_optimizer(model_or_optimizer):
-    """The DistributedOptimizer of a Keras model (its ``optimizer``) or of an optimizer, found through
-    wrappers' ``inner_optimizer`` (e.g. the LossScaleOptimizer that compile adds under mixed_float16)."""
+    """The tf_commlib optimizer (a DistributedOptimizer or a DiLoCo) of a Keras model (its ``optimizer``)
+    or of an optimizer, found through wrappers' ``inner_optimizer`` (e.g. the LossScaleOptimizer that
+    compile adds under mixed_float16)."""
     opt = model_or_optimizer.optimizer if isinstance(model_or_optimizer, keras.Model) else model_or_optimizer
-    while not isinstance(opt, DistributedOptimizer):
+    while not isinstance(opt, tuple(WRAPPERS)):
         if not isinstance(opt, keras.optimizers.Optimizer) or not hasattr(opt, "inner_optimizer"):
             raise ValueError(f"model_or_optimizer has no DistributedOptimizer: {model_or_optimizer!r}")
         opt = opt.inner_optimizer

@@ -1,0 +1,134 @@
+"""tf_commlib.keras.DiLoCo: local SGD inside nodes, an outer optimizer across them every H steps."""
+import keras
+import numpy as np
+import pytest
+
+from tests import hvdrun
+
+
+@pytest.fixture(scope="module")
+def two_by_two(tmp_path_factory):
+    return hvdrun.run("diloco_worker.py", 4, tmp_path_factory.mktemp("diloco"), args=["all"], topology="2x2",
+                      timeout=600)
+
+
+def _same(reports, key):
+    return len({str(r[key]) for r in reports}) == 1
+
+
+@pytest.mark.parametrize("layout", ["2x2", "1x4"])
+def test_h1_without_momentum_or_overlap_is_synchronous_dense_training(layout, tmp_path, two_by_two):
+    """Inner SGD, H=1, outer SGD lr 1 momentum 0, no compression: the weights of DistributedOptimizer's
+    dense allreduce training to 1e-6 (and training moved them)."""
+    reports = two_by_two if layout == "2x2" else hvdrun.run("diloco_worker.py", 4, tmp_path, args=["anchor"],
+                                                             topology=layout, timeout=400)
+    for r in reports:
+        assert r["anchor_diff"] <= 1e-6
+        assert r["anchor_moved"] > 1e-3
+
+
+def test_every_rank_holds_the_same_weights_after_each_sync(two_by_two):
+    """H=3, 4 steps per epoch: syncs at steps 3 and 6 and at each epoch end; the digests (batch-norm
+    statistics included) agree on every rank there. Between syncs the ranks of a node share their
+    trainable weights and the two nodes differ."""
+    rows = [r["rows"] for r in two_by_two]
+    synced = [i for i, row in enumerate(rows[0]) if row[1]]
+    assert [rows[0][i][0] for i in synced] == [3, 4, 6, 8]
+    for i in synced:
+        assert len({r[i][2] for r in rows}) == 1, rows[0][i]
+    step1 = [r[0][3] for r in rows]
+    assert step1[0] == step1[1] and step1[2] == step1[3] and step1[0] != step1[2]
+    assert _same(two_by_two, "bn_mean") and np.abs(two_by_two[0]["bn_mean"]).max() > 0
+
+
+@pytest.mark.parametrize("compression", ["None", "qsgd8"])
+def test_bytes_of_one_interval_are_the_formula(two_by_two, compression):
+    """H inner steps and one sync, counted by the primitives, equal interval_bytes() on both links; the
+    8-bit codec sends about a quarter of float32 between nodes."""
+    for r in two_by_two:
+        assert r[f"synced_{compression}"] == 3
+        for link in ("intra", "inter"):
+            assert r[f"counted_{compression}"][link] == pytest.approx(r[f"formula_{compression}"][link], rel=1e-9)
+    ratio = two_by_two[0]["counted_qsgd8"]["inter"] / two_by_two[0]["counted_None"]["inter"]
+    assert 0.24 < ratio < 0.27
+
+
+def test_overlapped_exchange_starts_before_the_next_step_ends(two_by_two):
+    """overlap=True, H=2: sync 1's exchange starts (on the background thread) after step 2 and before step 3
+    ends; synchronize() then gives every rank the same weights, while before it the nodes differed."""
+    for r in two_by_two:
+        events = {(e, i): t for e, i, t in r["timeline"]}
+        assert events[("step_end", 2)] < events[("exchange_start", 1)] < events[("step_end", 3)]
+    assert _same(two_by_two, "overlap_final")
+    between = [r["between_syncs"] for r in two_by_two]
+    assert between[0] == between[1] and between[2] == between[3] and between[0] != between[2]
+
+
+def test_mixed_float16_overflow_skips_a_step_in_its_node_only(two_by_two):
+    """Rank 0 overflows at step 2: ranks 0 and 1 skip it (weights unchanged, loss scale halved), node 1
+    steps; no byte crosses nodes outside the syncs (steps 4 and 8). At step 8 node 1's weights are NaN:
+    every rank skips that outer step and restarts from the start weights of step 4."""
+    d = [r["mixed_digests"] for r in two_by_two]
+    s = [r["mixed_scales"] for r in two_by_two]
+    assert d[0][1] == d[0][0] and d[1][1] == d[1][0] and d[0][1] == d[1][1]
+    assert d[2][1] != d[2][0] and d[3][1] == d[2][1]
+    assert s[0][1] == s[1][1] == s[2][1] / 2 == s[3][1] / 2
+    for r in two_by_two:
+        assert [b > 0 for b in r["mixed_inter"]] == [False, False, False, True] * 2
+        assert r["mixed_finite"]
+    assert len({r[3] for r in d}) == 1 and len({r[7] for r in d}) == 1 and d[0][7] == d[0][3]
+
+
+def test_resume_from_backup_is_bit_identical(two_by_two):
+    """overlap=True, 8-bit codec with residuals, batch norm: interrupted at step 7 (between syncs) and
+    resumed by a new model from BackupAndRestore, it ends bit-identical to an uninterrupted run."""
+    for r in two_by_two:
+        assert r["interrupted"] == "interrupted"
+        assert r["resume_resumed"] == r["resume_full"]
+        assert r["resume_steps"] == 12
+    assert _same(two_by_two, "resume_full")
+
+
+# -- bad input: a clear error naming the argument, before any step -----------------------------
+def _sgd():
+    return keras.optimizers.SGD(0.1)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda D: D(_sgd(), sync_every=0), "sync_every"),
+    (lambda D: D(_sgd(), sync_every=True), "sync_every"),
+    (lambda D: D(_sgd(), sync_every=2.5), "sync_every"),
+    (lambda D: D(_sgd(), sync_every=4, outer_optimizer="sgd"), "outer_optimizer"),
+    (lambda D: D(_sgd(), sync_every=4, inter_compression="int3"), "inter_compression"),
+    (lambda D: D(_sgd(), sync_every=4, inter_compression="mean"), "inter_compression"),
+    (lambda D: D(_sgd(), sync_every=4, overlap="yes"), "overlap"),
+    (lambda D: D("sgd", sync_every=4), "inner_optimizer"),
+])
+def test_bad_arguments_name_themselves(make, message):
+    from tf_commlib.keras import DiLoCo
+
+    with pytest.raises(ValueError, match=message):
+        make(DiLoCo)
+
+
+def test_a_distributed_optimizer_is_neither_inner_nor_wrapped():
+    from tf_commlib.keras import DiLoCo, DistributedOptimizer
+
+    with pytest.raises(ValueError, match="inner_optimizer"):
+        DiLoCo(DistributedOptimizer(_sgd()), sync_every=4)
+    with pytest.raises(ValueError, match="optimizer must be"):
+        DistributedOptimizer(DiLoCo(_sgd(), sync_every=4))
+    opt = _sgd()
+    with pytest.raises(ValueError, match="outer_optimizer"):
+        DiLoCo(opt, sync_every=4, outer_optimizer=opt)
+
+
+def test_config_round_trip():
+    from tf_commlib.keras import DiLoCo
+
+    opt = DiLoCo(keras.optimizers.AdamW(1e-3), sync_every=16, inter_compression="fp16", overlap=False)
+    again = DiLoCo.from_config(opt.get_config())
+    assert (again.sync_every, again.inter_compression, again.overlap) == (16, "fp16", False)
+    assert isinstance(again.inner_optimizer, keras.optimizers.AdamW)
+    outer = again.outer_optimizer
+    assert float(outer.learning_rate.numpy()) == pytest.approx(0.7) and (outer.momentum, outer.nesterov) == (0.9, True)

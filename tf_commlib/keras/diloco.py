@@ -1,0 +1,440 @@
+"""DiLoCo for Keras 3: hierarchical local SGD with an outer optimizer (Douillard et al. 2023; Lin et al.'s
+hierarchical local SGD). For links between nodes too slow for per-step compression.
+
+* Every step, inside a node: the gradients are averaged over the node's ranks (one reduce-scatter and
+  one all-gather: shared memory on CPU, Horovod/NCCL on GPU; a node of one rank skips it) and the
+  inner optimizer steps. The ranks of a node hold the same weights; nodes drift apart.
+* Every ``sync_every`` steps, across nodes: each node's pseudo-gradient (the start weights minus its
+  weights) is averaged between nodes. The node's ranks split it: rank l of a node sends slice l over
+  its inter-node set (the n inter-node sets run at once), in ``inter_compression``'s codec, with error
+  feedback for a lossy one. The outer optimizer (default SGD lr 0.7, momentum 0.9, Nesterov) applies
+  the mean as its gradient to the start weights, identically on every rank, and every rank goes on
+  from the result. Float non-trainable variables (batch-norm statistics) are averaged at each sync.
+* ``overlap=True``: the inter-node exchange of sync t runs on a background thread while the next
+  interval's inner steps go on, and its outer update is applied at sync t+1 (one interval late, as in
+  the eager/streaming variants): each node then continues from the new start weights plus its own
+  progress of the last interval. The link is hidden unless it takes longer than ``sync_every`` steps.
+* At each epoch end (``synchronize()``, which the callback CompressionScheduler in
+  ``default_callbacks()`` calls) a pending exchange is applied and the steps since the last sync are
+  synchronised without overlap: evaluation, checkpoints and the end of training see weights that are
+  the same on every rank. BackupAndRestore keeps the start weights, the outer optimizer's state, the
+  residuals and the step count (the optimizer's variables).
+
+The inner step count is driven by ``end_step()`` (model.fit: CompressionScheduler calls it after each
+batch, whether a loss-scaled step was skipped or not, so nodes never disagree on when to sync; a custom
+loop calls it after each step, then ``synchronize()`` at its end). Under mixed_float16 the finite check of
+tf_commlib.keras.LossScaleOptimizer is node-wide: the ranks of a node skip a step together, and no
+traffic leaves the node between syncs; a non-finite mean pseudo-gradient is skipped by every rank.
+"""
+import queue
+import threading
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_commlib import internals, link_bytes, primitives
+from tf_commlib.collectives import codec as codecs
+from tf_commlib.collectives.interface import plain_python
+from tf_commlib.keras.optimizer import DistributedOptimizer, WRAPPERS
+from tf_commlib.topology import topology as current_topology
+
+CHUNK = 1 << 18   # entries per inter-node message of one exchange (Horovod runs its ops one at a time)
+
+
+def _codec(name):
+    """The codec of inter_compression (None: float32); ValueError naming the argument otherwise."""
+    accepted = sorted(c for c in codecs.REGISTRY if c != "mean")
+    if name is None:
+        return codecs.get("none")
+    if not isinstance(name, str) or name not in accepted:
+        raise ValueError(f"inter_compression must be None or one of {accepted}, got {name!r}")
+    return codecs.get(name)
+
+
+def _check(inner_optimizer, sync_every, outer_optimizer, overlap):
+    if isinstance(inner_optimizer, (DistributedOptimizer, DiLoCo)) or \
+            isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer) or \
+            not isinstance(inner_optimizer, keras.optimizers.Optimizer):
+        raise ValueError("inner_optimizer must be a plain Keras 3 optimizer (not a DistributedOptimizer, DiLoCo or "
+                         f"LossScaleOptimizer: DiLoCo averages inside the node itself), got {inner_optimizer!r}")
+    if isinstance(sync_every, bool) or not isinstance(sync_every, (int, np.integer)) or sync_every < 1:
+        raise ValueError(f"sync_every must be an int >= 1 (inner steps between syncs), got {sync_every!r}")
+    if outer_optimizer is not None and (
+            not isinstance(outer_optimizer, keras.optimizers.Optimizer) or outer_optimizer is inner_optimizer
+            or isinstance(outer_optimizer, (DistributedOptimizer, DiLoCo, keras.optimizers.LossScaleOptimizer))):
+        raise ValueError("outer_optimizer must be None (SGD lr 0.7, momentum 0.9, Nesterov) or another plain Keras 3 "
+                         f"optimizer than inner_optimizer, got {outer_optimizer!r}")
+    for arg, opt in (("inner_optimizer", inner_optimizer), ("outer_optimizer", outer_optimizer)):
+        if opt is not None and opt.built:
+            raise ValueError(f"{arg} is already built (it has stepped); give a new instance")
+    if not isinstance(overlap, bool):
+        raise ValueError(f"overlap must be True or False, got {overlap!r}")
+
+
+def _shard_len(d, n):
+    return -(-d // n)
+
+
+def _flat(tensors):
+    return tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors], 0)
+
+
+def _unflat(flat, like):
+    sizes = [int(np.prod(v.shape, dtype=np.int64)) for v in like]
+    return [tf.cast(tf.reshape(p, v.shape), v.dtype) for p, v in zip(tf.split(flat, sizes), like)]
+
+
+def node_mean(flat, process_set, n):
+    """The mean over the node's n ranks of flat (length a multiple of n), this rank's slice of it."""
+    return primitives.reducescatter(flat, process_set) / float(n)
+
+
+def _summable(wire):
+    """Horovod's allreduce can sum the wire type (a float cast; not QSGD's bytes, nor bfloat16)."""
+    return wire.summable and wire.wire_dtype.is_floating
+
+
+def inter_mean(shard, topo, wire, seed, name="diloco"):
+    """Mean over the nodes (this rank's inter-node set) of the flat float32 shard, on the wire of
+    ``wire`` (a Codec): a summable one by allreduce of shard/m, another by allgather of every node's
+    encoding, each in messages of at most CHUNK entries. Returns (mean, what this rank's encoding
+    decodes to)."""
+    m = topo.m
+    if m == 1:
+        return shard, shard
+    means, own = [], []
+    s = int(shard.shape[0])
+    for k, start in enumerate(range(0, s, CHUNK)):
+        part = shard[start:start + CHUNK]
+        if _summable(wire):
+            sent = wire.encode(part / float(m))
+            total = primitives.allreduce(sent, topo.inter, name=f"{name}_{k}")
+            means.append(wire.decode(total, None, tf.float32))
+            own.append(wire.decode(sent, None, tf.float32) * float(m))
+        else:
+            size = int(part.shape[0])
+            data = wire.to_bytes(part, seed=seed + k)
+            every = tf.reshape(primitives.allgather(data, topo.inter, name=f"{name}_{k}"), [m, -1])
+            decoded = [wire.from_bytes(every[i], size) for i in range(m)]
+            means.append(tf.add_n(decoded) / float(m))
+            own.append(decoded[topo.inter.rank()])
+    return tf.concat(means, 0), tf.concat(own, 0)
+
+
+def inter_bytes(s, wire, m, n):
+    """{"intra": B, "inter": B} a rank sends in inter_mean of a shard of s entries."""
+    if m == 1:
+        return link_bytes.add()
+    counts = []
+    for start in range(0, s, CHUNK):
+        size = min(CHUNK, s - start)
+        op = "allreduce" if _summable(wire) else "allgather"
+        counts.append(link_bytes.per_rank(op, wire.bytes(size), "inter", m, n))
+    return link_bytes.add(*counts)
+
+
+class _Exchanges:
+    """One background thread that runs the inter-node exchanges in the order they are submitted."""
+
+    def __init__(self):
+        self.jobs, self.thread = queue.Queue(), None
+
+    def submit(self, fn):
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="tf_commlib_diloco", daemon=True)
+            self.thread.start()
+        box = {"done": threading.Event()}
+        self.jobs.put((fn, box))
+        return box
+
+    def _run(self):
+        while True:
+            fn, box = self.jobs.get()
+            try:
+                box["result"] = fn()
+            except BaseException as e:   # re-raised on the training thread by wait()
+                box["error"] = e
+            box["done"].set()
+
+    @staticmethod
+    def wait(box):
+        box["done"].wait()
+        if "error" in box:
+            raise RuntimeError(f"DiLoCo: the inter-node exchange failed: {box['error']}") from box["error"]
+        return box["result"]
+
+
+@keras.saving.register_keras_serializable(package="tf_commlib")
+class DiLoCo(keras.optimizers.Optimizer):
+    """Local SGD inside nodes, an outer optimizer across them every ``sync_every`` steps (module doc).
+
+    Args:
+      inner_optimizer: the Keras 3 optimizer of the inner steps (e.g. AdamW, SGD with momentum).
+      sync_every: inner steps between syncs across nodes (H).
+      outer_optimizer: the Keras 3 optimizer that applies the mean pseudo-gradient to the start
+        weights; default SGD(learning_rate=0.7, momentum=0.9, nesterov=True).
+      inter_compression: None (float32) or a codec of tf_commlib.collectives.codec for the
+        pseudo-gradient between nodes: "fp16", "bf16", "qsgd8" (8 bits, a scale per 1024 values),
+        "qsgd4", "qsgd2"; a lossy one keeps what it did not send in a residual (error feedback).
+      overlap: the exchange runs while the next interval's inner steps go on (its update applied at
+        the next sync); False waits for it.
+    """
+    state_differs_by_node = True   # BroadcastGlobalVariables leaves its state alone
+
+    def __init__(self, inner_optimizer, sync_every, outer_optimizer=None, inter_compression=None, overlap=True,
+                 *, name=None):
+        _check(inner_optimizer, sync_every, outer_optimizer, overlap)
+        wire = _codec(inter_compression)
+        if name is not None and not isinstance(name, str):
+            raise ValueError(f"name must be None or a string, got {name!r}")
+        super().__init__(learning_rate=0.0, name=name or "diloco_" + inner_optimizer.name)
+        self.inner_optimizer = inner_optimizer
+        self.outer_optimizer = outer_optimizer or keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
+        self.sync_every, self.inter_compression, self.overlap = int(sync_every), inter_compression, overlap
+        self.wire = wire
+        self.timeline = None   # a list: (event, index, perf_counter seconds) appended when set
+        self._statistics, self._exchanges, self._pending = [], _Exchanges(), None
+        self._finite_checked_globally = False
+
+    def __setattr__(self, name, value):
+        # plain Python objects: Keras' tracking would copy a list or dict, and take the model's variables
+        # in _tracked and _statistics for the optimizer's own
+        if name in ("timeline", "_pending", "_tracked", "_statistics"):
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
+    # -- what other parts of tf_commlib ask of the optimizer of a model ------------------------
+    def finite_check(self, overflowed):
+        """Whether any rank of this node overflowed (the LossScaleOptimizer's check: node-wide)."""
+        topo = current_topology()
+        every = primitives.allgather(tf.reshape(overflowed, [1]), topo.intra)
+        return tf.equal(tf.reduce_sum(every), 0.0)
+
+    def set_epoch(self, epoch):
+        """Nothing changes by epoch (the callbacks call it on any tf_commlib optimizer)."""
+
+    def algorithm_at(self, epoch):
+        return "diloco"
+
+    def density_at(self, epoch):
+        return 1.0
+
+    def track_statistics(self, variables):
+        """Averages these float non-trainable variables (e.g. batch-norm statistics) at each sync;
+        before the first step (CompressionScheduler passes the model's)."""
+        if self.built:
+            raise ValueError("track_statistics: the optimizer has already stepped; call it before the first step")
+        self._statistics = [v for v in variables if tf.as_dtype(v.dtype).is_floating and not v.trainable]
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value):
+        self.inner_optimizer.learning_rate = value
+
+    @property
+    def iterations(self):
+        return self.inner_optimizer.iterations
+
+    @property
+    def variables(self):
+        return internals.optimizer_variables(self) + self.inner_optimizer.variables + self.outer_optimizer.variables
+
+    def build(self, var_list):
+        if self.built:
+            return
+        topo = current_topology()
+        self._tracked = list(var_list) + list(self._statistics)
+        d = sum(int(np.prod(v.shape, dtype=np.int64)) for v in self._tracked)
+        self._d, self._s = d, _shard_len(d, topo.n)
+        self.starts = [self.add_variable_from_reference(v, "diloco_start") for v in self._tracked]
+        self.anchors = [self.add_variable_from_reference(v, "diloco_anchor") for v in self._tracked] \
+            if self.overlap else self.starts
+        self.residual = self.add_variable((self._s,), initializer="zeros", name="diloco_residual") \
+            if not self.wire.exact else None
+        self.steps_done = self.add_variable((), dtype="int64", initializer="zeros", name="diloco_steps")
+        self.synced_at = self.add_variable((), dtype="int64", initializer="zeros", name="diloco_synced_at")
+        with tf.init_scope():   # eagerly, also when build runs while the first step is traced
+            for v, s in zip(self._tracked, self.starts):
+                s.assign(tf.cast(v, s.dtype))
+            if self.overlap:
+                for v, a in zip(self._tracked, self.anchors):
+                    a.assign(tf.cast(v, a.dtype))
+        self.inner_optimizer.build(var_list)
+        self.outer_optimizer.build(self.starts[:len(var_list)])
+        super().build(var_list)
+        self._n_trainable = len(var_list)
+        self._fns = {}
+
+    # -- the inner step -------------------------------------------------------------------------
+    @plain_python
+    def apply(self, grads, trainable_variables=None):
+        if not tf.executing_eagerly() and internals.in_xla_context():
+            raise ValueError("DiLoCo cannot run in a step compiled with XLA (jit_compile=True); compile with "
+                             "jit_compile=False")
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+            self.built = True
+        tvs = trainable_variables or internals.trainable_variables(self)
+        grads = [tf.zeros(v.shape, v.dtype) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, tvs)]
+        topo = current_topology()
+        if topo.n > 1:
+            flat = _flat(grads)
+            d = int(flat.shape[0])
+            s = _shard_len(d, topo.n)
+            shard = node_mean(tf.pad(flat, [[0, topo.n * s - d]]), topo.intra, topo.n)
+            grads = _unflat(primitives.allgather(shard, topo.intra)[:d], tvs)
+        self.inner_optimizer.apply(grads, tvs)
+
+    # -- syncs ---------------------------------------------------------------------------------
+    def _fn(self, key, fn):
+        if key not in self._fns:
+            self._fns[key] = tf.function(plain_python(fn), autograph=False)
+        return self._fns[key]
+
+    def _send(self):
+        """This rank's slice of the node mean of anchor - weights (pseudo-gradient and statistics)."""
+        topo = current_topology()
+        x = _flat([a - tf.cast(v, a.dtype) for a, v in zip(self.anchors, self._tracked)])
+        x = tf.pad(x, [[0, topo.n * self._s - self._d]])
+        shard = node_mean(x, topo.intra, topo.n) if topo.n > 1 else x
+        return x, shard
+
+    def _exchange(self, shard, index):
+        """The inter-node mean of the shard (eagerly; on the background thread with overlap)."""
+        topo = current_topology()
+        if self.timeline is not None:
+            self.timeline.append(("exchange_start", index, time.perf_counter()))
+        send = shard if self.residual is None else shard + self.residual
+        mean, own = inter_mean(send, topo, self.wire, seed=index * 7919 + topo.local, name="diloco_inter")
+        if self.residual is not None:
+            left = send - own
+            self.residual.assign(tf.where(tf.math.is_finite(left), left, tf.zeros_like(left)))
+        if self.timeline is not None:
+            self.timeline.append(("exchange_end", index, time.perf_counter()))
+        return mean
+
+    def _receive(self, mean):
+        """The outer step with the mean pseudo-gradient (all-gathered inside the node); skipped by every
+        rank where it is not finite. Statistics: start minus their mean drift."""
+        topo = current_topology()
+        full = primitives.allgather(mean, topo.intra) if topo.n > 1 else mean
+        parts = _unflat(full[:self._d], self.starts)
+        k = self._n_trainable
+        finite = tf.reduce_all(tf.math.is_finite(full))
+
+        def step():
+            self.outer_optimizer.apply(parts[:k], self.starts[:k])
+            for s, p in zip(self.starts[k:], parts[k:]):
+                s.assign_sub(p)
+            return tf.constant(True)
+
+        return tf.cond(finite, step, lambda: tf.constant(False))
+
+    def _restart(self, x=None):
+        """Every tracked variable from the start weights (plus the node's own progress x, with overlap)."""
+        for i, (v, s) in enumerate(zip(self._tracked, self.starts)):
+            value = s if x is None else s - x[i]
+            v.assign(tf.cast(value, v.dtype))
+            if self.overlap:
+                self.anchors[i].assign(value)
+
+    def _sync_now(self, index):
+        """A sync without overlap: exchange, outer step, every rank from the new start weights."""
+        _, shard = self._fn("send", self._send)()
+        mean = self._exchange(shard, index)
+        self._fn("receive", self._receive)(mean)
+        self._fn("restart", lambda: self._restart())()
+
+    def _sync_overlapped(self, index):
+        x, shard = self._fn("send", self._send)()
+        box = self._exchanges.submit(lambda: self._exchange(shard, index))
+        previous, self._pending = self._pending, box
+        if previous is not None:
+            self._fn("receive", self._receive)(self._exchanges.wait(previous))
+        progress = _unflat(x[:self._d], self.starts)
+        self._fn("restart_with", lambda p: self._restart(p))(progress)
+
+    def _flush(self):
+        """Applies a pending exchange; the node then continues from the start weights plus its progress."""
+        box, self._pending = self._pending, None
+        if box is not None:
+            x, _ = self._fn("send", self._send)()
+            self._fn("receive", self._receive)(self._exchanges.wait(box))
+            self._fn("restart_with", lambda p: self._restart(p))(_unflat(x[:self._d], self.starts))
+
+    def end_step(self):
+        """Counts one inner step; syncs across nodes every sync_every steps. Call it after every step
+        (CompressionScheduler does in model.fit), skipped steps included, on every rank."""
+        if not self.built:
+            return
+        steps = int(self.steps_done.assign_add(1).numpy())
+        if self.timeline is not None:
+            self.timeline.append(("step_end", steps, time.perf_counter()))
+        if steps % self.sync_every:
+            return
+        index = steps // self.sync_every
+        if self.overlap:
+            self._sync_overlapped(index)
+        else:
+            self._sync_now(index)
+        self.synced_at.assign(steps)
+
+    def synchronize(self):
+        """Makes every rank hold the same weights: applies a pending exchange, then syncs the steps since
+        the last sync without overlap (CompressionScheduler calls it at each epoch end). A collective."""
+        if not self.built:
+            return
+        self._flush()
+        steps = int(self.steps_done.numpy())
+        if steps > int(self.synced_at.numpy()):
+            self._sync_now(-steps)   # a negative index: no interval's seed
+            self.synced_at.assign(steps)
+        elif self.overlap:
+            self._fn("restart", lambda: self._restart())()
+
+    # -- bytes -----------------------------------------------------------------------------------
+    def interval_bytes(self):
+        """{"intra": B, "inter": B} a rank sends in sync_every inner steps and one sync (after build)."""
+        topo = current_topology()
+        m, n = topo.m, topo.n
+        if n > 1:
+            g = _shard_len(sum(int(np.prod(v.shape, dtype=np.int64)) for v in self._tracked[:self._n_trainable]), n)
+            step = link_bytes.add(link_bytes.per_rank("reducescatter", 4 * n * g, "intra", m, n),
+                                  link_bytes.per_rank("allgather", 4 * g, "intra", m, n))
+            sync = link_bytes.add(link_bytes.per_rank("reducescatter", 4 * n * self._s, "intra", m, n),
+                                  link_bytes.per_rank("allgather", 4 * self._s, "intra", m, n))
+        else:
+            step = sync = link_bytes.add()
+        steps = link_bytes.add(*([step] * self.sync_every))
+        return link_bytes.add(steps, sync, inter_bytes(self._s, self.wire, m, n))
+
+    def sent_bytes_at(self, epoch):
+        """{"intra": B, "inter": B} per step, averaged over an interval (after build)."""
+        return {k: v / self.sync_every for k, v in self.interval_bytes().items()}
+
+    def finalize_variable_values(self, var_list):
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    def get_config(self):
+        return {"name": self.name, "inner_optimizer": keras.optimizers.serialize(self.inner_optimizer),
+                "sync_every": self.sync_every,
+                "outer_optimizer": keras.optimizers.serialize(self.outer_optimizer),
+                "inter_compression": self.inter_compression, "overlap": self.overlap}
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        inner = keras.optimizers.deserialize(config.pop("inner_optimizer"), custom_objects=custom_objects)
+        outer = keras.optimizers.deserialize(config.pop("outer_optimizer"), custom_objects=custom_objects)
+        return cls(inner, outer_optimizer=outer, **config)
+
+
+WRAPPERS.append(DiLoCo)
