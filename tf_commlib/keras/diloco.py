@@ -96,42 +96,46 @@ def _summable(wire):
     return wire.summable and wire.wire_dtype.is_floating
 
 
-def inter_mean(shard, topo, wire, seed, name="diloco"):
-    """Mean over the nodes (this rank's inter-node set) of the flat float32 shard, on the wire of
-    ``wire`` (a Codec): a summable one by allreduce of shard/m, another by allgather of every node's
-    encoding, each in messages of at most CHUNK entries. Returns (mean, what this rank's encoding
-    decodes to)."""
-    m = topo.m
+def _pieces(s, coded):
+    """(start, end, coded?) messages of at most CHUNK entries: the first `coded` entries in the codec."""
+    bounds = [(0, coded, True), (coded, s, False)]
+    return [(a, min(a + CHUNK, end), lossy) for begin, end, lossy in bounds for a in range(begin, end, CHUNK)]
+
+
+def inter_mean(shard, topo, wire, seed, coded=None, name="diloco"):
+    """Mean over the nodes (this rank's inter-node set) of the flat float32 shard: its first ``coded``
+    entries (all by default) on the wire of ``wire`` (a Codec), the rest (statistics) in float32. A
+    summable codec by allreduce of shard/m, another by allgather of every node's encoding, in messages
+    of at most CHUNK entries. Returns (mean, what this rank's message decodes to)."""
+    m, s = topo.m, int(shard.shape[0])
     if m == 1:
         return shard, shard
     means, own = [], []
-    s = int(shard.shape[0])
-    for k, start in enumerate(range(0, s, CHUNK)):
-        part = shard[start:start + CHUNK]
-        if _summable(wire):
-            sent = wire.encode(part / float(m))
+    for k, (a, b, lossy) in enumerate(_pieces(s, s if coded is None else coded)):
+        part, codec = shard[a:b], wire if lossy else codecs.NONE
+        if _summable(codec):
+            sent = codec.encode(part / float(m))
             total = primitives.allreduce(sent, topo.inter, name=f"{name}_{k}")
-            means.append(wire.decode(total, None, tf.float32))
-            own.append(wire.decode(sent, None, tf.float32) * float(m))
+            means.append(codec.decode(total, None, tf.float32))
+            own.append(codec.decode(sent, None, tf.float32) * float(m))
         else:
-            size = int(part.shape[0])
-            data = wire.to_bytes(part, seed=seed + k)
+            data = codec.to_bytes(part, seed=seed + k)
             every = tf.reshape(primitives.allgather(data, topo.inter, name=f"{name}_{k}"), [m, -1])
-            decoded = [wire.from_bytes(every[i], size) for i in range(m)]
+            decoded = [codec.from_bytes(every[i], b - a) for i in range(m)]
             means.append(tf.add_n(decoded) / float(m))
             own.append(decoded[topo.inter.rank()])
     return tf.concat(means, 0), tf.concat(own, 0)
 
 
-def inter_bytes(s, wire, m, n):
+def inter_bytes(s, wire, m, n, coded=None):
     """{"intra": B, "inter": B} a rank sends in inter_mean of a shard of s entries."""
     if m == 1:
         return link_bytes.add()
     counts = []
-    for start in range(0, s, CHUNK):
-        size = min(CHUNK, s - start)
-        op = "allreduce" if _summable(wire) else "allgather"
-        counts.append(link_bytes.per_rank(op, wire.bytes(size), "inter", m, n))
+    for a, b, lossy in _pieces(s, s if coded is None else coded):
+        codec = wire if lossy else codecs.NONE
+        counts.append(link_bytes.per_rank("allreduce" if _summable(codec) else "allgather", codec.bytes(b - a),
+                                          "inter", m, n))
     return link_bytes.add(*counts)
 
 
@@ -253,6 +257,10 @@ class DiLoCo(keras.optimizers.Optimizer):
         self._tracked = list(var_list) + list(self._statistics)
         d = sum(int(np.prod(v.shape, dtype=np.int64)) for v in self._tracked)
         self._d, self._s = d, _shard_len(d, topo.n)
+        trainable = sum(int(np.prod(v.shape, dtype=np.int64)) for v in var_list)
+        # this rank's slice: its pseudo-gradient entries go in the codec, statistics in float32 (a lossy
+        # codec could make a variance negative)
+        self._coded = int(np.clip(trainable - topo.local * self._s, 0, self._s))
         self.starts = [self.add_variable_from_reference(v, "diloco_start") for v in self._tracked]
         self.anchors = [self.add_variable_from_reference(v, "diloco_anchor") for v in self._tracked] \
             if self.overlap else self.starts
@@ -313,7 +321,7 @@ class DiLoCo(keras.optimizers.Optimizer):
         if self.timeline is not None:
             self.timeline.append(("exchange_start", index, time.perf_counter()))
         send = shard if self.residual is None else shard + self.residual
-        mean, own = inter_mean(send, topo, self.wire, seed=index * 7919 + topo.local, name="diloco_inter")
+        mean, own = inter_mean(send, topo, self.wire, index * 7919 + topo.local, self._coded, name="diloco_inter")
         if self.residual is not None:
             left = send - own
             self.residual.assign(tf.where(tf.math.is_finite(left), left, tf.zeros_like(left)))
@@ -402,7 +410,7 @@ class DiLoCo(keras.optimizers.Optimizer):
 
     # -- bytes -----------------------------------------------------------------------------------
     def interval_bytes(self):
-        """{"intra": B, "inter": B} a rank sends in sync_every inner steps and one sync (after build)."""
+        """{"intra": B, "inter": B} this rank sends in sync_every inner steps and one sync (after build)."""
         topo = current_topology()
         m, n = topo.m, topo.n
         if n > 1:
@@ -414,7 +422,7 @@ class DiLoCo(keras.optimizers.Optimizer):
         else:
             step = sync = link_bytes.add()
         steps = link_bytes.add(*([step] * self.sync_every))
-        return link_bytes.add(steps, sync, inter_bytes(self._s, self.wire, m, n))
+        return link_bytes.add(steps, sync, inter_bytes(self._s, self.wire, m, n, self._coded))
 
     def sent_bytes_at(self, epoch):
         """{"intra": B, "inter": B} per step, averaged over an interval (after build)."""

@@ -35,6 +35,10 @@ CONFIGS = {
     "powersgd": {"schedule": "0:powersgd"},
     # where auto picks hitopk for a bucket, it runs with hitopk's settings
     "auto": {"schedule": "0:auto", "compression": "fp16", "calibrate": True, **HITOPK},
+    # local SGD inside nodes, the nodes' pseudo-gradients averaged every H steps (tf_commlib.keras.DiLoCo)
+    "diloco_h8": {"schedule": "0:dense", "diloco": 8},
+    "diloco_h32": {"schedule": "0:dense", "diloco": 32},
+    "diloco_h8_q8": {"schedule": "0:dense", "diloco": 8, "inter_compression": "qsgd8"},
 }
 BASELINE = "dense_fp16"
 LAYOUT = (2, 2)   # nodes x ranks per node
@@ -118,7 +122,7 @@ def dawnbench_argv(args, config, log_dir, seed=None):
             "--breakdown-steps", "0", "--seed", str(args.seed if seed is None else seed), "--log-dir", log_dir]
     if args.steps_per_epoch:
         argv += ["--steps-per-epoch", str(args.steps_per_epoch)]
-    for key in ("density", "selector", "compression"):
+    for key in ("density", "selector", "compression", "diloco", "inter_compression"):
         if key in opts:
             argv += [f"--{key.replace('_', '-')}", str(opts[key])]
     if opts.get("dgc_warmup"):   # the warm-up leaves at least the last epoch at the target density

@@ -101,6 +101,14 @@ def parser():
            "algorithm for the whole --schedule, else (hitopk, switches) 1/n over a node's ranks, the weights "
            "all-gathered inside the node; DGC's momentum correction is off (the wrapped optimizer's momentum "
            "is kept in slices). The step breakdown still times the unsharded update")
+    a("--diloco", type=int, default=0, metavar="H",
+      help="DiLoCo (tf_commlib.keras.DiLoCo): the optimizer steps locally inside each node (gradients averaged over "
+           "the node) and the nodes average their pseudo-gradients every H steps and at each epoch end, through an "
+           "outer Nesterov SGD; --schedule, --density and the DGC options do not apply (default 0: off)")
+    a("--inter-compression", default=None, choices=("fp16", "bf16", "qsgd8", "qsgd4", "qsgd2"),
+      help="with --diloco: the codec of the pseudo-gradients between nodes (default float32)")
+    a("--outer-lr", type=float, default=0.7, help="with --diloco: the outer SGD's learning rate")
+    a("--outer-momentum", type=float, default=0.9, help="with --diloco: the outer SGD's Nesterov momentum")
     a("--dgc-warmup", type=int, default=0, help="DGC density warm-up epochs")
     a("--no-momentum-masking", action="store_true",
       help="keep DGC's momentum where a sparse collective sent v (DistributedOptimizer(dgc=DGC(momentum_masking=False))): "
@@ -186,4 +194,16 @@ def check(args):
         raise ValueError("--calibration-cache and --recalibrate go with --calibrate")
     if args.recalibrate and not (args.calibration_cache or args.ckpt_dir):
         raise ValueError("--recalibrate rewrites the calibration cache: give --calibration-cache FILE or --ckpt-dir")
+    if args.diloco < 0:
+        raise ValueError(f"--diloco must be >= 0 (0: off), got {args.diloco!r}")
+    if args.diloco:
+        clashing = [flag for flag, on in (("--shard-optimizer", args.shard_optimizer), ("--calibrate", args.calibrate),
+                                          ("--breakdown-steps", args.breakdown_steps > 0)) if on]
+        if clashing:
+            raise ValueError(f"--diloco does not go with {', '.join(clashing)} (give --breakdown-steps 0)")
+    elif args.inter_compression:
+        raise ValueError("--inter-compression goes with --diloco H")
+    if not args.outer_lr > 0 or not 0 <= args.outer_momentum < 1:
+        raise ValueError(f"--outer-lr must be > 0 and --outer-momentum in [0, 1), got {args.outer_lr!r}, "
+                         f"{args.outer_momentum!r}")
     check_algorithms(args.schedule_map)

@@ -17,7 +17,7 @@ from tfc_apps.dawnbench import breakdown, config, models
 from tfc_apps.dawnbench.data import Data
 from tfc_apps.dawnbench.report import EpochReport, Log, Reporter
 from tfc_apps.dawnbench.schedule import PEAK_PER_256, StagedLinear
-from tf_commlib.keras import (DGC, Auto, BackupAndRestore, DistributedOptimizer, Selection, default_callbacks,
+from tf_commlib.keras import (DGC, Auto, BackupAndRestore, DiLoCo, DistributedOptimizer, Selection, default_callbacks,
                               distributed_optimizer)
 from tf_commlib.keras.callbacks import MetricAverage
 
@@ -45,6 +45,10 @@ def make_optimizer(args, data, topo, cost_params=None, compute_s=None):
     else:
         inner = keras.optimizers.SGD(lr, momentum=args.momentum, weight_decay=args.weight_decay)
         inner.exclude_from_weight_decay(var_names=EXCLUDED)
+    if args.diloco:   # the inner optimizer keeps its momentum; the outer one is Nesterov SGD
+        outer = keras.optimizers.SGD(args.outer_lr, momentum=args.outer_momentum, nesterov=True)
+        return DiLoCo(inner, sync_every=args.diloco, outer_optimizer=outer, inter_compression=args.inter_compression,
+                      overlap=not args.no_overlap)
     dgc = DGC(momentum=None if args.optimizer != "lamb" else args.momentum,
               # sharded: the wrapped optimizer's momentum, kept in slices (DGC's correction keeps a
               # full-size velocity per rank)
@@ -173,7 +177,7 @@ def train(args, topo, data):
         if cache_line:
             print(cache_line, flush=True)
         print(f"weights identical on all {topo.size} ranks: sha256 {digest}", flush=True)
-        if opt.sharded_state_bytes() is not None:
+        if isinstance(opt, DistributedOptimizer) and opt.sharded_state_bytes() is not None:
             mine, full = opt.sharded_state_bytes()
             print(f"optimizer state sharded: {mine / 1e6:.1f} MB per rank, {mine / max(full, 1):.3f} of "
                   f"unsharded {full / 1e6:.1f} MB", flush=True)
