@@ -53,15 +53,27 @@ def test_bytes_of_one_interval_are_the_formula(two_by_two, compression):
     assert 0.24 < ratio < 0.27
 
 
-def test_overlapped_exchange_starts_before_the_next_step_ends(two_by_two):
-    """overlap=True, H=2: sync 1's exchange starts (on the background thread) after step 2 and before step 3
-    ends; synchronize() then gives every rank the same weights, while before it the nodes differed."""
+def test_overlapped_exchange_runs_while_the_next_steps_go_on(two_by_two):
+    """overlap=True, H=2: sync 1's exchange (on the background thread) is held until step 3 has ended, which
+    a synchronous exchange would never see (it would wait in vain, released False); synchronize()
+    then gives every rank the same weights, while before it the nodes differed."""
     for r in two_by_two:
+        assert r["released"] == [True]
         events = {(e, i): t for e, i, t in r["timeline"]}
-        assert events[("step_end", 2)] < events[("exchange_start", 1)] < events[("step_end", 3)]
+        assert events[("step_end", 3)] < events[("exchange_start", 1)] < events[("exchange_end", 1)]
     assert _same(two_by_two, "overlap_final")
     between = [r["between_syncs"] for r in two_by_two]
     assert between[0] == between[1] and between[2] == between[3] and between[0] != between[2]
+
+
+def test_overlap_applies_every_interval_once(two_by_two):
+    """Constant gradients, outer SGD lr 1 momentum 0, H=3, 7 steps, then synchronize(): with and without
+    overlap every rank ends at w0 - lr * 7 * mean gradient, so no interval (the partial last one included)
+    is lost or applied twice; before synchronize() the nodes differ."""
+    for r in two_by_two:
+        assert r["linear_False"] < 1e-5 and r["linear_True"] < 1e-5
+    partial = [r["linear_partial_True"] for r in two_by_two]
+    assert partial[0] == partial[1] and partial[0] != partial[2]
 
 
 def test_mixed_float16_overflow_skips_a_step_in_its_node_only(two_by_two):
@@ -77,11 +89,16 @@ def test_mixed_float16_overflow_skips_a_step_in_its_node_only(two_by_two):
         assert [b > 0 for b in r["mixed_inter"]] == [False, False, False, True] * 2
         assert r["mixed_finite"]
     assert len({r[3] for r in d}) == 1 and len({r[7] for r in d}) == 1 and d[0][7] == d[0][3]
+    # keras.optimizers.LossScaleOptimizer checks per rank: a rank that overflowed would skip the node exchange
+    # its partners wait in, so apply() refuses it, naming the global one
+    for r in two_by_two:
+        assert "tf_commlib.keras.LossScaleOptimizer" in r["per_rank_check"]
 
 
 def test_resume_from_backup_is_bit_identical(two_by_two):
     """overlap=True, 8-bit codec with residuals, batch norm: interrupted at step 7 (between syncs) and
-    resumed by a new model from BackupAndRestore, it ends bit-identical to an uninterrupted run."""
+    resumed by a new model from BackupAndRestore, it ends bit-identical to an uninterrupted run, also with
+    BackupAndRestore before default_callbacks() (it saves before their epoch-end sync)."""
     for r in two_by_two:
         assert r["interrupted"] == "interrupted"
         assert r["resume_resumed"] == r["resume_full"]
@@ -103,6 +120,7 @@ def _sgd():
     (lambda D: D(_sgd(), sync_every=4, inter_compression="mean"), "inter_compression"),
     (lambda D: D(_sgd(), sync_every=4, overlap="yes"), "overlap"),
     (lambda D: D("sgd", sync_every=4), "inner_optimizer"),
+    (lambda D: D(keras.optimizers.SGD(0.1, use_ema=True), sync_every=4), "inner_optimizer"),
 ])
 def test_bad_arguments_name_themselves(make, message):
     from tf_commlib.keras import DiLoCo

@@ -4,6 +4,7 @@ non-finite pseudo-gradient, and a resume from BackupAndRestore."""
 import hashlib
 import os
 import sys
+import threading
 
 import keras
 import numpy as np
@@ -111,14 +112,43 @@ def overlap():
     model = digits.small_cnn(seed=1)
     opt = DiLoCo(keras.optimizers.SGD(0.05), sync_every=2, inter_compression="fp16")
     opt.timeline = []
+    gate, released, exchange = threading.Event(), [], opt._exchange
+
+    def gated(shard, index):   # sync 1's exchange waits until step 3 has ended: only overlap gets there
+        if index == 1:
+            released.append(gate.wait(60))
+        return exchange(shard, index)
+
+    object.__setattr__(opt, "_exchange", gated)
     step = step_fn(model, opt)
     for i in range(7):
         step(x[16 * (i % 4):16 * (i % 4 + 1)], y[16 * (i % 4):16 * (i % 4 + 1)])
         opt.end_step()
+        if i == 2:
+            gate.set()
+    out["released"] = released
     out["between_syncs"] = digest(model)
     opt.synchronize()
     out["timeline"] = opt.timeline
     out["overlap_final"] = digest(model)
+
+
+def linear():
+    """Constant gradients c_rank (a linear loss), inner SGD lr 0.1, outer SGD lr 1 momentum 0, H=3, 7 steps,
+    then synchronize(): with and without overlap every rank ends at w0 - 0.1 * 7 * mean(c) (the overlapped
+    syncs apply each interval once, one late; the epoch-end sync adds the last, partial interval)."""
+    c = [np.arange(5, dtype=np.float32) * (r + 1) - r for r in range(topo.size)]
+    expected = -0.1 * 7 * np.mean(c, axis=0)
+    for overlap in (False, True):
+        w = keras.Variable(np.zeros(5, np.float32), name="w")
+        opt = DiLoCo(keras.optimizers.SGD(0.1), sync_every=3, outer_optimizer=keras.optimizers.SGD(1.0),
+                     overlap=overlap)
+        for _ in range(7):
+            opt.apply([tf.constant(c[topo.rank])], [w])
+            opt.end_step()
+        out[f"linear_partial_{overlap}"] = w.numpy().tolist()
+        opt.synchronize()
+        out[f"linear_{overlap}"] = float(np.abs(w.numpy() - expected).max())
 
 
 def mixed():
@@ -153,6 +183,11 @@ def mixed():
         out["mixed_scale"] = float(opt.dynamic_scale.numpy())
         out["mixed_start_digest"] = hashlib.sha256(b"".join(v.numpy().tobytes() for v in inner.starts)).hexdigest()
         out["mixed_finite"] = bool(all(np.isfinite(v.numpy()).all() for v in model.weights))
+        per_rank = keras.optimizers.LossScaleOptimizer(DiLoCo(keras.optimizers.SGD(0.05), sync_every=4))
+        try:
+            per_rank.apply([tf.ones(v.shape, v.dtype) for v in model.trainable_variables], model.trainable_variables)
+        except ValueError as e:
+            out["per_rank_check"] = str(e)
     finally:
         keras.mixed_precision.set_global_policy("float32")
 
@@ -179,12 +214,16 @@ def resume():
             if self.model.optimizer.steps_done.numpy() == 7:   # syncs at 3, 4, 6, 8, ...
                 raise RuntimeError("interrupted")
 
+    # BackupAndRestore before the default callbacks: it saves before CompressionScheduler's epoch-end sync
+    # and restores before it has passed the statistics: both must still hold the whole state
     try:
-        fit(build(), [BackupAndRestore(backup), Stop()])
+        build().fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0,
+                    callbacks=[BackupAndRestore(backup)] + default_callbacks() + [Stop()])
     except RuntimeError as e:
         out["interrupted"] = str(e)
     resumed = build()
-    fit(resumed, [BackupAndRestore(backup)])
+    resumed.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0,
+                callbacks=[BackupAndRestore(backup)] + default_callbacks())
     out["resume_full"], out["resume_resumed"] = digest(full), digest(resumed)
     out["resume_steps"] = int(resumed.optimizer.steps_done.numpy())
 
@@ -194,6 +233,7 @@ if sys.argv[1] == "all":
     syncs()
     interval_bytes()
     overlap()
+    linear()
     mixed()
     resume()
 report(topo.rank, out)

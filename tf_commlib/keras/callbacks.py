@@ -114,9 +114,25 @@ class CompressionScheduler(keras.callbacks.Callback):
             opt.end_step()
 
     def on_epoch_end(self, epoch, logs=None):
-        opt = distributed_optimizer(self.model)
-        if hasattr(opt, "synchronize"):
-            opt.synchronize()
+        _synchronize(self.model)
+
+    def on_test_begin(self, logs=None):   # fit's validation runs before on_epoch_end
+        _synchronize(self.model)
+
+
+def _diloco_or_none(model):
+    try:
+        opt = distributed_optimizer(model)
+    except ValueError:
+        return None
+    return None if isinstance(opt, DistributedOptimizer) else opt
+
+
+def _synchronize(model):
+    """A DiLoCo's sync of every rank's weights (nothing for other optimizers, or when already in sync)."""
+    opt = _diloco_or_none(model)
+    if opt is not None:
+        opt.synchronize()
 
 
 class BackupAndRestore(keras.callbacks.BackupAndRestore):
@@ -182,7 +198,11 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def restore_backup(self):
         """BackupAndRestore's restore of the latest backup (its _load_model), then this rank's
-        sharded-state check and tf_commlib's metadata."""
+        sharded-state check and tf_commlib's metadata. A DiLoCo that the load builds first gets the
+        model's statistics to average (its variables are then those it saved)."""
+        opt = _diloco_or_none(self.model)
+        if opt is not None and not opt.built:
+            opt.track_statistics(self.model.non_trainable_variables)
         internals.load_backup(self)
         _, _, metadata_path, _ = internals.backup_paths(self)
         opt = _distributed_or_none(self.model)
@@ -203,6 +223,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         """BackupAndRestore's save (its _save_model): weights and metadata, each written atomically
         after the previous backup was copied aside."""
         os.makedirs(self.rank_dir, exist_ok=True)
+        _synchronize(self.model)   # a DiLoCo's pending exchange is applied before it is saved
         weights, prev_weights, metadata_path, prev_metadata = internals.backup_paths(self)
         for cur, prev in ((weights, prev_weights), (metadata_path, prev_metadata)):
             if os.path.exists(cur):

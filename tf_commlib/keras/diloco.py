@@ -26,8 +26,6 @@ loop calls it after each step, then ``synchronize()`` at its end). Under mixed_f
 tf_commlib.keras.LossScaleOptimizer is node-wide: the ranks of a node skip a step together, and no
 traffic leaves the node between syncs; a non-finite mean pseudo-gradient is skipped by every rank.
 """
-import queue
-import threading
 import time
 
 import keras
@@ -37,10 +35,9 @@ import tensorflow as tf
 from tf_commlib import internals, link_bytes, primitives
 from tf_commlib.collectives import codec as codecs
 from tf_commlib.collectives.interface import plain_python
-from tf_commlib.keras.optimizer import DistributedOptimizer, WRAPPERS
+from tf_commlib.inter_mean import Exchanges, inter_bytes, inter_mean, node_mean, shard_len
+from tf_commlib.keras.optimizer import WRAPPERS, DistributedOptimizer
 from tf_commlib.topology import topology as current_topology
-
-CHUNK = 1 << 18   # entries per inter-node message of one exchange (Horovod runs its ops one at a time)
 
 
 def _codec(name):
@@ -69,12 +66,11 @@ def _check(inner_optimizer, sync_every, outer_optimizer, overlap):
     for arg, opt in (("inner_optimizer", inner_optimizer), ("outer_optimizer", outer_optimizer)):
         if opt is not None and opt.built:
             raise ValueError(f"{arg} is already built (it has stepped); give a new instance")
+    if getattr(inner_optimizer, "use_ema", False):
+        raise ValueError("inner_optimizer: use_ema=True would end training with each node's own average; give "
+                         "use_ema=False")
     if not isinstance(overlap, bool):
         raise ValueError(f"overlap must be True or False, got {overlap!r}")
-
-
-def _shard_len(d, n):
-    return -(-d // n)
 
 
 def _flat(tensors):
@@ -85,89 +81,6 @@ def _unflat(flat, like):
     sizes = [int(np.prod(v.shape, dtype=np.int64)) for v in like]
     return [tf.cast(tf.reshape(p, v.shape), v.dtype) for p, v in zip(tf.split(flat, sizes), like)]
 
-
-def node_mean(flat, process_set, n):
-    """The mean over the node's n ranks of flat (length a multiple of n), this rank's slice of it."""
-    return primitives.reducescatter(flat, process_set) / float(n)
-
-
-def _summable(wire):
-    """Horovod's allreduce can sum the wire type (a float cast; not QSGD's bytes, nor bfloat16)."""
-    return wire.summable and wire.wire_dtype.is_floating
-
-
-def _pieces(s, coded):
-    """(start, end, coded?) messages of at most CHUNK entries: the first `coded` entries in the codec."""
-    bounds = [(0, coded, True), (coded, s, False)]
-    return [(a, min(a + CHUNK, end), lossy) for begin, end, lossy in bounds for a in range(begin, end, CHUNK)]
-
-
-def inter_mean(shard, topo, wire, seed, coded=None, name="diloco"):
-    """Mean over the nodes (this rank's inter-node set) of the flat float32 shard: its first ``coded``
-    entries (all by default) on the wire of ``wire`` (a Codec), the rest (statistics) in float32. A
-    summable codec by allreduce of shard/m, another by allgather of every node's encoding, in messages
-    of at most CHUNK entries. Returns (mean, what this rank's message decodes to)."""
-    m, s = topo.m, int(shard.shape[0])
-    if m == 1:
-        return shard, shard
-    means, own = [], []
-    for k, (a, b, lossy) in enumerate(_pieces(s, s if coded is None else coded)):
-        part, codec = shard[a:b], wire if lossy else codecs.NONE
-        if _summable(codec):
-            sent = codec.encode(part / float(m))
-            total = primitives.allreduce(sent, topo.inter, name=f"{name}_{k}")
-            means.append(codec.decode(total, None, tf.float32))
-            own.append(codec.decode(sent, None, tf.float32) * float(m))
-        else:
-            data = codec.to_bytes(part, seed=seed + k)
-            every = tf.reshape(primitives.allgather(data, topo.inter, name=f"{name}_{k}"), [m, -1])
-            decoded = [codec.from_bytes(every[i], b - a) for i in range(m)]
-            means.append(tf.add_n(decoded) / float(m))
-            own.append(decoded[topo.inter.rank()])
-    return tf.concat(means, 0), tf.concat(own, 0)
-
-
-def inter_bytes(s, wire, m, n, coded=None):
-    """{"intra": B, "inter": B} a rank sends in inter_mean of a shard of s entries."""
-    if m == 1:
-        return link_bytes.add()
-    counts = []
-    for a, b, lossy in _pieces(s, s if coded is None else coded):
-        codec = wire if lossy else codecs.NONE
-        counts.append(link_bytes.per_rank("allreduce" if _summable(codec) else "allgather", codec.bytes(b - a),
-                                          "inter", m, n))
-    return link_bytes.add(*counts)
-
-
-class _Exchanges:
-    """One background thread that runs the inter-node exchanges in the order they are submitted."""
-
-    def __init__(self):
-        self.jobs, self.thread = queue.Queue(), None
-
-    def submit(self, fn):
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._run, name="tf_commlib_diloco", daemon=True)
-            self.thread.start()
-        box = {"done": threading.Event()}
-        self.jobs.put((fn, box))
-        return box
-
-    def _run(self):
-        while True:
-            fn, box = self.jobs.get()
-            try:
-                box["result"] = fn()
-            except BaseException as e:   # re-raised on the training thread by wait()
-                box["error"] = e
-            box["done"].set()
-
-    @staticmethod
-    def wait(box):
-        box["done"].wait()
-        if "error" in box:
-            raise RuntimeError(f"DiLoCo: the inter-node exchange failed: {box['error']}") from box["error"]
-        return box["result"]
 
 
 @keras.saving.register_keras_serializable(package="tf_commlib")
@@ -199,14 +112,23 @@ class DiLoCo(keras.optimizers.Optimizer):
         self.sync_every, self.inter_compression, self.overlap = int(sync_every), inter_compression, overlap
         self.wire = wire
         self.timeline = None   # a list: (event, index, perf_counter seconds) appended when set
-        self._statistics, self._exchanges, self._pending = [], _Exchanges(), None
+        self._statistics, self._exchanges, self._pending = [], Exchanges(), None
         self._finite_checked_globally = False
+
+    _wrapped_by_loss_scale = False
 
     def __setattr__(self, name, value):
         # plain Python objects: Keras' tracking would copy a list or dict, and take the model's variables
         # in _tracked and _statistics for the optimizer's own
         if name in ("timeline", "_pending", "_tracked", "_statistics"):
             object.__setattr__(self, name, value)
+        elif name == "loss_scale_factor":   # as DistributedOptimizer: the sign of a LossScaleOptimizer around it
+            if value is not None:
+                raise ValueError(f"loss_scale_factor is not supported by DiLoCo (got {value!r}); wrap it in "
+                                 "tf_commlib.keras.LossScaleOptimizer")
+            if hasattr(self, "inner_optimizer"):
+                object.__setattr__(self, "_wrapped_by_loss_scale", True)
+            super().__setattr__(name, value)
         else:
             super().__setattr__(name, value)
 
@@ -256,7 +178,7 @@ class DiLoCo(keras.optimizers.Optimizer):
         topo = current_topology()
         self._tracked = list(var_list) + list(self._statistics)
         d = sum(int(np.prod(v.shape, dtype=np.int64)) for v in self._tracked)
-        self._d, self._s = d, _shard_len(d, topo.n)
+        self._d, self._s = d, shard_len(d, topo.n)
         trainable = sum(int(np.prod(v.shape, dtype=np.int64)) for v in var_list)
         # this rank's slice: its pseudo-gradient entries go in the codec, statistics in float32 (a lossy
         # codec could make a variance negative)
@@ -286,6 +208,10 @@ class DiLoCo(keras.optimizers.Optimizer):
         if not tf.executing_eagerly() and internals.in_xla_context():
             raise ValueError("DiLoCo cannot run in a step compiled with XLA (jit_compile=True); compile with "
                              "jit_compile=False")
+        if self._wrapped_by_loss_scale and not self._finite_checked_globally:
+            raise ValueError("optimizer: this DiLoCo is wrapped by a keras.optimizers.LossScaleOptimizer whose finite "
+                             "check is per rank (a rank that overflows would skip the node exchange its partners wait "
+                             "in); use tf_commlib.keras.LossScaleOptimizer, or default_callbacks() in model.fit")
         if not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
@@ -296,7 +222,7 @@ class DiLoCo(keras.optimizers.Optimizer):
         if topo.n > 1:
             flat = _flat(grads)
             d = int(flat.shape[0])
-            s = _shard_len(d, topo.n)
+            s = shard_len(d, topo.n)
             shard = node_mean(tf.pad(flat, [[0, topo.n * s - d]]), topo.intra, topo.n)
             grads = _unflat(primitives.allgather(shard, topo.intra)[:d], tvs)
         self.inner_optimizer.apply(grads, tvs)
@@ -307,13 +233,16 @@ class DiLoCo(keras.optimizers.Optimizer):
             self._fns[key] = tf.function(plain_python(fn), autograph=False)
         return self._fns[key]
 
+    def _progress(self):
+        """anchor - weights, flat: the node's pseudo-gradient (and statistics' drift) since its anchor."""
+        return _flat([a - tf.cast(v, a.dtype) for a, v in zip(self.anchors, self._tracked)])
+
     def _send(self):
-        """This rank's slice of the node mean of anchor - weights (pseudo-gradient and statistics)."""
+        """(the progress, this rank's slice of its node mean)."""
         topo = current_topology()
-        x = _flat([a - tf.cast(v, a.dtype) for a, v in zip(self.anchors, self._tracked)])
-        x = tf.pad(x, [[0, topo.n * self._s - self._d]])
-        shard = node_mean(x, topo.intra, topo.n) if topo.n > 1 else x
-        return x, shard
+        x = self._progress()
+        padded = tf.pad(x, [[0, topo.n * self._s - self._d]])
+        return x, node_mean(padded, topo.intra, topo.n) if topo.n > 1 else padded
 
     def _exchange(self, shard, index):
         """The inter-node mean of the shard (eagerly; on the background thread with overlap)."""
@@ -321,7 +250,8 @@ class DiLoCo(keras.optimizers.Optimizer):
         if self.timeline is not None:
             self.timeline.append(("exchange_start", index, time.perf_counter()))
         send = shard if self.residual is None else shard + self.residual
-        mean, own = inter_mean(send, topo, self.wire, index * 7919 + topo.local, self._coded, name="diloco_inter")
+        seed = index * 7919 + topo.node * 104729 + topo.local   # independent rounding on every rank
+        mean, own = inter_mean(send, topo, self.wire, seed, self._coded, name="diloco_inter")
         if self.residual is not None:
             left = send - own
             self.residual.assign(tf.where(tf.math.is_finite(left), left, tf.zeros_like(left)))
@@ -346,13 +276,16 @@ class DiLoCo(keras.optimizers.Optimizer):
 
         return tf.cond(finite, step, lambda: tf.constant(False))
 
-    def _restart(self, x=None):
-        """Every tracked variable from the start weights (plus the node's own progress x, with overlap)."""
+    def _restart(self, x=None, sent=True):
+        """Every tracked variable from the start weights; with overlap plus the node's progress x (none where
+        x is not finite), and the anchor there too when x was sent, else at the start weights."""
+        if x is not None:
+            x = _unflat(tf.where(tf.reduce_all(tf.math.is_finite(x)), x, tf.zeros_like(x)), self.starts)
         for i, (v, s) in enumerate(zip(self._tracked, self.starts)):
             value = s if x is None else s - x[i]
             v.assign(tf.cast(value, v.dtype))
             if self.overlap:
-                self.anchors[i].assign(value)
+                self.anchors[i].assign(value if sent else s)
 
     def _sync_now(self, index):
         """A sync without overlap: exchange, outer step, every rank from the new start weights."""
@@ -362,21 +295,21 @@ class DiLoCo(keras.optimizers.Optimizer):
         self._fn("restart", lambda: self._restart())()
 
     def _sync_overlapped(self, index):
+        """Sends this interval's progress; applies the previous sync's mean; goes on from there."""
         x, shard = self._fn("send", self._send)()
         box = self._exchanges.submit(lambda: self._exchange(shard, index))
         previous, self._pending = self._pending, box
         if previous is not None:
             self._fn("receive", self._receive)(self._exchanges.wait(previous))
-        progress = _unflat(x[:self._d], self.starts)
-        self._fn("restart_with", lambda p: self._restart(p))(progress)
+        self._fn("rebase", lambda p: self._restart(p, sent=True))(x)
 
     def _flush(self):
-        """Applies a pending exchange; the node then continues from the start weights plus its progress."""
+        """Applies a pending exchange; the node goes on from the start weights plus its unsent progress."""
         box, self._pending = self._pending, None
         if box is not None:
-            x, _ = self._fn("send", self._send)()
+            x = self._fn("progress", self._progress)()
             self._fn("receive", self._receive)(self._exchanges.wait(box))
-            self._fn("restart_with", lambda p: self._restart(p))(_unflat(x[:self._d], self.starts))
+            self._fn("keep", lambda p: self._restart(p, sent=False))(x)
 
     def end_step(self):
         """Counts one inner step; syncs across nodes every sync_every steps. Call it after every step
@@ -405,8 +338,6 @@ class DiLoCo(keras.optimizers.Optimizer):
         if steps > int(self.synced_at.numpy()):
             self._sync_now(-steps)   # a negative index: no interval's seed
             self.synced_at.assign(steps)
-        elif self.overlap:
-            self._fn("restart", lambda: self._restart())()
 
     # -- bytes -----------------------------------------------------------------------------------
     def interval_bytes(self):
@@ -414,7 +345,7 @@ class DiLoCo(keras.optimizers.Optimizer):
         topo = current_topology()
         m, n = topo.m, topo.n
         if n > 1:
-            g = _shard_len(sum(int(np.prod(v.shape, dtype=np.int64)) for v in self._tracked[:self._n_trainable]), n)
+            g = shard_len(sum(int(np.prod(v.shape, dtype=np.int64)) for v in self._tracked[:self._n_trainable]), n)
             step = link_bytes.add(link_bytes.per_rank("reducescatter", 4 * n * g, "intra", m, n),
                                   link_bytes.per_rank("allgather", 4 * g, "intra", m, n))
             sync = link_bytes.add(link_bytes.per_rank("reducescatter", 4 * n * self._s, "intra", m, n),

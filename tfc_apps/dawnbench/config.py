@@ -199,8 +199,12 @@ def check(args):
     if args.diloco:
         clashing = [flag for flag, on in (("--shard-optimizer", args.shard_optimizer), ("--calibrate", args.calibrate),
                                           ("--breakdown-steps", args.breakdown_steps > 0)) if on]
+        clashing += [flag for flag, on in (("--compression", args.compression != "none"),
+                                           ("--dgc-warmup", args.dgc_warmup > 0),
+                                           ("--schedule", len(args.schedule_map) > 1)) if on]
         if clashing:
-            raise ValueError(f"--diloco does not go with {', '.join(clashing)} (give --breakdown-steps 0)")
+            raise ValueError(f"--diloco does not go with {', '.join(clashing)} (the inner steps average dense "
+                             "gradients inside the node; give --breakdown-steps 0)")
     elif args.inter_compression:
         raise ValueError("--inter-compression goes with --diloco H")
     if not args.outer_lr > 0 or not 0 <= args.outer_momentum < 1:
