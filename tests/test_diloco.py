@@ -150,3 +150,34 @@ def test_config_round_trip():
     assert isinstance(again.inner_optimizer, keras.optimizers.AdamW)
     outer = again.outer_optimizer
     assert float(outer.learning_rate.numpy()) == pytest.approx(0.7) and (outer.momentum, outer.nesterov) == (0.9, True)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--diloco", "-1"], "--diloco must be >= 0"),
+    (["--diloco", "8", "--compression", "fp16"], "--compression"),
+    (["--diloco", "8", "--schedule", "0:hitopk,3:2dtar"], "--schedule"),
+    (["--diloco", "8", "--breakdown-steps", "3"], "--breakdown-steps"),
+    (["--inter-compression", "qsgd8"], "goes with --diloco"),
+    (["--diloco", "8", "--outer-momentum", "1.0"], "--outer-momentum"),
+])
+def test_the_dawnbench_script_checks_its_diloco_flags(extra, message, capsys):
+    from tfc_apps.dawnbench import config
+
+    with pytest.raises(SystemExit):
+        config.parse(["--synthetic", "--breakdown-steps", "0", *extra] if "--breakdown-steps" not in extra
+                     else ["--synthetic", *extra])
+    assert message in capsys.readouterr().err
+
+
+def test_bench_tta_passes_diloco_settings_to_the_script():
+    import argparse
+
+    from tfc_apps.bench import tta
+    from tfc_apps.dawnbench import config
+
+    args = tta.resolve(argparse.Namespace(**{**vars(tta.parser().parse_args([])), "data": None}))
+    args.data = "DIR"
+    argv = tta.dawnbench_argv(args, "diloco_h8_q8", "log")
+    assert argv[argv.index("--diloco") + 1] == "8" and argv[argv.index("--inter-compression") + 1] == "qsgd8"
+    parsed = config.parser().parse_args(argv)
+    assert parsed.diloco == 8 and parsed.breakdown_steps == 0

@@ -95,7 +95,7 @@ FLAGS = {
         "a benchmark: 15 four-rank trainings (11 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --configs dense_fp16 hitopk auto --repeats 3":
         "a benchmark: 9 four-rank trainings on the emulated cluster (13 min)",
-    "python -m tfc_apps.bench tta": "a benchmark: 24 four-rank trainings at four bandwidths (about an hour)",
+    "python -m tfc_apps.bench tta": "a benchmark: 36 four-rank trainings at four bandwidths (over an hour)",
     "python -m tfc_apps.bench tta --inter-mbit 25": "a benchmark: 6 four-rank trainings (12 min)",
     "python -m tfc_apps.bench e2e --model small --resolutions 32 --inter-mbit 100 --configs dense_fp32 dense_fp16 "
     "dense_fp16 dense_fp16 dense_fp16 dense_fp16 --fusion-threshold-bytes 1048576 --steps 6 --warmup 2 "

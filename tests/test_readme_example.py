@@ -29,9 +29,17 @@ assert accuracy > 0.8, accuracy
 """
 
 
-def example_code():
-    match = re.search(r"## Example\n\n```python\n(.*?)```", README.read_text(), re.S)
-    assert match, "README.md has no ## Example python block"
+DILOCO_CHECK = """
+assert opt.sync_every == 8 and opt.inter_compression == "qsgd8" and opt.overlap
+accuracy = model.evaluate(x_test, y_test, verbose=0)[1]
+print("accuracy", accuracy, "steps", int(opt.steps_done.numpy()))
+assert accuracy > 0.5 and int(opt.synced_at.numpy()) == int(opt.steps_done.numpy()) > 0, accuracy
+"""
+
+
+def example_code(path=README, heading="## Example"):
+    match = re.search(heading + r"\n\n```python\n(.*?)```", path.read_text(), re.S)
+    assert match, f"{path.name} has no {heading} python block"
     return match.group(1)
 
 
@@ -39,6 +47,18 @@ def test_the_readme_example_runs_and_trains():
     code = example_code()
     assert "DistributedOptimizer(" in code and "model.fit(" in code
     proc = subprocess.run([sys.executable, "-c", SETUP + code + CHECK], capture_output=True, text=True,
+                          timeout=600, cwd=README.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "accuracy" in proc.stdout
+
+
+def test_the_diloco_example_runs_and_trains():
+    """docs/diloco.md's example on one process (one node: the syncs are local; tests/test_diloco.py
+    runs DiLoCo on 2x2 and 1x4)."""
+    code = example_code(README.parent / "docs" / "diloco.md", "## Use")
+    assert "DiLoCo(" in code and "model.fit(" in code
+    code = code.replace("model.fit(x, y,", "model.fit(x, y, epochs=3, batch_size=32, verbose=0,")
+    proc = subprocess.run([sys.executable, "-c", SETUP + code + DILOCO_CHECK], capture_output=True, text=True,
                           timeout=600, cwd=README.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "accuracy" in proc.stdout

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from tf_commlib import internals, primitives
 from tf_commlib.keras.loss_scale import global_loss_scale
+from tf_commlib.keras.diloco import DiLoCo
 from tf_commlib.keras.optimizer import DistributedOptimizer, distributed_optimizer
 from tf_commlib.topology import topology as current_topology
 
@@ -98,10 +99,10 @@ class CompressionScheduler(keras.callbacks.Callback):
                              "tf_commlib's ops) have no XLA kernels; compile with jit_compile=False (on a GPU, "
                              "Keras' default jit_compile='auto' turns XLA on)")
         global_loss_scale(self.model)
-        opt = distributed_optimizer(self.model)
-        if hasattr(opt, "track_statistics") and not opt.built:
+        opt = _of_kind(self.model, DiLoCo)
+        if opt is not None and not opt.built:
             opt.track_statistics(self.model.non_trainable_variables)
-        if hasattr(opt, "end_step") and getattr(self.model, "steps_per_execution", 1) not in (1, None):
+        if opt is not None and getattr(self.model, "steps_per_execution", 1) not in (1, None):
             raise ValueError("model.compile(steps_per_execution > 1): DiLoCo counts its inner steps per batch; "
                              "compile with steps_per_execution=1")
 
@@ -109,8 +110,8 @@ class CompressionScheduler(keras.callbacks.Callback):
         distributed_optimizer(self.model).set_epoch(epoch)
 
     def on_train_batch_end(self, batch, logs=None):
-        opt = distributed_optimizer(self.model)
-        if hasattr(opt, "end_step"):
+        opt = _of_kind(self.model, DiLoCo)
+        if opt is not None:
             opt.end_step()
 
     def on_epoch_end(self, epoch, logs=None):
@@ -120,17 +121,9 @@ class CompressionScheduler(keras.callbacks.Callback):
         _synchronize(self.model)
 
 
-def _diloco_or_none(model):
-    try:
-        opt = distributed_optimizer(model)
-    except ValueError:
-        return None
-    return None if isinstance(opt, DistributedOptimizer) else opt
-
-
 def _synchronize(model):
     """A DiLoCo's sync of every rank's weights (nothing for other optimizers, or when already in sync)."""
-    opt = _diloco_or_none(model)
+    opt = _of_kind(model, DiLoCo)
     if opt is not None:
         opt.synchronize()
 
@@ -200,7 +193,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         """BackupAndRestore's restore of the latest backup (its _load_model), then this rank's
         sharded-state check and tf_commlib's metadata. A DiLoCo that the load builds first gets the
         model's statistics to average (its variables are then those it saved)."""
-        opt = _diloco_or_none(self.model)
+        opt = _of_kind(self.model, DiLoCo)
         if opt is not None and not opt.built:
             opt.track_statistics(self.model.non_trainable_variables)
         internals.load_backup(self)
@@ -243,13 +236,18 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 internals.override_backup(BackupAndRestore, BackupAndRestore.restore_backup, BackupAndRestore.write_backup)
 
 
-def _distributed_or_none(model):
-    """The model's DistributedOptimizer (a DiLoCo's state is all in its variables), or None."""
+def _of_kind(model, kind):
+    """The model's tf_commlib optimizer where it is a `kind` (DistributedOptimizer or DiLoCo), else None."""
     try:
         opt = distributed_optimizer(model)
     except ValueError:
         return None
-    return opt if isinstance(opt, DistributedOptimizer) else None
+    return opt if isinstance(opt, kind) else None
+
+
+def _distributed_or_none(model):
+    """The model's DistributedOptimizer (a DiLoCo's state is all in its variables), or None."""
+    return _of_kind(model, DistributedOptimizer)
 
 
 def _write_atomically(path, text):

@@ -36,7 +36,7 @@ from tf_commlib import internals, link_bytes, primitives
 from tf_commlib.collectives import codec as codecs
 from tf_commlib.collectives.interface import plain_python
 from tf_commlib.inter_mean import Exchanges, inter_bytes, inter_mean, node_mean, shard_len
-from tf_commlib.keras.optimizer import WRAPPERS, DistributedOptimizer
+from tf_commlib.keras.optimizer import WRAPPERS, DistributedOptimizer, InnerSteps
 from tf_commlib.topology import topology as current_topology
 
 
@@ -84,7 +84,7 @@ def _unflat(flat, like):
 
 
 @keras.saving.register_keras_serializable(package="tf_commlib")
-class DiLoCo(keras.optimizers.Optimizer):
+class DiLoCo(InnerSteps, keras.optimizers.Optimizer):
     """Local SGD inside nodes, an outer optimizer across them every ``sync_every`` steps (module doc).
 
     Args:
@@ -156,18 +156,6 @@ class DiLoCo(keras.optimizers.Optimizer):
         self._statistics = [v for v in variables if tf.as_dtype(v.dtype).is_floating and not v.trainable]
 
     # -- state -------------------------------------------------------------------------------
-    @property
-    def learning_rate(self):
-        return self.inner_optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, value):
-        self.inner_optimizer.learning_rate = value
-
-    @property
-    def iterations(self):
-        return self.inner_optimizer.iterations
-
     @property
     def variables(self):
         return internals.optimizer_variables(self) + self.inner_optimizer.variables + self.outer_optimizer.variables
@@ -358,9 +346,6 @@ class DiLoCo(keras.optimizers.Optimizer):
     def sent_bytes_at(self, epoch):
         """{"intra": B, "inter": B} per step, averaged over an interval (after build)."""
         return {k: v / self.sync_every for k, v in self.interval_bytes().items()}
-
-    def finalize_variable_values(self, var_list):
-        self.inner_optimizer.finalize_variable_values(var_list)
 
     def get_config(self):
         return {"name": self.name, "inner_optimizer": keras.optimizers.serialize(self.inner_optimizer),

@@ -95,8 +95,28 @@ def _option(value, cls, name):
     return value
 
 
+class InnerSteps:
+    """For a wrapper of a Keras optimizer that steps through ``inner_optimizer``: its learning rate,
+    step count and final variable values are the inner one's."""
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value):
+        self.inner_optimizer.learning_rate = value
+
+    @property
+    def iterations(self):
+        return self.inner_optimizer.iterations
+
+    def finalize_variable_values(self, var_list):
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+
 @keras.saving.register_keras_serializable(package="tf_commlib")
-class DistributedOptimizer(keras.optimizers.Optimizer):
+class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
     """Wraps a Keras 3 optimizer; gradients are averaged over all Horovod ranks before its step.
 
     Args (all but ``optimizer`` keyword-only):
@@ -271,17 +291,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def variables(self):
         return internals.optimizer_variables(self) + self.inner_optimizer.variables
 
-    @property
-    def learning_rate(self):
-        return self.inner_optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, value):
-        self.inner_optimizer.learning_rate = value
-
-    @property
-    def iterations(self):
-        return self.inner_optimizer.iterations
 
     # keras.optimizers.LossScaleOptimizer sets its inner optimizer's loss_scale_factor to None: the
     # one sign that a LossScaleOptimizer wraps this one (apply() refuses one whose check is per rank)
@@ -407,9 +416,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 _zero_at(self.velocities[i], where)
 
         return update, commit
-
-    def finalize_variable_values(self, var_list):
-        self.inner_optimizer.finalize_variable_values(var_list)
 
     def get_config(self):
         if self.dense_layers is not default_dense_layers:
