@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tfc_apps import local_run
-from tfc_apps.bench import tta
+from tfc_apps.bench import tta, tta_table
 
 
 def rows(top1s, epoch_s=10.0, rate=100.0, inter=1e6):
@@ -22,32 +22,32 @@ def rows(top1s, epoch_s=10.0, rate=100.0, inter=1e6):
 
 
 def test_time_to_target_is_the_first_epoch_that_reaches_it():
-    r = tta.summarize(rows([0.5, 0.91, 0.88, 0.95]), "hitopk", 25, "link", 0.9)
+    r = tta_table.summarize(rows([0.5, 0.91, 0.88, 0.95]), "hitopk", 25, "link", 0.9)
     assert r["tta_s"] == 22.0 and r["tta_epoch"] == 2
     assert r["final_top1"] == 0.95 and r["best_top1"] == 0.95
     assert r["samples_per_s"] == 100.0   # the median after the first epoch (tracing)
     assert r["inter_mb_per_step"] == 1.0 and r["baseline"] is False
     assert r["train_s"] == 40.0 and r["eval_s"] == 2.0 and r["other_s"] == 2.0
-    never = tta.summarize(rows([0.5, 0.6]), "powersgd", 25, "link", 0.9)
+    never = tta_table.summarize(rows([0.5, 0.6]), "powersgd", 25, "link", 0.9)
     assert never["tta_s"] is None and never["tta_epoch"] is None
 
 
 def test_ratios_and_verdict_per_bandwidth():
-    results = [tta.summarize(rows(t, epoch_s=e), c, mbit, "link", 0.9)
+    results = [tta_table.summarize(rows(t, epoch_s=e), c, mbit, "link", 0.9)
                for mbit, c, t, e in [(25, "dense_fp16", [0.5, 0.92], 10.0), (25, "hitopk", [0.91, 0.93], 4.0),
                                      (0, "dense_fp16", [0.91, 0.95], 3.0), (0, "hitopk", [0.5, 0.91], 4.0),
                                      (0, "powersgd", [0.5, 0.6], 2.0)]]
-    tta.add_ratios(results)
+    tta_table.add_ratios(results)
     by = {(r["inter_mbit"], r["config"]): r for r in results}
     assert by[25, "hitopk"]["tta_vs_baseline"] == pytest.approx(5.0 / 22.0)
     assert by[25, "dense_fp16"]["tta_vs_baseline"] == 1.0
     assert by[0, "powersgd"]["tta_vs_baseline"] is None
-    assert "hitopk won" in tta.verdict([r for r in results if r["inter_mbit"] == 25])
-    lost = tta.verdict([r for r in results if r["inter_mbit"] == 0])
+    assert "hitopk won" in tta_table.verdict([r for r in results if r["inter_mbit"] == 25])
+    lost = tta_table.verdict([r for r in results if r["inter_mbit"] == 0])
     assert "baseline dense_fp16 won" in lost and "compression lost" in lost and "hitopk" in lost
-    table = tta.tables(results, 0.9)
+    table = tta_table.tables(results, 0.9)
     assert table.count("time to top-1 >= 0.9") == 2 and "never" in table
-    lines = [json.loads(line) for line in tta.json_lines(results).splitlines()]
+    lines = [json.loads(line) for line in tta_table.json_lines(results).splitlines()]
     assert len(lines) == 5 and all("epochs" not in r for r in lines)
     for key in ("config", "inter_mbit", "tta_s", "final_top1", "samples_per_s", "inter_mb_per_step", "baseline"):
         assert all(key in r for r in lines), key
@@ -149,43 +149,43 @@ def test_repeats_give_medians_over_seeds_and_ratios_to_the_same_seed():
             ("dense_fp16", 2): ([0.5, 0.92], 12.0),
             ("auto", 0): ([0.5, 0.5, 0.91], 10.0), ("auto", 1): ([0.5, 0.91], 10.0), ("auto", 2): ([0.5, 0.6], 9.0),
             ("powersgd", 0): ([0.5, 0.6], 1.0), ("powersgd", 1): ([0.5, 0.6], 1.0), ("powersgd", 2): ([0.95], 1.0)}
-    results = [tta.summarize(rows(t, epoch_s=e), c, 0, "link", 0.9, seed) for (c, seed), (t, e) in spec.items()]
-    tta.add_ratios(results)
+    results = [tta_table.summarize(rows(t, epoch_s=e), c, 0, "link", 0.9, seed) for (c, seed), (t, e) in spec.items()]
+    tta_table.add_ratios(results)
     by = {(r["config"], r["seed"]): r for r in results}
     assert by["auto", 1]["tta_vs_baseline"] == pytest.approx(22.0 / 33.0)   # seed 1's baseline: 3 epochs
-    med = {r["config"]: r for r in tta.medians(results)}
+    med = {r["config"]: r for r in tta_table.medians(results)}
     assert med["dense_fp16"]["runs"] == 3 and med["dense_fp16"]["tta_each_s"] == [22.0, 33.0, 26.0]
     assert med["dense_fp16"]["tta_s"] == 26.0 and med["dense_fp16"]["tta_vs_baseline"] == 1.0
     # auto: 33, 22, never -> median 33, against the baseline's median 26 (the verdict's ratio too)
     assert med["auto"]["tta_s"] == 33.0 and med["auto"]["tta_vs_baseline"] == pytest.approx(33.0 / 26.0)
     assert med["auto"]["tta_epoch"] == 3 and med["powersgd"]["tta_s"] is None   # never, never, 2 s
     assert med["dense_fp16"]["final_top1"] == 0.92 and "epochs" not in med["auto"]
-    assert tta._median([1.0, 3.0]) == 2.0 and tta._median([1.0, None]) is None and tta._median([2.0]) == 2.0
-    table = tta.tables(results, 0.9)
+    assert tta_table._median([1.0, 3.0]) == 2.0 and tta_table._median([1.0, None]) is None and tta_table._median([2.0]) == 2.0
+    table = tta_table.tables(results, 0.9)
     assert "medians of 3 seeds" in table and "22.0 33.0 26.0" in table and "33.0 22.0 never" in table
     assert "the baseline dense_fp16 won (26 s)" in table and "auto, needed 1.27x its time" in table
     # one seed: the rows are the runs themselves, the table as without --repeats
     single = [r for r in results if r["seed"] == 0]
-    assert [r["tta_s"] for r in tta.medians(single)] == [r["tta_s"] for r in single]
-    assert "seeds" not in tta.tables(single, 0.9)
+    assert [r["tta_s"] for r in tta_table.medians(single)] == [r["tta_s"] for r in single]
+    assert "seeds" not in tta_table.tables(single, 0.9)
 
 
 def test_best_line_puts_auto_against_the_fastest_configuration():
     spec = {(25, "dense_fp16"): ([0.5, 0.92], 10.0), (25, "hitopk"): ([0.91], 8.0), (25, "auto"): ([0.5, 0.91], 6.0),
             (0, "dense_fp16"): ([0.91], 3.0), (0, "auto"): ([0.91], 2.0),
             (5, "dense_fp16"): ([0.91], 30.0), (5, "auto"): ([0.5, 0.6], 9.0)}
-    results = [tta.summarize(rows(t, epoch_s=e), c, mbit, "link", 0.9) for (mbit, c), (t, e) in spec.items()]
-    tta.add_ratios(results)
-    tta.add_auto_vs_best(results)
+    results = [tta_table.summarize(rows(t, epoch_s=e), c, mbit, "link", 0.9) for (mbit, c), (t, e) in spec.items()]
+    tta_table.add_ratios(results)
+    tta_table.add_auto_vs_best(results)
     by = {(r["inter_mbit"], r["config"]): r for r in results}
     assert by[25, "auto"]["auto_vs_best"] == pytest.approx(14.0 / 9.0)   # epochs take epoch_s + 1 s and by[0, "auto"]["auto_vs_best"] == 1.0
     assert by[5, "auto"]["auto_vs_best"] is None and "auto_vs_best" not in by[25, "hitopk"]
-    lines = {mbit: tta.best_line([r for r in results if r["inter_mbit"] == mbit]) for mbit in (25, 0, 5)}
+    lines = {mbit: tta_table.best_line([r for r in results if r["inter_mbit"] == mbit]) for mbit in (25, 0, 5)}
     assert lines[25] == "best: hitopk (9 s); auto 14 s, 1.56x the fastest"
     assert lines[0] == "best: auto (3 s) was the fastest configuration"
     assert lines[5] == "best: dense_fp16 (31 s); auto never reached the target"
-    assert tta.best_line([by[25, "dense_fp16"]]) is None
-    table = tta.tables(results, 0.9)
+    assert tta_table.best_line([by[25, "dense_fp16"]]) is None
+    table = tta_table.tables(results, 0.9)
     assert table.count("best: ") == 3 and "auto 14 s, 1.56x the fastest" in table
     args = tta.parser().parse_args([])
     tta.resolve(args)
