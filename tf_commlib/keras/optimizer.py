@@ -18,7 +18,6 @@ keras.optimizers.LossScaleOptimizer that Keras' compile puts around a Distribute
 global by ``global_loss_scale(model)`` (CompressionScheduler, in default_callbacks(), calls it when fit
 starts).
 """
-import dataclasses
 import math
 import weakref
 
@@ -32,8 +31,8 @@ from tf_commlib.collectives.interface import plain_python
 from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
 from tf_commlib.overlap import after_all
 from tf_commlib.keras.groups import Group
-from tf_commlib.keras.options import (DGC, MOVED, Schedule, Selection, as_schedule, check_density, grouped,
-                                      moved_error)
+from tf_commlib.keras.options import (DGC, MOVED, Selection, as_schedule, check_density, grouped, groups_from_config,
+                                      groups_to_config, moved_error)
 from tf_commlib.keras.policy import EpochPlan, default_dense_layers, qrgc_options
 from tf_commlib.keras.sharded import ShardedUpdate, check_shardable
 from tf_commlib.topology import topology as current_topology
@@ -421,14 +420,9 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         if self.dense_layers is not default_dense_layers:
             raise NotImplementedError("a DistributedOptimizer with a custom dense_layers predicate "
                                       "cannot be serialised; save weights instead")
-        sel, sched = self.selection, self.schedule_options
         return {"name": self.name, "optimizer": keras.optimizers.serialize(self._given_optimizer()),
                 "algorithm": self.algorithm, "density": self._density_arg, "compression": self.compression,
-                "dgc": dataclasses.asdict(self.dgc),
-                "schedule": {"epochs": None if sched.epochs is None else {str(e): a for e, a in sched.epochs.items()},
-                             "dense_warmup_epochs": sched.dense_warmup_epochs},
-                "auto": self.auto.to_config(),
-                "selection": {"selector": sel.selector, "seed": sel.seed, "qrgc": sel.qrgc},
+                **groups_to_config(self.dgc, self.schedule_options, self.auto, self.selection),
                 "fusion_threshold_bytes": self.fusion_threshold_bytes, "overlap": self.overlap,
                 "shard_optimizer": self.shard_optimizer, "algorithm_options": self.algorithm_options}
 
@@ -441,17 +435,8 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = grouped(config)
+        config = groups_from_config(grouped(config))
         optimizer = keras.optimizers.deserialize(config.pop("optimizer"), custom_objects=custom_objects)
-        schedule = config.pop("schedule", None) or {}
-        epochs = schedule.get("epochs")
-        config["schedule"] = Schedule(None if epochs is None else {int(e): a for e, a in epochs.items()},
-                                      schedule.get("dense_warmup_epochs", 0))
-        for key, make in (("dgc", DGC), ("selection", Selection)):
-            if config.get(key) is not None:
-                config[key] = make(**config[key])
-        if config.get("auto") is not None:
-            config["auto"] = Auto.from_config(config["auto"])
         return cls(optimizer, **config)
 
 

@@ -13,7 +13,7 @@ import dataclasses
 import math
 import numbers
 
-from tf_commlib.aggregator import Auto  # noqa: F401  (the fourth group: how "auto" chooses)
+from tf_commlib.aggregator import Auto   # the fourth group: how "auto" chooses
 
 # DGC §3.2: density during the warm-up epochs (sparsity 75 %, 93.75 %, 98.4375 %, 99.6 %).
 WARMUP_DENSITIES = (0.25, 0.0625, 0.015625, 0.004)
@@ -221,3 +221,28 @@ def grouped(config):
     out["schedule"] = {"epochs": out.get("schedule"), **groups.pop("schedule", {})}
     out.update(groups)
     return out
+
+
+def groups_to_config(dgc, schedule, auto, selection):
+    """The option groups of a DistributedOptimizer's config, as plain values (Selection without its
+    dense_layers predicate, which the caller refuses to serialise)."""
+    return {"dgc": dataclasses.asdict(dgc),
+            "schedule": {"epochs": None if schedule.epochs is None else {str(e): a for e, a in schedule.epochs.items()},
+                         "dense_warmup_epochs": schedule.dense_warmup_epochs},
+            "auto": auto.to_config(),
+            "selection": {"selector": selection.selector, "seed": selection.seed, "qrgc": selection.qrgc}}
+
+
+def groups_from_config(config):
+    """The inverse of groups_to_config on a (grouped) config: its groups as DGC, Schedule, Auto, Selection."""
+    config = dict(config)
+    schedule = config.pop("schedule", None) or {}
+    epochs = schedule.get("epochs")
+    config["schedule"] = Schedule(None if epochs is None else {int(e): a for e, a in epochs.items()},
+                                  schedule.get("dense_warmup_epochs", 0))
+    for key, make in (("dgc", DGC), ("selection", Selection)):
+        if config.get(key) is not None:
+            config[key] = make(**config[key])
+    if config.get("auto") is not None:
+        config["auto"] = Auto.from_config(config["auto"])
+    return config
