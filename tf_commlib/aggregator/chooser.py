@@ -1,9 +1,11 @@
-"""The choice behind the algorithm name "auto": the collective each bucket runs.
+"""The choice behind the algorithm name "auto".
 
-``Auto`` holds what the choice depends on besides the buckets (the link parameters, the
-margin a lossy collective must beat, the compute seconds overlapped aggregation hides under);
-``AutoChooser`` applies them to a GradientAggregator's buckets (collectives.choose per bucket,
-collectives.keep_exact for the whole step).
+``Auto`` holds what the choice depends on besides the buckets (the link parameters, the compute
+seconds overlapped aggregation hides under, the candidates of DistributedOptimizer's choice by time
+to accuracy, the margin of GradientAggregator's choice per bucket); ``AutoChooser`` applies them to
+a GradientAggregator's buckets (collectives.choose per bucket, collectives.keep_exact for the whole
+step). DistributedOptimizer(algorithm="auto") chooses among ``Auto.candidates`` per epoch by
+predicted time to accuracy (time_to_accuracy.py).
 """
 import dataclasses
 
@@ -32,19 +34,43 @@ class Auto:
     bring that to margin times the all-exact step (collectives.keep_exact), "auto" keeps every
     bucket exact: compression would cost accuracy and save too little time. None (default): not
     considered; ignored without overlap.
+
+    DistributedOptimizer(algorithm="auto") runs one of ``candidates`` (registered collective names;
+    default AUTO_CANDIDATES) on its compressible variables each epoch: the one with the least
+    predicted time to accuracy (time_to_accuracy.TimeToAccuracy: the cost model's step time on
+    ``cost_params``, corrected by the measured step times, over the measured efficiency of a lossy
+    one); another candidate replaces the running one only where it is predicted ``switch`` times
+    its time or less; a candidate whose measured / predicted step time moves by more than ``drift``
+    between two of its epochs makes the link be calibrated again. ``margin`` is the per-bucket rule
+    of GradientAggregator(algorithm="auto").
     """
     cost_params: LinkParams = None
     margin: float = AUTO_MARGIN
     compute_s: float = None
+    candidates: tuple = None
+    switch: float = 0.95
+    drift: float = 1.5
 
     def __post_init__(self):
         check_cost_params(self.cost_params, "Auto.cost_params")
         object.__setattr__(self, "margin", check_margin(self.margin, "Auto.margin"))
         object.__setattr__(self, "compute_s", check_seconds(self.compute_s, "Auto.compute_s"))
+        object.__setattr__(self, "switch", check_margin(self.switch, "Auto.switch"))
+        drift = self.drift
+        if isinstance(drift, bool) or not isinstance(drift, (int, float)) or not 1 < drift < float("inf"):
+            raise ValueError(f"Auto.drift must be a finite number > 1, got {drift!r}")
+        object.__setattr__(self, "drift", float(drift))
+        candidates = AUTO_CANDIDATES if self.candidates is None else self.candidates
+        if isinstance(candidates, str) or not all(isinstance(c, str) and c in ALGORITHMS for c in candidates) \
+                or not candidates or len(set(candidates)) != len(candidates):
+            raise ValueError(f"Auto.candidates must be distinct names of registered collectives "
+                             f"({sorted(ALGORITHMS)}), got {self.candidates!r}")
+        object.__setattr__(self, "candidates", tuple(candidates))
 
     def to_config(self):
         return {"cost_params": None if self.cost_params is None else dataclasses.asdict(self.cost_params),
-                "margin": self.margin, "compute_s": self.compute_s}
+                "margin": self.margin, "compute_s": self.compute_s, "candidates": list(self.candidates),
+                "switch": self.switch, "drift": self.drift}
 
     @classmethod
     def from_config(cls, config):
@@ -54,6 +80,11 @@ class Auto:
             params["compute_curve"] = tuple(tuple(row) for row in params.get("compute_curve", ()))
             config["cost_params"] = LinkParams(**params)
         return cls(**config)
+
+
+# DistributedOptimizer(algorithm="auto")'s candidates: dense and 2dtar (with fp16 on the wire unless
+# compression says otherwise), DGC's hierarchical top-k and PowerSGD (bench tta's strongest)
+AUTO_CANDIDATES = ("dense", "2dtar", "hitopk", "powersgd")
 
 
 class AutoChooser:

@@ -1,5 +1,6 @@
 """Keras callbacks like Horovod's, for the Keras 3 DistributedOptimizer."""
 import json
+import time
 import os
 import shutil
 
@@ -108,14 +109,23 @@ class CompressionScheduler(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         distributed_optimizer(self.model).set_epoch(epoch)
+        self._step_seconds, self._batch_start = [], None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._batch_start = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
+        if getattr(self, "_batch_start", None) is not None:
+            self._step_seconds.append(time.perf_counter() - self._batch_start)
         opt = _of_kind(self.model, DiLoCo)
         if opt is not None:
             opt.end_step()
 
     def on_epoch_end(self, epoch, logs=None):
         _synchronize(self.model)
+        opt = _distributed_or_none(self.model)
+        if opt is not None and getattr(self, "_step_seconds", None):   # "auto" learns from the epoch's steps
+            opt.end_epoch(epoch, float(np.median(self._step_seconds)))
 
     def on_test_begin(self, logs=None):   # fit's validation runs before on_epoch_end
         _synchronize(self.model)
@@ -210,6 +220,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                     opt.set_target_density(state["target_density"])
                 # AdaptiveDensity takes it up (a plain attribute: Keras' tracking would wrap a dict)
                 object.__setattr__(opt, "_restored_adaptive_state", state.get("adaptive"))
+                if state.get("auto") and opt.auto_epochs is not None:
+                    opt.auto_epochs.restore(state["auto"])
 
     # -- save ------------------------------------------------------------------------------
     def write_backup(self):
@@ -226,7 +238,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         opt = _distributed_or_none(self.model)
         if opt is not None:
             metadata["tf_commlib"] = {"target_density": float(opt.target_density),
-                                      "adaptive": getattr(opt, "_adaptive_state", None)}
+                                      "adaptive": getattr(opt, "_adaptive_state", None),
+                                      "auto": None if opt.auto_epochs is None else opt.auto_epochs.state()}
         tmp = weights + ".tmp.weights.h5"
         self.model.save_weights(filepath=tmp, overwrite=True)
         os.replace(tmp, weights)

@@ -30,6 +30,7 @@ from tf_commlib.collectives import with_compression
 from tf_commlib.collectives.interface import plain_python
 from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
 from tf_commlib.overlap import after_all
+from tf_commlib.keras.auto_epoch import AutoEpochs
 from tf_commlib.keras.groups import Group
 from tf_commlib.keras.options import (DGC, MOVED, Selection, as_schedule, check_density, grouped, groups_from_config,
                                       groups_to_config, moved_error)
@@ -182,6 +183,7 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         self._density_arg = density if isinstance(density, str) else (list(candidates) or target)
         self._sharded = None
         self._epoch = 0
+        self.auto_epochs = None   # AutoEpochs where the schedule runs "auto" (made by build)
 
     # -- the epoch plan ----------------------------------------------------------------------
     @property
@@ -205,7 +207,12 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         return self.plan.density_at(epoch)
 
     def algorithm_at(self, epoch):
-        return self.plan.algorithm_at(epoch)
+        """The collective of the compressible variables at this epoch: the schedule's, and for
+        "auto" the candidate chosen (once built and chosen; "auto" before)."""
+        name = self.plan.algorithm_at(epoch)
+        if name == "auto" and self.auto_epochs is not None and self.auto_epochs.tta.current is not None:
+            return self.auto_epochs.tta.current
+        return name
 
     def set_target_density(self, density):
         """The density after warm-up (AdaptiveDensity's choice); takes effect without retracing (the
@@ -224,10 +231,20 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         # eagerly: build() runs while Keras traces the first train step, where an assign would only
         # be recorded in that graph (and never run)
         with tf.init_scope():
+            name = self.plan.algorithm_at(epoch)
+            if name == "auto":
+                name = self.auto_epochs.choose(epoch)
+                self.auto_epochs.begin_window(name)
             for group in self._groups:
                 if group.lossy:
                     group.aggregator.set_density(self.density_at(epoch))
-                    group.aggregator.set_algorithm(self.algorithm_at(epoch))
+                    group.aggregator.set_algorithm(name)
+
+    def end_epoch(self, epoch, step_s):
+        """An epoch ended whose steps took step_s seconds (this rank's median; CompressionScheduler
+        measures it): for "auto", what the next choice learns from (a collective on every rank)."""
+        if self.auto_epochs is not None and self.built and self.plan.algorithm_at(epoch) == "auto":
+            self.auto_epochs.end_epoch(epoch, step_s)
 
     # -- state -----------------------------------------------------------------------------
     timeline = None   # a tf_commlib.overlap.Timeline (set before the first step), or None
@@ -245,11 +262,17 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         names = sorted(set(self.schedule.values()), key=list(self.schedule.values()).index)
         # without overlap nothing hides under backprop: auto's compute seconds do not count
         auto = self.auto if self.overlap else Auto(self.auto.cost_params, self.auto.margin)
+        compression = self.compression
+        if "auto" in names:   # the candidates by time to accuracy; the exact ones 16-bit by default
+            at = names.index("auto")
+            names = names[:at] + [c for c in self.auto.candidates if c not in names] + names[at + 1:]
+            compression = "fp16" if compression == "none" else compression
+            self.auto_epochs = AutoEpochs(self)
 
         def aggregator(algorithm, selector, fusion, options=self.algorithm_options):
             return GradientAggregator(algorithm, self.target_density, selector, topology=topo,
                                       fusion_threshold_bytes=fusion, seed=sel.seed,
-                                      algorithm_options=with_compression(options, self.compression), auto=auto,
+                                      algorithm_options=with_compression(options, compression), auto=auto,
                                       execution=ExecutionSettings(track_gain=self.adaptive, timeline=self.timeline,
                                                                   variable_factory=self._factory))
 
@@ -267,6 +290,8 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
             group.aggregator.build([(var_list[i].shape, var_list[i].dtype) for i in group.indices])
         self.velocities = [self.add_variable_from_reference(v, "dgc_momentum")
                            for v in var_list] if self.dgc.momentum_correction else []
+        if self.auto_epochs is not None:
+            self.auto_epochs.build(var_list, [i for g in self._groups if g.lossy for i in g.indices])
         if self.shard_optimizer:   # the inner optimizer's state only for this rank's slices
             self._sharded = ShardedUpdate(self, var_list, self._groups)
         else:
@@ -413,6 +438,8 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
                 c()
             for i, where in masked:
                 _zero_at(self.velocities[i], where)
+            if self.auto_epochs is not None:
+                self.auto_epochs.accumulate(send)
 
         return update, commit
 

@@ -1,0 +1,93 @@
+"""What DistributedOptimizer(algorithm="auto") runs each epoch: the candidate with the least
+predicted time to accuracy, from measured step times and measured progress.
+
+A candidate's time to an accuracy is (the steps it needs) x (its seconds per step):
+
+* seconds per step: the cost model's prediction for the model's buckets on the calibrated link
+  (collectives.predict; overlapped, a step takes max(compute, communication)) times the ratio
+  measured / predicted of the candidate's last epoch (before it ran: the ratio of the last
+  candidate that did, which carries what the model leaves out for every candidate alike; 1 at first);
+* steps: those that exact aggregation needs, over the candidate's efficiency ``eta``: the part of
+  exact aggregation's progress that its updates make. Over an epoch of W steps, exact
+  aggregation applies sum(u) (u: what enters the collective each step); a lossy collective with
+  error feedback applies sum(sent) = sum(u) + r_0 - r_W (r: its residual), so
+  eta = <sum(sent), sum(u)> / ||sum(u)||^2 = 1 + <r_0 - r_W, sum(u)> / ||sum(u)||^2, summed over the
+  ranks. An exact collective has eta = 1; a lossy one is taken at 1 until it has run an epoch
+  (optimism: it gets tried once it is predicted fastest, then judged on what it did).
+
+``choose`` keeps the running candidate unless another one is predicted ``switch`` times faster.
+``observe`` records an epoch and says whether the measured / predicted ratio of a candidate moved
+by more than ``drift`` since its last epoch: the link changed, calibrate again (``recalibrated``
+forgets the ratios).
+"""
+import math
+
+
+class TimeToAccuracy:
+    """The choice among ``candidates`` (collective names, ties going to the earlier one), of which
+    ``lossy`` are lossy; all ranks make it from the same (allreduced) measurements."""
+
+    def __init__(self, candidates, lossy, switch=0.95, drift=1.5, min_efficiency=0.05):
+        if not candidates:
+            raise ValueError("candidates must name at least one collective")
+        self.candidates, self.lossy = tuple(candidates), frozenset(lossy)
+        self.switch, self.drift, self.min_efficiency = float(switch), float(drift), float(min_efficiency)
+        self.ratio, self.efficiency = {}, {}   # name -> measured/predicted step, name -> eta
+        self.current = self.last = None   # the running candidate, the last one measured
+        self.log = []   # one dict per decision: epoch, choice, predicted time per step of progress
+
+    def seconds_per_progress(self, name, predicted_s):
+        """Predicted seconds per step of exact aggregation's progress (time to accuracy / steps of exact)."""
+        ratio = self.ratio.get(name, self.ratio.get(self.last, 1.0))
+        return predicted_s * ratio / self.efficiency.get(name, 1.0)
+
+    def choose(self, predicted, epoch=None):
+        """The candidate to run next; predicted = {candidate: predicted seconds per step}."""
+        missing = [c for c in self.candidates if c not in predicted]
+        if missing:
+            raise ValueError(f"predicted has no time for {missing}")
+        cost = {c: self.seconds_per_progress(c, predicted[c]) for c in self.candidates}
+        best = min(self.candidates, key=lambda c: (cost[c], self.candidates.index(c)))
+        if self.current in cost and cost[best] > self.switch * cost[self.current]:
+            best = self.current
+        self.current = best
+        self.log.append({"epoch": epoch, "choice": best, "seconds_per_progress": cost})
+        return best
+
+    def observe(self, name, measured_s, predicted_s, efficiency=None):
+        """Records an epoch of `name`: its median measured step seconds, the prediction for it and
+        (lossy) its measured efficiency; True where the measured / predicted ratio moved by more
+        than ``drift`` since the candidate's last epoch (the link changed)."""
+        if name not in self.candidates:
+            raise ValueError(f"{name!r} is not a candidate ({self.candidates})")
+        if not (measured_s > 0 and predicted_s > 0 and math.isfinite(measured_s) and math.isfinite(predicted_s)):
+            return False
+        ratio, before = measured_s / predicted_s, self.ratio.get(name)
+        self.ratio[name], self.last = float(ratio), name
+        if efficiency is not None and name in self.lossy and math.isfinite(efficiency):
+            self.efficiency[name] = min(1.0, max(self.min_efficiency, float(efficiency)))
+        return before is not None and max(ratio / before, before / ratio) > self.drift
+
+    def recalibrated(self):
+        """The link was measured again: the measured / predicted ratios no longer apply."""
+        self.ratio.clear()
+        self.last = None
+
+    def state(self):
+        return {"ratio": dict(self.ratio), "efficiency": dict(self.efficiency), "current": self.current,
+                "last": self.last}
+
+    def restore(self, state):
+        self.ratio = {k: float(v) for k, v in state.get("ratio", {}).items() if k in self.candidates}
+        self.efficiency = {k: float(v) for k, v in state.get("efficiency", {}).items() if k in self.lossy}
+        self.current, self.last = (state.get(k) if state.get(k) in self.candidates else None
+                                   for k in ("current", "last"))
+
+
+def delivered_fraction(r_start, r_end, sum_u):
+    """(numerator, denominator) of eta = 1 + <r_start - r_end, sum_u> / ||sum_u||^2 for numpy
+    vectors (one bucket, one rank): add them over buckets and ranks, then eta = 1 + num / den."""
+    import numpy as np
+
+    s = np.asarray(sum_u, np.float64)
+    return float(np.dot(np.asarray(r_start, np.float64) - np.asarray(r_end, np.float64), s)), float(np.dot(s, s))

@@ -1,0 +1,140 @@
+"""DistributedOptimizer(algorithm="auto"): each epoch, the candidate collective with the least
+predicted time to accuracy (tf_commlib.aggregator.time_to_accuracy) on the compressible variables.
+
+``AutoEpochs`` is composed into the optimizer: it predicts each candidate's step from the
+optimizer's buckets, keeps per compressible variable the sum of what entered the collective over
+the epoch and the residuals at its start (the efficiency of a lossy candidate), and turns an epoch's
+measured step time (tf_commlib.keras.CompressionScheduler times the batches) into the next choice.
+The decision is made from numbers summed over all ranks, so every rank makes it; a rank that did
+not would fail the aggregators' consistency check at its next step.
+"""
+import numpy as np
+import tensorflow as tf
+
+from tf_commlib import costmodel, fusion, primitives
+from tf_commlib.alphabeta import LinkParams
+from tf_commlib.aggregator.time_to_accuracy import TimeToAccuracy, delivered_fraction
+from tf_commlib.collectives import ALGORITHMS, predict
+from tf_commlib.topology import topology as current_topology
+
+
+class AutoEpochs:
+    """The choice of ``opt`` (a DistributedOptimizer whose schedule runs "auto"), built with it."""
+
+    def __init__(self, opt):
+        self.opt, self.settings = opt, opt.auto
+        self.tta = TimeToAccuracy(self.settings.candidates,
+                                  [c for c in self.settings.candidates if ALGORITHMS[c].lossy],
+                                  switch=self.settings.switch, drift=self.settings.drift)
+        self.link = self.settings.cost_params
+        self.compute_s = self.settings.compute_s
+        self.sums, self.start = [], None   # per compressible variable: sum of u; residuals at the epoch's start
+        self.running = None                # the candidate of the epoch being measured
+        self.recalibrations = 0
+
+    # -- state, built with the optimizer ----------------------------------------------------
+    def build(self, var_list, lossy_indices):
+        self.sums = {i: self.opt.add_variable_from_reference(var_list[i], "auto_progress") for i in lossy_indices}
+
+    def accumulate(self, send):
+        """The step's additions to the sums (inside the step's commit)."""
+        for i, var in self.sums.items():
+            if send[i] is not None:
+                var.assign_add(tf.cast(send[i], var.dtype))
+
+    def _groups(self):
+        return [g for g in self.opt._groups if g.lossy]
+
+    def _residual_inputs(self):
+        """Per lossy group and bucket: the rank's residuals of every algorithm, in input space."""
+        topo, out = current_topology(), []
+        for group in self._groups():
+            agg = group.aggregator
+            for i, bucket in enumerate(agg.buckets):
+                d = sum(bucket.sizes)
+                total = np.zeros(d, np.float64)
+                for (j, name), var in agg.residuals.items():
+                    if j == i:
+                        total += ALGORITHMS[name].residual_to_input(tf.convert_to_tensor(var), d, topo).numpy()
+                out.append(total)
+        return out
+
+    def begin_window(self, running):
+        """The start of an epoch that runs `running`: sums zeroed, residuals noted (eagerly)."""
+        self.running = running
+        for var in self.sums.values():
+            var.assign(tf.zeros(var.shape, var.dtype))
+        self.start = self._residual_inputs() if ALGORITHMS[running].lossy else None
+
+    def efficiency(self):
+        """eta of the epoch's running candidate, over every rank (1 for an exact one)."""
+        local = np.zeros(2, np.float64)
+        if self.start is not None:
+            ends, k = self._residual_inputs(), 0
+            for group in self._groups():
+                sums = [self.sums[i] for i in group.indices]
+                for bucket in group.aggregator.buckets:
+                    s = fusion.flatten([tf.convert_to_tensor(v) for v in sums], bucket).numpy()
+                    local += delivered_fraction(self.start[k], ends[k], s)
+                    k += 1
+        num, den = _summed(local)
+        return 1.0 + num / den if den > 0 else 1.0
+
+    def state(self):
+        """What BackupAndRestore keeps (the measured ratios and efficiencies, the choice, compute)."""
+        return {**self.tta.state(), "compute_s": self.compute_s}
+
+    def restore(self, state):
+        self.tta.restore(state)
+        if state.get("compute_s") is not None:
+            self.compute_s = float(state["compute_s"])
+
+    # -- predictions and the choice ---------------------------------------------------------
+    def communication_s(self, name, density):
+        """Predicted seconds of a step's collectives with `name` on the compressible variables."""
+        topo, params, total = current_topology(), self.link or LinkParams(), 0.0
+        for group in self.opt._groups:
+            agg = group.aggregator
+            algorithm = name if group.lossy else agg.candidates[0]
+            for bucket in agg.buckets:
+                total += predict(algorithm, sum(bucket.sizes), topo.m, topo.n, density, params,
+                                 agg.algorithm_options.get(algorithm), bucket.shapes)
+        return total
+
+    def step_s(self, name, density):
+        comm, compute = self.communication_s(name, density), self.compute_s or 0.0
+        return max(compute, comm) if self.opt.overlap else compute + comm
+
+    def choose(self, epoch):
+        density = self.opt.density_at(epoch)
+        choice = self.tta.choose({c: self.step_s(c, density) for c in self.tta.candidates}, epoch)
+        self.tta.log[-1]["density"] = density
+        return choice
+
+    def end_epoch(self, epoch, measured_s):
+        """An epoch of ``running`` ended; its steps took measured_s seconds each on this rank (median)."""
+        if self.running is None:
+            return
+        eta = self.efficiency()
+        measured = _summed(np.array([measured_s], np.float64))[0] / current_topology().size
+        density = self.opt.density_at(epoch)
+        if self.compute_s is None:   # first epoch: what the collectives do not explain is compute
+            self.compute_s = max(0.0, measured - self.communication_s(self.running, density))
+        if self.tta.observe(self.running, measured, self.step_s(self.running, density), eta):
+            self.recalibrate()
+        self.tta.log.append({"epoch": epoch, "ran": self.running, "measured_s": float(measured), "efficiency": float(eta)})
+        self.running = None
+
+    def recalibrate(self):
+        """The link changed: measured again on every rank (costmodel.calibrate at this model's sizes)."""
+        topo = current_topology()
+        largest = max(sum(b.sizes) for g in self.opt._groups for b in g.aggregator.buckets)
+        self.link = costmodel.calibrate(topo, **costmodel.sizes_for(largest))
+        self.tta.recalibrated()
+        self.recalibrations += 1
+
+
+def _summed(values):
+    topo = current_topology()
+    x = tf.constant(values, tf.float64)
+    return (primitives.allreduce(x, topo.world) if topo.size > 1 else x).numpy()
