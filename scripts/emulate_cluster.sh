@@ -3,6 +3,7 @@
 # joined to the bridge tfc-br0 through veth pairs, with the inter-node link shaped by tbf.
 #
 #   scripts/emulate_cluster.sh up M N --inter-mbit X   # create (replaces an existing emulation)
+#   scripts/emulate_cluster.sh reshape --inter-mbit X  # change the inter-node rate of a running one
 #   scripts/emulate_cluster.sh down                    # remove everything we created (idempotent)
 #   scripts/emulate_cluster.sh status                  # print the state file and the live objects
 #
@@ -23,7 +24,7 @@ SUBNET=198.18.0
 BR_ADDR=$SUBNET.254
 
 die() { echo "emulate_cluster.sh: $*" >&2; exit 1; }
-usage() { die "usage: $0 up M N --inter-mbit X | down | status"; }
+usage() { die "usage: $0 up M N --inter-mbit X | reshape --inter-mbit X | down | status"; }
 
 need_root() {
   [ "$(id -u)" = 0 ] || die "must run as root (namespaces, veths, qdiscs need CAP_NET_ADMIN): sudo $0 $cmd $*"
@@ -57,9 +58,7 @@ up() {
   done
   [[ $m =~ ^[0-9]+$ && $n =~ ^[0-9]+$ && $mbit =~ ^[0-9]+$ ]] || usage
   [ "$m" -ge 1 ] && [ "$m" -le 253 ] && [ "$n" -ge 1 ] && [ "$mbit" -ge 1 ] || die "need 1<=M<=253, N>=1, X>=1"
-  # tbf bucket: 4 ms worth of traffic, at least 64 KiB so that a GSO super-packet of a veth fits.
-  local burst=$(( mbit * 500 > 65536 ? mbit * 500 : 65536 ))
-  local shape="tbf rate ${mbit}mbit burst $burst latency 50ms"
+  local shape; shape=$(tbf "$mbit")
   down
   trap 'echo "emulate_cluster.sh: setup failed, cleaning up" >&2; down' ERR
   ip link add "$BR" type bridge
@@ -90,6 +89,31 @@ up() {
   echo "emulated cluster: $m nodes x $n ranks, inter-node $mbit Mbit/s each way; state in $STATE"
 }
 
+# tbf bucket: 4 ms worth of traffic, at least 64 KiB so that a GSO super-packet of a veth fits.
+tbf() {
+  local mbit=$1 burst=$(( $1 * 500 > 65536 ? $1 * 500 : 65536 ))
+  echo "tbf rate ${mbit}mbit burst $burst latency 50ms"
+}
+
+reshape() {
+  local mbit=""
+  case ${1:-} in
+    --inter-mbit) mbit=${2:-} ;;
+    --inter-mbit=*) mbit=${1#*=} ;;
+    *) usage ;;
+  esac
+  [[ $mbit =~ ^[0-9]+$ ]] && [ "$mbit" -ge 1 ] || die "need X>=1"
+  [ -f "$STATE" ] || die "no emulated cluster (no $STATE): run up first"
+  local m i
+  m=$(sed -n 's/^M=//p' "$STATE")
+  for ((i = 0; i < m; i++)); do
+    tc -n "tfc-node$i" qdisc change dev "tfc-n$i" root $(tbf "$mbit")
+    tc qdisc change dev "tfc-b$i" root $(tbf "$mbit")
+  done
+  sed -i "s/^INTER_MBIT=.*/INTER_MBIT=$mbit/" "$STATE"
+  echo "emulated cluster: inter-node now $mbit Mbit/s each way"
+}
+
 status() {
   if [ -f "$STATE" ]; then cat "$STATE"; else echo "no emulated cluster (no $STATE)"; fi
   local ns
@@ -103,6 +127,7 @@ status() {
 cmd=${1:-}; [ $# -gt 0 ] && shift
 case $cmd in
   up) need_root "$@"; up "$@" ;;
+  reshape) need_root "$@"; reshape "$@" ;;
   down) need_root; down; echo "emulated cluster removed" ;;
   status) status ;;
   *) usage ;;

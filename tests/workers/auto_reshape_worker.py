@@ -1,0 +1,48 @@
+"""DistributedOptimizer(algorithm="auto") on the emulated 2x2 cluster while its inter-node link is
+re-shaped: calibrated at the start, 2 epochs at the fixture's rate, then rank 0 asks the test to
+re-shape the link (a file in HVD_TEST_OUT) and waits until it has, then 3 more epochs. Reports the
+choice of every epoch, the recalibrations and the link parameters before and after."""
+import os
+import time
+
+import keras
+
+import tf_commlib
+from tests.workers._report import report
+from tf_commlib import costmodel
+from tf_commlib.aggregator import Auto
+from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
+from tf_commlib.keras import DistributedOptimizer, default_callbacks
+from tfc_apps import digits
+
+topo = tf_commlib.init()
+out_dir = os.environ["HVD_TEST_OUT"]
+(x, y), _ = digits.load(topo.rank, topo.size)
+x, y = x[:160], y[:160]
+model = digits.small_cnn(seed=1)
+loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+largest = max(DEFAULT_THRESHOLD_BYTES // 4, max(int(w.shape.num_elements()) for w in model.trainable_weights))
+started = time.perf_counter()
+link = costmodel.calibrate(topo, **costmodel.sizes_for(largest))
+compute_s = costmodel.compute_seconds(topo, model, x[:16], y[:16], loss)
+calibration_s = time.perf_counter() - started
+opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm="auto",
+                           auto=Auto(cost_params=link, compute_s=compute_s))
+model.compile(opt, loss, jit_compile=False)
+
+
+class Reshape(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 1 and topo.rank == 0:   # the others wait in the next step's collectives
+            open(os.path.join(out_dir, "reshape.request"), "w").close()
+            while not os.path.exists(os.path.join(out_dir, "reshape.done")):
+                time.sleep(0.05)
+
+
+started = time.perf_counter()
+model.fit(x, y, batch_size=16, epochs=5, verbose=0, callbacks=default_callbacks() + [Reshape()])
+auto = opt.auto_epochs
+report(topo.rank, {"choices": [row["choice"] for row in auto.tta.log if "choice" in row],
+                   "log": auto.tta.log, "recalibrations": auto.recalibrations,
+                   "beta_inter": [link.beta_inter, auto.link.beta_inter],
+                   "calibration_s": calibration_s, "fit_s": time.perf_counter() - started})
