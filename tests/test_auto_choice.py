@@ -8,8 +8,14 @@ from tf_commlib.collectives import ALGORITHMS
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    return hvdrun.run("auto_worker.py", 4, tmp_path_factory.mktemp("auto"), topology="2x2", timeout=300)
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory, cache):
+    return hvdrun.run("auto_worker.py", 4, tmp_path_factory.mktemp("auto"), topology="2x2", timeout=300,
+                      env={"TF_COMMLIB_CACHE": str(cache)})
 
 
 def test_every_rank_runs_the_same_choice_and_learns_the_efficiency(reports):
@@ -30,3 +36,17 @@ def test_every_rank_runs_the_same_choice_and_learns_the_efficiency(reports):
 def test_a_rank_that_chooses_otherwise_fails_every_rank(reports):
     for r in reports:
         assert r["error"] is not None and "algorithm" in r["error"], r
+
+
+def test_without_link_parameters_the_link_is_measured_once_and_kept(reports, cache):
+    """The second run has no Auto(cost_params=...): fit measured the link on every rank (the same
+    numbers) and rank 0 kept them in $TF_COMMLIB_CACHE/calibration.json, readable by its user only."""
+    import json
+    import os
+    import stat
+
+    assert len({r["calibrated_beta_inter"] for r in reports}) == 1
+    path = cache / "calibration.json"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    saved = json.loads(path.read_text())
+    assert reports[0]["calibrated_beta_inter"] in saved["params"]   # LinkParams.as_list()

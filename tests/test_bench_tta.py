@@ -2,6 +2,7 @@
 The arithmetic of the table from given epoch rows, the refusal of bad arguments, and a --quick run
 of the real benchmark (4 ranks, unshaped) whose table and JSON must have their shape."""
 import json
+import os
 import subprocess
 import sys
 
@@ -65,7 +66,8 @@ def test_each_configuration_is_the_dawnbench_run_it_names(tmp_path):
     def parse(argv):
         args = tta.resolve(tta.parser().parse_args(argv))
         args.data = str(tmp_path)
-        return args, {c: dawnbench_config.parse(tta.dawnbench_argv(args, c, "log")) for c in tta.CONFIGS}
+        return args, {c: dawnbench_config.parse(tta.dawnbench_argv(args, c, os.path.join("mbit25", c)))
+                      for c in tta.CONFIGS}
 
     args, parsed = parse([])
     assert parsed[tta.BASELINE].compression == "fp16" and not parsed[tta.BASELINE].no_overlap
@@ -73,7 +75,9 @@ def test_each_configuration_is_the_dawnbench_run_it_names(tmp_path):
     hitopk = parsed["hitopk"]
     assert (hitopk.schedule_map, hitopk.density, hitopk.selector) == ({0: "hitopk"}, 0.01, "mstopk")
     assert hitopk.no_momentum_masking and hitopk.dgc_warmup == 2
-    auto = parsed["auto"]   # where it picks hitopk for a bucket: the same DGC settings
+    auto = parsed["auto"]   # where it runs hitopk: the same DGC settings; the link measured once per bandwidth
+    assert auto.calibration_cache == os.path.join("mbit25", "calibration.json")
+    assert all(parsed[c].calibration_cache is None for c in tta.CONFIGS if c != "auto")
     assert (auto.density, auto.selector, auto.dgc_warmup, auto.no_momentum_masking) == (0.01, "mstopk", 2, True)
     assert not any(parsed[c].no_momentum_masking for c in tta.CONFIGS if c not in ("hitopk", "auto"))
     assert parsed["auto"].calibrate and all(p.stage_list[0].batch == args.batch == 8 for p in parsed.values())

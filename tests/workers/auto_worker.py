@@ -1,8 +1,8 @@
 """DistributedOptimizer(algorithm="auto") in model.fit on 4 ranks (2x2): first it trains the
 digits for 3 epochs on a link declared slow (so a lossy candidate is predicted fastest at first)
 and records each epoch's choice, what the aggregators ran at each step and the measured
-efficiencies; then a new model where rank 1 chooses otherwise at epoch 1, which must fail on
-every rank."""
+efficiencies; then a new model, without link parameters (measured when fit starts and kept in
+$TF_COMMLIB_CACHE), where rank 1 chooses otherwise at epoch 1, which must fail on every rank."""
 import keras
 import numpy as np
 
@@ -18,15 +18,14 @@ topo = tf_commlib.init()
 x, y = x[:160], y[:160]
 
 
-def compiled():
+def compiled(auto):
     model = digits.small_cnn(seed=1)
-    opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm="auto",
-                               auto=Auto(cost_params=LinkParams(beta_inter=8 / 10e6)))
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm="auto", auto=auto)
     model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     return model, opt
 
 
-model, opt = compiled()
+model, opt = compiled(Auto(cost_params=LinkParams(beta_inter=8 / 10e6)))
 ran = []
 
 
@@ -39,7 +38,7 @@ class Probe(keras.callbacks.Callback):
 model.fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=default_callbacks() + [Probe()])
 out = {"log": opt.auto_epochs.tta.log, "ran": ran, "efficiency": opt.auto_epochs.tta.efficiency}
 
-model, opt = compiled()
+model, opt = compiled(None)   # no link parameters: measured when fit starts, kept in TF_COMMLIB_CACHE
 if topo.rank == 1:
     apply_epoch = type(opt)._apply_epoch
 
@@ -54,4 +53,5 @@ try:
     out["error"] = None
 except Exception as e:   # noqa: BLE001 - the message is what the test checks
     out["error"] = f"{type(e).__name__}: {e}"
+out["calibrated_beta_inter"] = opt.calibrated_link.beta_inter
 report(topo.rank, out)

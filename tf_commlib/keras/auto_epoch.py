@@ -8,6 +8,8 @@ measured step time (tf_commlib.keras.CompressionScheduler times the batches) int
 The decision is made from numbers summed over all ranks, so every rank makes it; a rank that did
 not would fail the aggregators' consistency check at its next step.
 """
+import os
+
 import numpy as np
 import tensorflow as tf
 
@@ -26,7 +28,7 @@ class AutoEpochs:
         self.tta = TimeToAccuracy(self.settings.candidates,
                                   [c for c in self.settings.candidates if ALGORITHMS[c].lossy],
                                   switch=self.settings.switch, drift=self.settings.drift)
-        self.link = self.settings.cost_params
+        self.link = self.settings.cost_params or getattr(opt, "calibrated_link", None)
         self.compute_s = self.settings.compute_s
         self.sums, self.start = [], None   # per compressible variable: sum of u; residuals at the epoch's start
         self.running = None                # the candidate of the epoch being measured
@@ -132,6 +134,30 @@ class AutoEpochs:
         self.link = costmodel.calibrate(topo, **costmodel.sizes_for(largest))
         self.tta.recalibrated()
         self.recalibrations += 1
+
+
+def cache_path():
+    """Where "auto" keeps the link it measured without Auto(cost_params=...): calibration.json in
+    $TF_COMMLIB_CACHE, default ~/.cache/tf_commlib (costmodel.cached_calibration: keyed by layout,
+    hosts, TensorFlow and sizes, so measured once per cluster)."""
+    root = os.environ.get("TF_COMMLIB_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tf_commlib")
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    return os.path.join(root, "calibration.json")
+
+
+def calibrate_link(opt, variables):
+    """For a DistributedOptimizer whose schedule runs "auto" without Auto(cost_params=...): the link
+    parameters measured once per cluster at the sizes of these variables' buckets, kept as
+    ``opt.calibrated_link`` for the predictions. A collective: CompressionScheduler calls it on every
+    rank when fit starts (before the optimizer is built)."""
+    if "auto" not in opt.schedule.values() or opt.auto.cost_params is not None \
+            or getattr(opt, "calibrated_link", None) is not None:
+        return
+    topo = current_topology()
+    largest = max([opt.fusion_threshold_bytes // 4, 1] + [int(np.prod(v.shape)) for v in variables])
+    link = LinkParams() if topo.size == 1 else costmodel.cached_calibration(
+        topo, cache_path(), **costmodel.sizes_for(largest))[0]
+    object.__setattr__(opt, "calibrated_link", link)   # not tracked by Keras
 
 
 def _summed(values):

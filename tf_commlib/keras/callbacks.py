@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_commlib import internals, primitives
+from tf_commlib.keras.auto_epoch import calibrate_link
 from tf_commlib.keras.loss_scale import global_loss_scale
 from tf_commlib.keras.diloco import DiLoCo
 from tf_commlib.keras.optimizer import DistributedOptimizer, distributed_optimizer
@@ -92,7 +93,10 @@ class CompressionScheduler(keras.callbacks.Callback):
     makes the finite check of the LossScaleOptimizer that compile adds under mixed_float16 global
     (global_loss_scale). It refuses a model compiled with XLA (jit_compile=True, also what Keras'
     default "auto" means on a GPU) before the first step, on every rank. A DiLoCo gets the model's
-    batch-norm statistics to average, each batch's end (its step count) and each epoch's end (a sync)."""
+    batch-norm statistics to average, each batch's end (its step count) and each epoch's end (a sync).
+    For algorithm="auto" it times every batch and hands each epoch's median step to the optimizer,
+    which chooses the next epoch's collective; without Auto(cost_params=...) it has the link measured
+    when fit starts (once per cluster: tf_commlib.keras.auto_epoch.calibrate_link)."""
 
     def on_train_begin(self, logs=None):
         if getattr(self.model, "jit_compile", False) is True:
@@ -100,6 +104,9 @@ class CompressionScheduler(keras.callbacks.Callback):
                              "tf_commlib's ops) have no XLA kernels; compile with jit_compile=False (on a GPU, "
                              "Keras' default jit_compile='auto' turns XLA on)")
         global_loss_scale(self.model)
+        dist = _distributed_or_none(self.model)
+        if dist is not None and not dist.built:   # "auto" without link parameters: measured once per cluster
+            calibrate_link(dist, self.model.trainable_variables)
         opt = _of_kind(self.model, DiLoCo)
         if opt is not None and not opt.built:
             opt.track_statistics(self.model.non_trainable_variables)
