@@ -148,6 +148,11 @@ class GradientAggregator:
                                       lambda: self.chooser.spelled_out(self.candidates))
         self.state = ResidualStore(self.topo)
         self.sharded = ShardedHalves(self)
+        # True: a traced step holds only the candidate active when it was traced (``traced``), and
+        # fails if run with another active; whoever sets the algorithm then traces again. False: every
+        # candidate is traced (tf.switch_case), and set_algorithm needs no new trace.
+        self.trace_active_only = False
+        self.traced = None
 
     # -- configuration ------------------------------------------------------------------------
     @property
@@ -319,8 +324,18 @@ class GradientAggregator:
             raise ValueError(f"sent must be one of {SENT}, got {sent!r}")
         grads = self.open_step([None if g is None else tf.convert_to_tensor(g) for g in grads], step)
         out, masks, writes, gains, pieces, finished = list(grads), list(grads), [], [], [], []
+        only = None
+        if self.trace_active_only and len(self.candidates) > 1:
+            with tf.init_scope():
+                only = self.traced = int(self.active.numpy())
+            if not tf.executing_eagerly():
+                tf.debugging.assert_equal(tf.convert_to_tensor(self.active), tf.constant(only, self.active.dtype),
+                                          message=f"the step was traced for algorithm {self.candidates[only]!r}, "
+                                                  "another one is set: trace it again (model.make_train_function(force=True))")
         for i, bucket, flat in self.plan.walk(grads, finished):
             names = [self.chooser.resolve(c, flat.shape[0], bucket.shapes) for c in self.candidates]
+            if only is not None:
+                names = names[only:only + 1]
             if len(names) == 1:
                 agg, indices, residuals, gain = self._run_bucket(i, names[0], flat, node_slices)
             else:

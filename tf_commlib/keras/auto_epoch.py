@@ -91,6 +91,21 @@ class AutoEpochs:
         if state.get("compute_s") is not None:
             self.compute_s = float(state["compute_s"])
 
+    def agree(self):
+        """True where some rank's traced step holds another candidate than the one chosen; ValueError
+        on every rank where the ranks chose different candidates (one all-gather)."""
+        aggs = [g.aggregator for g in self._groups()]
+        mine = [int(a.active.numpy()) for a in aggs]
+        stale = int(any(a.traced is not None and a.traced != i for a, i in zip(aggs, mine)))
+        topo = current_topology()
+        rows = np.array([mine + [stale]], np.int64)
+        if topo.size > 1:
+            rows = primitives.allgather(tf.constant(rows), topo.world, name="auto_agree").numpy()
+        if any((row[:-1] != rows[0][:-1]).any() for row in rows):
+            names = {r: [a.candidates[i] for a, i in zip(aggs, row[:-1])] for r, row in enumerate(rows.tolist())}
+            raise ValueError(f"algorithm 'auto': the ranks chose different collectives, by rank: {names}")
+        return bool(rows[:, -1].any())
+
     # -- predictions and the choice ---------------------------------------------------------
     def communication_s(self, name, density):
         """Predicted seconds of a step's collectives with `name` on the compressible variables."""

@@ -95,7 +95,8 @@ class CompressionScheduler(keras.callbacks.Callback):
     default "auto" means on a GPU) before the first step, on every rank. A DiLoCo gets the model's
     batch-norm statistics to average, each batch's end (its step count) and each epoch's end (a sync).
     For algorithm="auto" it times every batch and hands each epoch's median step to the optimizer,
-    which chooses the next epoch's collective; without Auto(cost_params=...) it has the link measured
+    which chooses the next epoch's collective (and traces the step again when it changed); without
+    Auto(cost_params=...) it has the link measured
     when fit starts (once per cluster: tf_commlib.keras.auto_epoch.calibrate_link)."""
 
     def on_train_begin(self, logs=None):
@@ -115,7 +116,10 @@ class CompressionScheduler(keras.callbacks.Callback):
                              "compile with steps_per_execution=1")
 
     def on_epoch_begin(self, epoch, logs=None):
-        distributed_optimizer(self.model).set_epoch(epoch)
+        opt = distributed_optimizer(self.model)
+        opt.set_epoch(epoch)
+        if isinstance(opt, DistributedOptimizer) and opt.stale_trace():   # "auto" switched collective
+            self.model.make_train_function(force=True)
         self._step_seconds, self._batch_start = [], None
 
     def on_train_batch_begin(self, batch, logs=None):

@@ -240,6 +240,15 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
                     group.aggregator.set_density(self.density_at(epoch))
                     group.aggregator.set_algorithm(name)
 
+    def stale_trace(self):
+        """True where a traced step holds another collective than the one set (algorithm "auto"
+        switched), on any rank: the step must be traced again (CompressionScheduler does). A
+        collective for "auto" (every rank calls it at the same epoch); ValueError on every rank
+        where the ranks chose differently."""
+        if self.auto_epochs is None or not self.built:
+            return False
+        return self.auto_epochs.agree()
+
     def end_epoch(self, epoch, step_s):
         """An epoch ended whose steps took step_s seconds (this rank's median; CompressionScheduler
         measures it): for "auto", what the next choice learns from (a collective on every rank)."""
@@ -285,6 +294,9 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         groups.append(Group(aggregator(["2dtar" if topo.m > 1 and topo.n > 1 else "dense"], sel.selector,
                                        self.fusion_threshold_bytes), dense_idx, False))
         self._groups = [g for g in groups if g.indices]
+        if self.auto_epochs is not None:   # one candidate traced at a time (CompressionScheduler retraces)
+            for group in groups:
+                group.aggregator.trace_active_only = group.lossy
         for tag, group in enumerate(self._groups):
             group.aggregator.timeline_tag = tag
             group.aggregator.build([(var_list[i].shape, var_list[i].dtype) for i in group.indices])
