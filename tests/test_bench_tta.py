@@ -104,46 +104,38 @@ def test_bad_arguments_are_refused_naming_them(argv, message):
     assert p.returncode == 2 and message in p.stderr, p.stderr
 
 
-def test_quick_run_prints_one_table_per_bandwidth_with_monotone_time(tmp_path):
+def test_quick_run_prints_one_table_per_bandwidth_with_monotone_time_and_medians_of_seeds(tmp_path):
+    """One quick run with --repeats 2: each seed's configurations one after the other, a table of
+    medians per bandwidth."""
     out = tmp_path / "tta"
-    rc, log = local_run.run(["-m", "tfc_apps.bench", "tta", "--quick", "--out", str(out)], timeout=900, check=False)
+    rc, log = local_run.run(["-m", "tfc_apps.bench", "tta", "--quick", "--repeats", "2", "--seed", "3",
+                             "--out", str(out)], timeout=900, check=False)
     assert rc == 0, log[-4000:]
     results = json.loads((out / "tta.json").read_text())
     configs = ["dense_fp32", "dense_fp16", "hitopk"]
-    assert [(r["inter_mbit"], r["config"]) for r in results] == [(0, c) for c in configs]
-    assert [r["baseline"] for r in results] == [False, True, False]
+    assert [(r["inter_mbit"], r["config"], r["seed"]) for r in results] == [(0, c, s) for s in (3, 4) for c in configs]
+    assert [r["baseline"] for r in results] == [False, True, False] * 2
+    assert all((out / "mbit0" / f"{c}_seed{s}" / "metrics.jsonl").exists() for s in (3, 4) for c in configs)
     for r in results:
         walls = [e["wall_s"] for e in r["epochs"]]
         assert len(walls) == 2 and 0 < walls[0] < walls[1], r
         assert r["tta_s"] is None or r["tta_s"] in walls
         assert 0.0 <= r["final_top1"] <= 1.0 and r["samples_per_s"] > 0
-    by = {r["config"]: r for r in results}
+    by = {(r["config"], r["seed"]): r for r in results}
     # what goes between nodes: fp16 halves dense's values, hitopk at density 0.01 sends far less
-    assert by["dense_fp16"]["inter_mb_per_step"] == pytest.approx(by["dense_fp32"]["inter_mb_per_step"] / 2, rel=0.01)
-    assert by["hitopk"]["inter_mb_per_step"] < by["dense_fp16"]["inter_mb_per_step"] / 10
+    assert by["dense_fp16", 3]["inter_mb_per_step"] == pytest.approx(by["dense_fp32", 3]["inter_mb_per_step"] / 2,
+                                                                   rel=0.01)
+    assert by["hitopk", 3]["inter_mb_per_step"] < by["dense_fp16", 3]["inter_mb_per_step"] / 10
+    # another seed: other initial weights, data order and augmentation, so another trajectory
+    assert by["dense_fp16", 3]["epochs"][0]["loss"] != by["dense_fp16", 4]["epochs"][0]["loss"]
+    assert all(by["dense_fp16", s]["tta_vs_baseline"] in (None, 1.0) for s in (3, 4))
     table = [line for line in log.splitlines() if line.strip()]
     head = next(i for i, line in enumerate(table) if line.startswith("inter-node unshaped"))
+    assert "medians of 2 seeds" in table[head] and table[head + 1].endswith("tta s of each seed")
     assert table[head + 1].split()[:3] == ["config", "tta", "s"]
     assert [line.split()[0] for line in table[head + 2:head + 5]] == configs
     assert any(w in table[head + 5] for w in ("won", "no configuration reached"))
     assert (out / "tta.png").stat().st_size > 10_000
-
-
-def test_repeats_run_each_seed_and_print_medians(tmp_path):
-    out = tmp_path / "tta"
-    rc, log = local_run.run(["-m", "tfc_apps.bench", "tta", "--quick", "--configs", "dense_fp16", "--repeats", "2",
-                             "--seed", "3", "--out", str(out)], timeout=900, check=False)
-    assert rc == 0, log[-4000:]
-    results = json.loads((out / "tta.json").read_text())
-    assert [(r["config"], r["seed"]) for r in results] == [("dense_fp16", 3), ("dense_fp16", 4)]
-    assert all((out / "mbit0" / f"dense_fp16_seed{s}" / "metrics.jsonl").exists() for s in (3, 4))
-    # another seed: other initial weights, data order and augmentation, so another trajectory
-    assert results[0]["epochs"][0]["loss"] != results[1]["epochs"][0]["loss"]
-    assert all(r["tta_vs_baseline"] in (None, 1.0) for r in results)
-    table = [line for line in log.splitlines() if line.strip()]
-    head = next(i for i, line in enumerate(table) if line.startswith("inter-node unshaped"))
-    assert "medians of 2 seeds" in table[head] and table[head + 1].endswith("tta s of each seed")
-    assert table[head + 2].split()[0] == "dense_fp16"
 
 
 def test_repeats_give_medians_over_seeds_and_ratios_to_the_same_seed():

@@ -59,9 +59,10 @@ MAPPED = {
     "--density 0.01 --selector mstopk --epochs 20 --json hitopk.json":
         ("tests/test_convergence.py", "test_hitopk_matches_dense_accuracy"),
     "python -m tfc_apps.bench tta --quick":
-        ("tests/test_bench_tta.py", "test_quick_run_prints_one_table_per_bandwidth_with_monotone_time"),
+        ("tests/test_bench_tta.py", "test_quick_run_prints_one_table_per_bandwidth_with_monotone_time_and_medians_of_seeds"),
     "scripts/emulate_cluster.sh up 2 2 --inter-mbit 200": ("tests/test_emulated_cluster.py", "cluster"),
     "scripts/emulate_cluster.sh down": ("tests/test_emulated_cluster.py", "cluster"),
+    "scripts/emulate_cluster.sh reshape --inter-mbit 50": ("tests/test_emulated_cluster.py", "test_auto_follows_a_link_that_changes_mid_run"),
     "sbatch -N1 -n4 --overcommit scripts/slurm/train.sbatch --epochs 3 --batch-size 32 --topology 2x2":
         ("tests/test_slurm.py", "uninterrupted"),
     "sbatch -N2 --ntasks-per-node=2 scripts/slurm/train.sbatch --epochs 3":
@@ -325,7 +326,7 @@ def check_command_line(cmd, problems=None):
             _check_python([*SBATCH_PROGRAMS[script], *tokens[tokens.index(script) + 1:]], problems)
     elif head == "scripts/emulate_cluster.sh":
         usage = re.search(r'usage: \$0 ([^"]*)"', (ROOT / head).read_text()).group(1)
-        if tokens[1] not in re.findall(r"\b(up|down|status)\b", usage):
+        if tokens[1] not in re.findall(r"\b(up|reshape|down|status)\b", usage):
             problems.append(f"emulate_cluster.sh has no subcommand {tokens[1]}")
         if tokens[1] == "up" and "--inter-mbit" not in tokens:
             problems.append("emulate_cluster.sh up needs --inter-mbit")
