@@ -30,6 +30,9 @@ class AutoEpochs:
                                   switch=self.settings.switch, drift=self.settings.drift)
         self.link = self.settings.cost_params or getattr(opt, "calibrated_link", None)
         self.compute_s = self.settings.compute_s
+        # the part of the shorter of compute and communication that a step hides: all of it with overlap
+        # until an epoch is measured (on shared CPU cores much less: the collectives use them too)
+        self.overlapped = 1.0 if opt.overlap else 0.0
         self.sums, self.start = [], None   # per compressible variable: sum of u; residuals at the epoch's start
         self.running = None                # the candidate of the epoch being measured
         self.recalibrations = 0
@@ -84,12 +87,14 @@ class AutoEpochs:
 
     def state(self):
         """What BackupAndRestore keeps (the measured ratios and efficiencies, the choice, compute)."""
-        return {**self.tta.state(), "compute_s": self.compute_s}
+        return {**self.tta.state(), "compute_s": self.compute_s, "overlapped": self.overlapped}
 
     def restore(self, state):
         self.tta.restore(state)
         if state.get("compute_s") is not None:
             self.compute_s = float(state["compute_s"])
+        if state.get("overlapped") is not None:
+            self.overlapped = float(state["overlapped"])
 
     def agree(self):
         """True where some rank's traced step holds another candidate than the one chosen; ValueError
@@ -119,8 +124,9 @@ class AutoEpochs:
         return total
 
     def step_s(self, name, density):
+        """compute + communication, less the overlapped part: ``overlapped`` (measured) of the shorter."""
         comm, compute = self.communication_s(name, density), self.compute_s or 0.0
-        return max(compute, comm) if self.opt.overlap else compute + comm
+        return compute + comm - self.overlapped * min(compute, comm)
 
     def choose(self, epoch):
         density = self.opt.density_at(epoch)
@@ -135,8 +141,11 @@ class AutoEpochs:
         eta = self.efficiency()
         measured = _summed(np.array([measured_s], np.float64))[0] / current_topology().size
         density = self.opt.density_at(epoch)
+        comm = self.communication_s(self.running, density)
         if self.compute_s is None:   # first epoch: what the collectives do not explain is compute
-            self.compute_s = max(0.0, measured - self.communication_s(self.running, density))
+            self.compute_s = max(0.0, measured - comm)
+        elif self.opt.overlap and min(comm, self.compute_s) > 0:   # how much of the shorter one the step hid
+            self.overlapped = float(np.clip((self.compute_s + comm - measured) / min(comm, self.compute_s), 0, 1))
         if self.tta.observe(self.running, measured, self.step_s(self.running, density), eta):
             self.recalibrate()
         self.tta.log.append({"epoch": epoch, "ran": self.running, "measured_s": float(measured), "efficiency": float(eta)})

@@ -36,7 +36,8 @@ from tf_commlib import internals, link_bytes, primitives
 from tf_commlib.collectives import codec as codecs
 from tf_commlib.collectives.interface import plain_python
 from tf_commlib.inter_mean import Exchanges, inter_bytes, inter_mean, node_mean, shard_len
-from tf_commlib.keras.optimizer import WRAPPERS, DistributedOptimizer, InnerSteps
+from tf_commlib.keras.optimizer import DistributedOptimizer
+from tf_commlib.keras.wrapping import WRAPPERS, InnerSteps
 from tf_commlib.topology import topology as current_topology
 
 

@@ -19,7 +19,6 @@ global by ``global_loss_scale(model)`` (CompressionScheduler, in default_callbac
 starts).
 """
 import math
-import weakref
 
 import keras
 import tensorflow as tf
@@ -36,49 +35,13 @@ from tf_commlib.keras.options import (DGC, MOVED, Selection, as_schedule, check_
                                       groups_to_config, moved_error)
 from tf_commlib.keras.policy import EpochPlan, default_dense_layers, qrgc_options
 from tf_commlib.keras.sharded import ShardedUpdate, check_shardable
+from tf_commlib.keras.wrapping import (WRAPPED, WRAPPERS, InnerSteps, check_optimizer,  # noqa: F401 (re-exported)
+                                       distributed_optimizer, momentum_handover)
 from tf_commlib.topology import topology as current_topology
-
-_WRAPPED = weakref.WeakSet()   # optimizers a DistributedOptimizer steps with (each serves one)
-
 
 def _zero_at(variable, flat_indices):
     """DGC's momentum factor masking: the variable set to 0 at these flat indices, in place."""
     ops.zero_at(variable.value if isinstance(variable, keras.Variable) else variable, flat_indices)
-
-
-def _check_optimizer(optimizer):
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        raise ValueError("optimizer is a keras.optimizers.LossScaleOptimizer: loss scaling goes outside the "
-                         "aggregation; use tf_commlib.keras.with_loss_scale(optimizer, ...), which gives "
-                         "tf_commlib.keras.LossScaleOptimizer(DistributedOptimizer(optimizer.inner_optimizer, ...))")
-    if isinstance(optimizer, tuple(WRAPPERS)) or not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ValueError(f"optimizer must be a Keras 3 optimizer (not a DistributedOptimizer or DiLoCo), got {optimizer!r}")
-    if optimizer in _WRAPPED or optimizer.built:
-        raise ValueError("optimizer already steps (it is built, or another DistributedOptimizer wraps it); "
-                         "wrap a new instance, e.g. type(opt).from_config(opt.get_config())")
-
-
-def _momentum(optimizer, dgc):
-    """(the optimizer that steps, DGC's m, nesterov): with momentum correction a keras.optimizers.SGD
-    (or an optimizer with ``movable_momentum``) hands over its momentum and nesterov and steps as a copy
-    without them; another optimizer needs DGC(momentum=...)."""
-    if not dgc.momentum_correction:
-        return optimizer, 0.0, dgc.nesterov
-    if isinstance(optimizer, keras.optimizers.SGD) or getattr(optimizer, "movable_momentum", False):
-        m = float(optimizer.momentum) if dgc.momentum is None else float(dgc.momentum)
-        nesterov = dgc.nesterov or bool(optimizer.nesterov)
-        if optimizer.momentum or optimizer.nesterov:
-            try:
-                optimizer = internals.momentum_free_copy(optimizer, momentum=0.0, nesterov=False)
-            except (NotImplementedError, TypeError, ValueError) as e:
-                raise ValueError(f"optimizer: DGC's momentum correction steps with a copy of "
-                                 f"{type(optimizer).__name__} without momentum, which its config cannot make ({e}); "
-                                 "give it momentum=0 and DGC(momentum=...)") from e
-        return optimizer, m, nesterov
-    if dgc.momentum is None:
-        raise ValueError("dgc: momentum correction needs DGC(momentum=...) when the wrapped optimizer is not "
-                         f"keras.optimizers.SGD (got {type(optimizer).__name__}), or DGC(momentum_correction=False)")
-    return optimizer, float(dgc.momentum), dgc.nesterov
 
 
 def _check_flags(**values):
@@ -93,26 +56,6 @@ def _option(value, cls, name):
     if not isinstance(value, cls):
         raise ValueError(f"{name} must be None or a tf_commlib.keras.{cls.__name__}, got {value!r}")
     return value
-
-
-class InnerSteps:
-    """For a wrapper of a Keras optimizer that steps through ``inner_optimizer``: its learning rate,
-    step count and final variable values are the inner one's."""
-
-    @property
-    def learning_rate(self):
-        return self.inner_optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, value):
-        self.inner_optimizer.learning_rate = value
-
-    @property
-    def iterations(self):
-        return self.inner_optimizer.iterations
-
-    def finalize_variable_values(self, var_list):
-        self.inner_optimizer.finalize_variable_values(var_list)
 
 
 @keras.saving.register_keras_serializable(package="tf_commlib")
@@ -153,7 +96,7 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         for key in kwargs:
             raise moved_error(key) if key in MOVED else TypeError(
                 f"DistributedOptimizer got an unexpected keyword argument {key!r}")
-        _check_optimizer(optimizer)
+        check_optimizer(optimizer)
         if not isinstance(algorithm, str):
             raise ValueError(f"algorithm must be the name of a collective or 'auto' (a schedule switches between "
                              f"several: schedule={{epoch: algorithm}}), got {algorithm!r}")
@@ -170,9 +113,9 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
             raise ValueError(f"name must be None or a string, got {name!r}")
         if shard_optimizer:
             check_shardable(optimizer)
-        stepping, m, nesterov = _momentum(optimizer, dgc)
+        stepping, m, nesterov = momentum_handover(optimizer, dgc)
         super().__init__(learning_rate=0.0, name=name or "distributed_" + optimizer.name)
-        _WRAPPED.add(optimizer)
+        WRAPPED.add(optimizer)
         self.inner_optimizer, self.m, self.nesterov = stepping, m, nesterov
         self.algorithm, self.compression, self.algorithm_options = algorithm, compression, algorithm_options
         self.dgc, self.selection, self.auto, self.schedule_options = dgc, selection, auto, schedule
@@ -467,7 +410,7 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
 
     def _given_optimizer(self):
         """The wrapped optimizer as given: the stepping copy with DGC's momentum put back."""
-        if self.inner_optimizer in _WRAPPED or not self.dgc.momentum_correction:
+        if self.inner_optimizer in WRAPPED or not self.dgc.momentum_correction:
             return self.inner_optimizer
         config = {**self.inner_optimizer.get_config(), "momentum": self.m, "nesterov": self.nesterov}
         return type(self.inner_optimizer).from_config(config)
@@ -479,16 +422,4 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         return cls(optimizer, **config)
 
 
-WRAPPERS = [DistributedOptimizer]   # tf_commlib's optimizers of a model (tf_commlib.keras.DiLoCo adds itself)
-
-
-def distributed_optimizer(model_or_optimizer):
-    """The tf_commlib optimizer (a DistributedOptimizer or a DiLoCo) of a Keras model (its ``optimizer``)
-    or of an optimizer, found through wrappers' ``inner_optimizer`` (e.g. the LossScaleOptimizer that
-    compile adds under mixed_float16)."""
-    opt = model_or_optimizer.optimizer if isinstance(model_or_optimizer, keras.Model) else model_or_optimizer
-    while not isinstance(opt, tuple(WRAPPERS)):
-        if not isinstance(opt, keras.optimizers.Optimizer) or not hasattr(opt, "inner_optimizer"):
-            raise ValueError(f"model_or_optimizer has no DistributedOptimizer: {model_or_optimizer!r}")
-        opt = opt.inner_optimizer
-    return opt
+WRAPPERS.append(DistributedOptimizer)
