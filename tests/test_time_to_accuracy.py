@@ -133,3 +133,11 @@ def test_auto_candidates_and_knobs_are_checked():
                           ({"drift": True}, "Auto.drift")):
         with pytest.raises(ValueError, match=match):
             Auto(**kwargs)
+
+
+def test_the_train_app_and_dawnbench_take_auto():
+    from tfc_apps import train
+    from tfc_apps.dawnbench import config
+
+    assert train.parser().parse_args(["--algorithm", "auto"]).algorithm == "auto"
+    assert config.parse(["--synthetic", "--schedule", "0:auto"]).schedule_map == {0: "auto"}

@@ -64,7 +64,8 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
 
     Args (all but ``optimizer`` keyword-only):
       optimizer: the Keras 3 optimizer to wrap (left unchanged; see the module doc for momentum).
-      algorithm: the collective (tf_commlib.collectives, or "auto": chosen per bucket by the cost model).
+      algorithm: the collective (tf_commlib.collectives), or "auto": each epoch the candidate of
+        Auto.candidates with the least predicted time to accuracy (tf_commlib.keras.auto_epoch).
       density: the fraction of entries a lossy collective sends; "adaptive" (tyagi's adaptive
         compression ratio over (0.1, 0.033, 0.011, 0.004, 0.001), driven by the callback
         tf_commlib.keras.AdaptiveDensity) or a sequence of candidate densities to adapt over.
@@ -73,7 +74,7 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
       dgc: a DGC (momentum correction, local clipping, momentum masking, warm-up); default DGC().
       schedule: {epoch: algorithm} or a Schedule (with RedSync's dense warm-up): the collective
         switches at epoch boundaries, e.g. {0: "hitopk", 13: "2dtar"} (shi2021's DAWNBench recipe).
-      auto: an Auto (cost parameters, margin, compute seconds) for algorithm "auto".
+      auto: an Auto (link parameters, compute seconds, candidates, switch and drift) for "auto".
       selection: a Selection (top-k selector, seed, which variables go dense, RedSync's qRGC).
       fusion_threshold_bytes: the most bytes of one bucket.
       overlap: False makes aggregation wait for the whole of backprop (the fp32 baseline of the
