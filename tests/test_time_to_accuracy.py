@@ -55,16 +55,18 @@ def test_sparser_top_k_delivers_less_of_the_progress():
 
 
 def test_choice_by_time_per_progress_from_measurements():
-    """25 Mbit/s-like predictions: PowerSGD's step is the shortest; it runs, delivers half the
-    progress, so hitopk (not yet measured: assumed 1) is tried next; it delivers 0.9 and stays."""
-    tta = TimeToAccuracy(CANDIDATES, LOSSY)
+    """25 Mbit/s-like predictions: PowerSGD's step is the shortest; it runs and delivers a fifth of
+    the progress (under the guard), so hitopk (not yet measured: assumed 1) is tried next; it
+    delivers half (above the guard: taken as exact's progress) and stays."""
+    tta = TimeToAccuracy(CANDIDATES, LOSSY, guard=0.3)
     predicted = {"dense": 0.50, "2dtar": 0.40, "hitopk": 0.15, "powersgd": 0.12}
     assert tta.choose(predicted, epoch=0) == "powersgd"
-    assert tta.observe("powersgd", 0.12, 0.12, efficiency=0.5) is False
+    assert tta.observe("powersgd", 0.12, 0.12, efficiency=0.2) is False
+    assert tta.seconds_per_progress("powersgd", 0.12) == pytest.approx(0.12 / 0.2)
     assert tta.choose(predicted, epoch=1) == "hitopk"
-    tta.observe("hitopk", 0.15, 0.15, efficiency=0.9)
+    tta.observe("hitopk", 0.15, 0.15, efficiency=0.5)
     assert tta.choose(predicted, epoch=2) == "hitopk"
-    assert tta.seconds_per_progress("hitopk", 0.15) == pytest.approx(0.15 / 0.9)
+    assert tta.seconds_per_progress("hitopk", 0.15) == pytest.approx(0.15)
     # unshaped-like: every step is compute-bound, lossy ones no faster: exact (ties go to the earlier)
     tta = TimeToAccuracy(CANDIDATES, LOSSY)
     assert tta.choose({"dense": 0.05, "2dtar": 0.05, "hitopk": 0.05, "powersgd": 0.05}) == "dense"

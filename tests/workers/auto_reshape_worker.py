@@ -11,6 +11,7 @@ import tf_commlib
 from tests.workers._report import report
 from tf_commlib import costmodel
 from tf_commlib.aggregator import Auto
+from tf_commlib.aggregator.time_to_accuracy import TimeToAccuracy
 from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
 from tf_commlib.keras import DistributedOptimizer, default_callbacks
 from tfc_apps import digits
@@ -44,7 +45,10 @@ class Reshape(keras.callbacks.Callback):
 started = time.perf_counter()
 model.fit(x, y, batch_size=16, epochs=5, verbose=0, callbacks=default_callbacks() + [Reshape()])
 auto = opt.auto_epochs
-report(topo.rank, {"choices": [row["choice"] for row in auto.tta.log if "choice" in row],
+# what a run starting on the new link would choose first: the same predictions, nothing measured yet
+fresh = TimeToAccuracy(auto.tta.candidates, auto.tta.lossy).choose(
+    {c: auto.step_s(c, opt.density_at(4)) for c in auto.tta.candidates})
+report(topo.rank, {"choices": [row["choice"] for row in auto.tta.log if "choice" in row], "from_scratch": fresh,
                    "log": auto.tta.log, "recalibrations": auto.recalibrations,
                    "beta_inter": [link.beta_inter, auto.link.beta_inter],
                    "calibration_s": calibration_s, "fit_s": time.perf_counter() - started})

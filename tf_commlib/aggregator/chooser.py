@@ -48,7 +48,7 @@ class Auto:
     margin: float = AUTO_MARGIN
     compute_s: float = None
     candidates: tuple = None
-    switch: float = 0.95
+    switch: float = 0.9
     drift: float = 1.5
 
     def __post_init__(self):
