@@ -143,3 +143,15 @@ def test_the_train_app_and_dawnbench_take_auto():
 
     assert train.parser().parse_args(["--algorithm", "auto"]).algorithm == "auto"
     assert config.parse(["--synthetic", "--schedule", "0:auto"]).schedule_map == {0: "auto"}
+
+
+def test_an_untried_lossy_candidate_needs_the_margin():
+    """Not yet run, a lossy candidate is tried only where it is predicted at most `margin` times the
+    fastest exact one; once measured, only its measured time counts."""
+    predicted = {"dense": 1.0, "2dtar": 0.9, "hitopk": 0.6, "powersgd": 0.8}
+    tta = TimeToAccuracy(CANDIDATES, LOSSY, margin=0.5)
+    assert tta.choose(predicted) == "2dtar"                       # 0.6 > 0.5 x 0.9
+    assert tta.choose({**predicted, "hitopk": 0.4}) == "hitopk"   # 0.4 <= 0.45
+    tta = TimeToAccuracy(CANDIDATES, LOSSY, margin=0.5)
+    tta.observe("hitopk", 0.6, 0.6, efficiency=0.9)
+    assert tta.choose(predicted) == "hitopk"

@@ -41,8 +41,9 @@ class Auto:
     ``cost_params``, corrected by the measured step times, over the measured efficiency of a lossy
     one); another candidate replaces the running one only where it is predicted ``switch`` times
     its time or less; a candidate whose measured / predicted step time moves by more than ``drift``
-    between two of its epochs makes the link be calibrated again. ``margin`` is the per-bucket rule
-    of GradientAggregator(algorithm="auto").
+    between two of its epochs makes the link be calibrated again. ``margin``: a lossy candidate that has
+    not run yet is tried only where its prediction is at most margin times the fastest exact one's
+    (and it is GradientAggregator(algorithm="auto")'s per-bucket rule).
     """
     cost_params: LinkParams = None
     margin: float = AUTO_MARGIN

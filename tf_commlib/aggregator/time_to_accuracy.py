@@ -21,7 +21,9 @@ A candidate's time to an accuracy is (the steps it needs) x (its seconds per ste
   progress as exact aggregation does; below it, its time is divided by eta (a compressor that
   keeps most of the sum in its residual, e.g. a density far too low, is not chosen).
 
-``choose`` keeps the running candidate unless another one is predicted ``switch`` times faster.
+``choose`` keeps the running candidate unless another one is predicted ``switch`` times faster, and
+tries a lossy candidate that has not run yet only where its prediction is at most ``margin`` times
+the fastest exact one's (a wrong try costs an epoch and a new trace of the step).
 ``observe`` records an epoch and says whether the measured / predicted ratio of a candidate moved
 by more than ``drift`` since its last epoch: the link changed, calibrate again (``recalibrated``
 forgets the ratios).
@@ -33,12 +35,12 @@ class TimeToAccuracy:
     """The choice among ``candidates`` (collective names, ties going to the earlier one), of which
     ``lossy`` are lossy; all ranks make it from the same (allreduced) measurements."""
 
-    def __init__(self, candidates, lossy, switch=0.9, drift=1.5, min_efficiency=0.05, guard=0.3):
+    def __init__(self, candidates, lossy, switch=0.9, drift=1.5, min_efficiency=0.05, guard=0.3, margin=1.0):
         if not candidates:
             raise ValueError("candidates must name at least one collective")
         self.candidates, self.lossy = tuple(candidates), frozenset(lossy)
         self.switch, self.drift, self.min_efficiency = float(switch), float(drift), float(min_efficiency)
-        self.guard = float(guard)
+        self.guard, self.margin = float(guard), float(margin)
         self.ratio, self.efficiency = {}, {}   # name -> measured/predicted step, name -> eta
         self.current = self.last = None   # the running candidate, the last one measured
         self.log = []   # one dict per decision: epoch, choice, predicted time per step of progress
@@ -55,7 +57,9 @@ class TimeToAccuracy:
         if missing:
             raise ValueError(f"predicted has no time for {missing}")
         cost = {c: self.seconds_per_progress(c, predicted[c]) for c in self.candidates}
-        best = min(self.candidates, key=lambda c: (cost[c], self.candidates.index(c)))
+        exact = [cost[c] for c in self.candidates if c not in self.lossy]
+        untried = {c for c in self.lossy if c not in self.ratio and exact and cost[c] > self.margin * min(exact)}
+        best = min((c for c in self.candidates if c not in untried), key=lambda c: (cost[c], self.candidates.index(c)))
         if self.current in cost and cost[best] > self.switch * cost[self.current]:
             best = self.current
         self.current = best

@@ -27,7 +27,7 @@ class AutoEpochs:
         self.opt, self.settings = opt, opt.auto
         self.tta = TimeToAccuracy(self.settings.candidates,
                                   [c for c in self.settings.candidates if ALGORITHMS[c].lossy],
-                                  switch=self.settings.switch, drift=self.settings.drift)
+                                  switch=self.settings.switch, drift=self.settings.drift, margin=self.settings.margin)
         self.link = self.settings.cost_params or getattr(opt, "calibrated_link", None)
         self.compute_s = self.settings.compute_s
         # the part of the shorter of compute and communication that a step hides: all of it with overlap
