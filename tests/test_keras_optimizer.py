@@ -186,8 +186,8 @@ def test_the_api_is_keyword_only_and_small():
 def test_auto_chooses_by_time_to_accuracy_at_build(monkeypatch):
     """algorithm="auto": the compressible variables' aggregator holds every candidate; on a slow link
     the first epoch runs a lossy one; with a forward+backward far longer than any collective every
-    candidate's overlapped step is the compute and the first candidate (dense, exact) runs, unless
-    overlap=False. The state (residuals of the lossy candidates) is the same either way."""
+    candidate's overlapped step is the compute and the first candidate (dense, exact) runs. The state
+    (residuals of the lossy candidates) is the same either way."""
     from tf_commlib import alphabeta
     from tf_commlib.aggregator.chooser import AUTO_CANDIDATES
     from tf_commlib.collectives import ALGORITHMS
@@ -212,7 +212,9 @@ def test_auto_chooses_by_time_to_accuracy_at_build(monkeypatch):
     picked, residuals = built()
     assert ALGORITHMS[picked].lossy and len(residuals) == 2
     assert built(compute_s=100.0) == ("dense", residuals)
-    assert built(compute_s=100.0, overlap=False) == (picked, residuals)
+    assert built(overlap=False) == (picked, residuals)
+    # without overlap the compute adds to every candidate's step: 1 % saved is under the margin
+    assert built(compute_s=100.0, overlap=False)[0] in ("dense", "2dtar")
 
 
 def test_overlap_and_cost_params_survive_serialisation():
