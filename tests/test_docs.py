@@ -104,6 +104,10 @@ FLAGS = {
     "python -m tfc_apps.bench tta --inter-mbit 5 100 --configs dense_fp16 hitopk powersgd diloco_h8 diloco_h32 "
     "diloco_h8_q8": "a benchmark: 12 four-rank trainings on the emulated cluster (25 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25": "a benchmark: 6 four-rank trainings (12 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 0 100 --configs dense_fp16 hitopk auto":
+        "a benchmark: 6 four-rank trainings (10 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 hitopk powersgd auto":
+        "a benchmark: 12 four-rank trainings on the emulated cluster (19 min)",
     "python -m tfc_apps.bench e2e --model small --resolutions 32 --inter-mbit 100 --configs dense_fp32 dense_fp16 "
     "dense_fp16 dense_fp16 dense_fp16 dense_fp16 --fusion-threshold-bytes 1048576 --steps 6 --warmup 2 "
     "--breakdown-steps 4":
