@@ -7,9 +7,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 # "auto"'s link calibration (measured once per cluster) goes to a folder of this run, not ~/.cache
 if "TF_COMMLIB_CACHE" not in os.environ:
+    import atexit
+    import shutil
     import tempfile
 
     os.environ["TF_COMMLIB_CACHE"] = tempfile.mkdtemp(prefix="tf_commlib_cache_")
+    atexit.register(shutil.rmtree, os.environ["TF_COMMLIB_CACHE"], True)
 
 # Markers (pytest.ini) that follow from what a module starts, so that no test can forget them:
 # `pytest -m "not slow"` is the quick loop, `-m "not multiprocess"` runs no horovodrun job, and
