@@ -42,7 +42,10 @@ class AutoEpochs:
         self.sums = {i: self.opt.add_variable_from_reference(var_list[i], "auto_progress") for i in lossy_indices}
 
     def accumulate(self, send):
-        """The step's additions to the sums (inside the step's commit)."""
+        """The step's additions to the sums (inside the step's commit), for a lossy candidate only: the
+        step is traced for the running one, and an exact one's efficiency is 1 without them."""
+        if self.running is None or not ALGORITHMS[self.running].lossy:
+            return
         for i, var in self.sums.items():
             if send[i] is not None:
                 var.assign_add(tf.cast(send[i], var.dtype))
