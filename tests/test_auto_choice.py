@@ -50,3 +50,22 @@ def test_without_link_parameters_the_link_is_measured_once_and_kept(reports, cac
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     saved = json.loads(path.read_text())
     assert reports[0]["calibrated_beta_inter"] in saved["params"]   # LinkParams.as_list()
+
+
+def test_without_link_parameters_each_candidate_is_timed_once_and_kept(reports, cache):
+    """Where the link is measured, fit also times every candidate's aggregation of the model's
+    buckets (the same numbers on every rank, kept 0600 beside the calibration, under a key holding
+    the link); an untried lossy candidate then needs only Auto.switch, not Auto.margin."""
+    import json
+    import os
+    import stat
+
+    probed = reports[0]["probed"]
+    assert set(probed) == set(AUTO_CANDIDATES) and all(s > 0 for s in probed.values())
+    assert all(r["probed"] == probed for r in reports) and reports[0]["probe_margin"] == 0.9
+    (path,) = cache.glob("probe-*.json")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    saved = json.loads(path.read_text())
+    assert saved["params"] == [probed[c] for c in AUTO_CANDIDATES]
+    assert reports[0]["calibrated_beta_inter"] in saved["key"]["calibrate"]["link"]   # the link it was timed on
+    assert saved["key"]["layout"] == [2, 2]

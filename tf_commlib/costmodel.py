@@ -147,18 +147,24 @@ def calibration_key(topo, calibrate_kwargs):
             "calibrate": arguments}
 
 
-def _read_cache(path, key):
-    """The cached LinkParams values for ``key``, or None (no file, another key, or an unreadable file:
-    the last two say so)."""
+def _check_link_values(values):
+    scalars = len(dataclasses.fields(LinkParams)) - 1
+    if len(values) < scalars or (len(values) - scalars) % 4:
+        raise ValueError(f"params must be {scalars} + 4k finite numbers >= 0, got {len(values)} numbers")
+
+
+def _read_cache(path, key, check=_check_link_values):
+    """The cached values for ``key``, or None (no file, another key, or an unreadable file: the
+    last two say so). ``check(values)`` raises ValueError for values of the wrong form."""
     if not os.path.exists(path):
         return None
     try:
         with open(path) as f:
             saved = json.load(f)
         values = [float(v) for v in saved["params"]]
-        scalars = len(dataclasses.fields(LinkParams)) - 1
-        if len(values) < scalars or (len(values) - scalars) % 4 or not all(math.isfinite(v) and v >= 0 for v in values):
-            raise ValueError(f"params must be {scalars} + 4k finite numbers >= 0, got {len(values)} numbers")
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            raise ValueError("params must be finite numbers >= 0")
+        check(values)
     except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
         warnings.warn(f"calibration cache {path} is unreadable ({type(e).__name__}: {e}): measuring again")
         return None
@@ -168,36 +174,37 @@ def _read_cache(path, key):
     return values
 
 
-def _write_cache(path, key, params):
+def _write_cache(path, key, values):
     """Writes the cache through a new file (0600, unguessable name, O_EXCL|O_NOFOLLOW) renamed over ``path``."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".calibration-{secrets.token_hex(8)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"key": key, "params": params.as_list()}, f)
+        json.dump({"key": key, "params": [float(v) for v in values]}, f)
     os.replace(tmp, path)
 
 
-def cached_calibration(topo, path, remeasure=False, **calibrate_kwargs):
-    """(LinkParams, "cached" or "measured"): calibrate(topo, **calibrate_kwargs), paid once per
-    cluster. Rank 0 reads ``path`` (e.g. in the checkpoint directory); where it holds a calibration
-    for this key (calibration_key) and ``remeasure`` is False, every rank gets those numbers (sent
-    from rank 0 as float64s); else every rank measures and rank 0 writes the file. A file for
-    another layout, other hosts or other arguments is measured again; an unreadable one too, with a
-    warning naming it. Collective: every rank calls it with the same arguments."""
+def _check_path(path, remeasure):
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise ValueError(f"path must be a file path, got {path!r}")
+    if not isinstance(remeasure, bool):
+        raise ValueError(f"remeasure must be True or False, got {remeasure!r}")
+    return os.fspath(path)
+
+
+def cached_values(topo, path, key, measure, check=lambda values: None, remeasure=False):
+    """(list of floats, "cached" or "measured"): what ``measure()`` returns (the same on every rank),
+    kept in ``path`` under ``key`` (calibration_key). Rank 0 reads the file; where it holds values
+    for this key and ``remeasure`` is False, every rank gets them (sent from rank 0 as float64s);
+    else every rank measures and rank 0 writes the file (0600). Collective: every rank calls it."""
     import numpy as np
     import tensorflow as tf
 
     from tf_commlib import primitives
 
-    if not isinstance(path, (str, os.PathLike)) or not str(path):
-        raise ValueError(f"path must be a file path, got {path!r}")
-    if not isinstance(remeasure, bool):
-        raise ValueError(f"remeasure must be True or False, got {remeasure!r}")
-    path = os.fspath(path)
-    key = calibration_key(topo, calibrate_kwargs)
-    values = _read_cache(path, key) if topo.rank == 0 and not remeasure else None
+    path = _check_path(path, remeasure)
+    values = _read_cache(path, key, check) if topo.rank == 0 and not remeasure else None
 
     def from_rank0(array, name):   # a sum in which the other ranks add zeros
         array = np.asarray(array, np.float64) if topo.rank == 0 else np.zeros(np.shape(array), np.float64)
@@ -208,11 +215,24 @@ def cached_calibration(topo, path, remeasure=False, **calibrate_kwargs):
     count = int(from_rank0([len(values) if values else 0], "costmodel_cache_count")[0])
     if count:
         got = from_rank0(values if topo.rank == 0 else np.zeros(count), "costmodel_cache_values")
-        return LinkParams.from_list(got.tolist()), "cached"
-    params = calibrate(topo, **calibrate_kwargs)
+        return got.tolist(), "cached"
+    measured = [float(v) for v in measure()]
     if topo.rank == 0:
-        _write_cache(path, key, params)
-    return params, "measured"
+        _write_cache(path, key, measured)
+    return measured, "measured"
+
+
+def cached_calibration(topo, path, remeasure=False, **calibrate_kwargs):
+    """(LinkParams, "cached" or "measured"): calibrate(topo, **calibrate_kwargs), paid once per
+    cluster. Rank 0 reads ``path`` (e.g. in the checkpoint directory); where it holds a calibration
+    for this key (calibration_key) and ``remeasure`` is False, every rank gets those numbers (sent
+    from rank 0 as float64s); else every rank measures and rank 0 writes the file. A file for
+    another layout, other hosts or other arguments is measured again; an unreadable one too, with a
+    warning naming it. Collective: every rank calls it with the same arguments."""
+    path = _check_path(path, remeasure)
+    values, how = cached_values(topo, path, calibration_key(topo, calibrate_kwargs),
+                                lambda: calibrate(topo, **calibrate_kwargs).as_list(), _check_link_values, remeasure)
+    return LinkParams.from_list(values), how
 
 
 def compute_points(d, density, seed, median_time, barrier):

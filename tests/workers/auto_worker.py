@@ -2,7 +2,7 @@
 digits for 3 epochs on a link declared slow (so a lossy candidate is predicted fastest at first)
 and records each epoch's choice, what the aggregators ran at each step and the measured
 efficiencies; then a new model, without link parameters (measured when fit starts and kept in
-$TF_COMMLIB_CACHE), where rank 1 chooses otherwise at epoch 1, which must fail on every rank."""
+$TF_COMMLIB_CACHE, with each candidate's aggregation timed on it), where rank 1 chooses otherwise at epoch 1, which must fail on every rank."""
 import keras
 import numpy as np
 
@@ -54,4 +54,6 @@ try:
 except Exception as e:   # noqa: BLE001 - the message is what the test checks
     out["error"] = f"{type(e).__name__}: {e}"
 out["calibrated_beta_inter"] = opt.calibrated_link.beta_inter
+out["probed"] = opt.probed
+out["probe_margin"] = opt.auto_epochs.tta.margin
 report(topo.rank, out)

@@ -41,9 +41,13 @@ class Auto:
     ``cost_params``, corrected by the measured step times, over the measured efficiency of a lossy
     one); another candidate replaces the running one only where it is predicted ``switch`` times
     its time or less; a candidate whose measured / predicted step time moves by more than ``drift``
-    between two of its epochs makes the link be calibrated again. ``margin``: a lossy candidate that has
-    not run yet is tried only where its prediction is at most margin times the fastest exact one's
-    (and it is GradientAggregator(algorithm="auto")'s per-bucket rule).
+    between two of its epochs makes the link be calibrated again. ``probe``: when fit starts, each
+    candidate's aggregation of the model's buckets is timed on the link (auto_epoch.probe_candidates,
+    kept with the calibration) and the predictions are scaled to those times; a lossy candidate that
+    has not run yet is then tried where it is predicted ``switch`` times the fastest exact one's or
+    less. None (default): probe where the link is measured (no cost_params). Without a probe, such a
+    candidate is tried only at ``margin`` times or less (``margin`` is also
+    GradientAggregator(algorithm="auto")'s per-bucket rule).
     """
     cost_params: LinkParams = None
     margin: float = AUTO_MARGIN
@@ -51,6 +55,7 @@ class Auto:
     candidates: tuple = None
     switch: float = 0.9
     drift: float = 1.5
+    probe: bool = None
 
     def __post_init__(self):
         check_cost_params(self.cost_params, "Auto.cost_params")
@@ -61,6 +66,8 @@ class Auto:
         if isinstance(drift, bool) or not isinstance(drift, (int, float)) or not 1 < drift < float("inf"):
             raise ValueError(f"Auto.drift must be a finite number > 1, got {drift!r}")
         object.__setattr__(self, "drift", float(drift))
+        if self.probe not in (None, True, False):
+            raise ValueError(f"Auto.probe must be None, True or False, got {self.probe!r}")
         candidates = AUTO_CANDIDATES if self.candidates is None else self.candidates
         if isinstance(candidates, str) or not all(isinstance(c, str) and c in ALGORITHMS for c in candidates) \
                 or not candidates or len(set(candidates)) != len(candidates):
@@ -71,7 +78,7 @@ class Auto:
     def to_config(self):
         return {"cost_params": None if self.cost_params is None else dataclasses.asdict(self.cost_params),
                 "margin": self.margin, "compute_s": self.compute_s, "candidates": list(self.candidates),
-                "switch": self.switch, "drift": self.drift}
+                "switch": self.switch, "drift": self.drift, "probe": self.probe}
 
     @classmethod
     def from_config(cls, config):

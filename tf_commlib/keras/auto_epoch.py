@@ -36,9 +36,15 @@ class AutoEpochs:
         self.sums, self.start = [], None   # per compressible variable: sum of u; residuals at the epoch's start
         self.running = None                # the candidate of the epoch being measured
         self.recalibrations = 0
+        self.probed = getattr(opt, "probed", None)   # {candidate: measured seconds} (probe_candidates)
+        if self.probed:   # the untried lossy candidates' step times were measured: no prior margin
+            self.tta.margin = self.settings.switch
+        self._scales = {}
+        self.variables = []
 
     # -- state, built with the optimizer ----------------------------------------------------
     def build(self, var_list, lossy_indices):
+        self.variables = list(var_list)
         self.sums = {i: self.opt.add_variable_from_reference(var_list[i], "auto_progress") for i in lossy_indices}
 
     def accumulate(self, send):
@@ -116,15 +122,27 @@ class AutoEpochs:
 
     # -- predictions and the choice ---------------------------------------------------------
     def communication_s(self, name, density):
-        """Predicted seconds of a step's collectives with `name` on the compressible variables."""
-        topo, params, total = current_topology(), self.link or LinkParams(), 0.0
+        """Predicted seconds of a step's collectives with `name` on the compressible variables (the
+        cost model's, scaled to the probed time at the target density where probed)."""
+        total = 0.0
         for group in self.opt._groups:
-            agg = group.aggregator
-            algorithm = name if group.lossy else agg.candidates[0]
-            for bucket in agg.buckets:
-                total += predict(algorithm, sum(bucket.sizes), topo.m, topo.n, density, params,
-                                 agg.algorithm_options.get(algorithm), bucket.shapes)
+            part = self._predicted(group, name if group.lossy else group.aggregator.candidates[0], density)
+            total += part * (self._scale(group, name) if group.lossy else 1.0)
         return total
+
+    def _predicted(self, group, algorithm, density):
+        topo, params, agg = current_topology(), self.link or LinkParams(), group.aggregator
+        return sum(predict(algorithm, sum(b.sizes), topo.m, topo.n, density, params,
+                           agg.algorithm_options.get(algorithm), b.shapes) for b in agg.buckets)
+
+    def _scale(self, group, name):
+        """probed / predicted seconds of `name` on the compressible group at the target density (1 unprobed)."""
+        if not self.probed or name not in self.probed:
+            return 1.0
+        if name not in self._scales:
+            predicted = self._predicted(group, name, self.opt.target_density)
+            self._scales[name] = self.probed[name] / predicted if predicted > 0 else 1.0
+        return self._scales[name]
 
     def step_s(self, name, density):
         """compute + communication, less the overlapped part: ``overlapped`` (measured) of the shorter."""
@@ -159,6 +177,10 @@ class AutoEpochs:
         topo = current_topology()
         largest = max(sum(b.sizes) for g in self.opt._groups for b in g.aggregator.buckets)
         self.link = costmodel.calibrate(topo, **costmodel.sizes_for(largest))
+        if self.probed:   # timed again on the new link
+            self.probed = probe_candidates(self.opt, self.variables, self.link)
+            object.__setattr__(self.opt, "probed", self.probed)
+            self._scales = {}
         self.tta.recalibrated()
         self.recalibrations += 1
 
@@ -173,18 +195,75 @@ def cache_path():
 
 
 def calibrate_link(opt, variables):
-    """For a DistributedOptimizer whose schedule runs "auto" without Auto(cost_params=...): the link
-    parameters measured once per cluster at the sizes of these variables' buckets, kept as
-    ``opt.calibrated_link`` for the predictions. A collective: CompressionScheduler calls it on every
-    rank when fit starts (before the optimizer is built)."""
-    if "auto" not in opt.schedule.values() or opt.auto.cost_params is not None \
-            or getattr(opt, "calibrated_link", None) is not None:
+    """For a DistributedOptimizer whose schedule runs "auto": without Auto(cost_params=...), the
+    link parameters measured once per cluster at the sizes of these variables' buckets, kept as
+    ``opt.calibrated_link`` for the predictions; where the link is measured (or Auto(probe=True)),
+    each candidate's aggregation timed on it (``probe_candidates``), kept as ``opt.probed``. A
+    collective: CompressionScheduler calls it on every rank when fit starts (before the optimizer
+    is built)."""
+    if "auto" not in opt.schedule.values():
         return
     topo = current_topology()
-    largest = max([opt.fusion_threshold_bytes // 4, 1] + [int(np.prod(v.shape)) for v in variables])
-    link = LinkParams() if topo.size == 1 else costmodel.cached_calibration(
-        topo, cache_path(), **costmodel.sizes_for(largest))[0]
-    object.__setattr__(opt, "calibrated_link", link)   # not tracked by Keras
+    if opt.auto.cost_params is None and getattr(opt, "calibrated_link", None) is None:
+        largest = max([opt.fusion_threshold_bytes // 4, 1] + [int(np.prod(v.shape)) for v in variables])
+        link = LinkParams() if topo.size == 1 else costmodel.cached_calibration(
+            topo, cache_path(), **costmodel.sizes_for(largest))[0]
+        object.__setattr__(opt, "calibrated_link", link)   # not tracked by Keras
+    probe = opt.auto.cost_params is None if opt.auto.probe is None else opt.auto.probe
+    if probe and topo.size > 1 and getattr(opt, "probed", None) is None and not opt.selection.qrgc:
+        link = opt.auto.cost_params or getattr(opt, "calibrated_link", None) or LinkParams()
+        object.__setattr__(opt, "probed", probe_candidates(opt, variables, link))
+
+
+def probe_candidates(opt, variables, link, repeats=3):
+    """{candidate: seconds} of one aggregation of the compressible variables' gradients (random
+    normal) with each of opt.auto.candidates, as opt runs it (its buckets, target density, selector
+    and options; the exact ones in 16 bits unless compression says otherwise), in a tf.function:
+    the median of ``repeats`` calls after one warm-up call, averaged over the ranks. Kept in the
+    cache folder (cache_path) under a key that holds ``link`` (the LinkParams of the predictions:
+    calibration_key), so it is measured again when they are. A collective."""
+    import hashlib
+    import json
+    import time
+
+    from tf_commlib.aggregator import GradientAggregator
+    from tf_commlib.collectives import with_compression
+    from tf_commlib.timing import ready
+
+    topo, names = current_topology(), list(opt.auto.candidates)
+    lossy = [v for v in variables if not opt.dense_layers(v)]
+    compression = "fp16" if opt.compression == "none" else opt.compression
+    key = costmodel.calibration_key(topo, {
+        "probe": names, "shapes": [[list(v.shape), str(v.dtype)] for v in lossy], "density": opt.target_density,
+        "selector": opt.selection.selector, "compression": compression, "link": link.as_list(),
+        "fusion_threshold_bytes": opt.fusion_threshold_bytes,
+        "options": json.dumps(opt.algorithm_options, sort_keys=True, default=repr)})
+    name = "probe-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".json"
+
+    def measure():
+        grads = [tf.random.stateless_normal(v.shape, [i, topo.rank], dtype=v.dtype) * 1e-3
+                 for i, v in enumerate(lossy)]
+        seconds = []
+        for candidate in names:
+            agg = GradientAggregator(candidate, opt.target_density, opt.selection.selector, topology=topo,
+                                     fusion_threshold_bytes=opt.fusion_threshold_bytes, seed=opt.selection.seed,
+                                     algorithm_options=with_compression(opt.algorithm_options, compression))
+            step = tf.function(agg.__call__)
+            ready(step(grads))
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                ready(step(grads))
+                times.append(time.perf_counter() - start)
+            seconds.append(float(np.median(times)))
+        return (_summed(np.array(seconds, np.float64)) / topo.size).tolist()
+
+    def check(values):
+        if len(values) != len(names):
+            raise ValueError(f"a probe must hold {len(names)} numbers, got {len(values)}")
+
+    values, _ = costmodel.cached_values(topo, os.path.join(os.path.dirname(cache_path()), name), key, measure, check)
+    return dict(zip(names, values))
 
 
 def _summed(values):

@@ -57,7 +57,8 @@ def make_optimizer(args, data, topo, cost_params=None, compute_s=None):
     return DistributedOptimizer(inner, algorithm=args.schedule_map[0], density=args.density, dgc=dgc,
                                 selection=Selection(selector=args.selector, seed=args.seed),
                                 schedule=args.schedule_map, compression=args.compression,
-                                overlap=not args.no_overlap, auto=Auto(cost_params=cost_params, compute_s=compute_s),
+                                overlap=not args.no_overlap,
+                                auto=Auto(cost_params=cost_params, compute_s=compute_s, probe=args.calibrate or None),
                                 shard_optimizer=args.shard_optimizer,
                                 **({} if args.fusion_threshold_bytes is None
                                    else {"fusion_threshold_bytes": args.fusion_threshold_bytes}))
