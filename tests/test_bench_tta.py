@@ -183,6 +183,10 @@ def test_best_line_puts_auto_against_the_fastest_configuration():
     assert tta_table.best_line([by[25, "dense_fp16"]]) is None
     table = tta_table.tables(results, 0.9)
     assert table.count("best: ") == 3 and "auto 14 s, 1.56x the fastest" in table
+    assert "auto's calibration" not in table
+    by[25, "auto"]["calibration_s"] = 12.34   # measured once per bandwidth, before the runs: said apart
+    assert "auto's calibration (link, compute, candidates; once per cluster, before its runs): 12.3 s" \
+        in tta_table.tables(results, 0.9).split("inter-node unshaped")[0]
     args = tta.parser().parse_args([])
     tta.resolve(args)
     assert args.inter_mbit == [5, 25, 100, 0]

@@ -10,9 +10,10 @@ One job per bandwidth: the ranks run every configuration one after the other, sh
 pipeline (DataCache), which is filled before the first one, so no configuration pays for it. Each
 configuration is a run of the DAWNBench script's training (tfc_apps.dawnbench.run.train): its
 wall clock starts before the model is built and includes tracing, evaluation after every epoch
-and, for `auto`, the calibration of the link and of the compute per step (the link's is kept in
-calibration.json of the bandwidth's folder: its first `auto` run measures it, later ones read it, as
-on a cluster where it is paid once). Without --data the
+and, for `auto`, reading its calibration: the link, the compute per step and each candidate's
+aggregation are measured once per bandwidth before the first seed's configurations (kept in the
+bandwidth's folder, as on a cluster where they are paid once) and read by every `auto` run; the
+table gives the seconds that took beside auto's rows. Without --data the
 digits of scikit-learn are written as a class-sorted ImageNet-layout folder (32 px). Inter-node
 bandwidth 0 is the same layout unshaped (4 ranks on 127.0.0.1). With --repeats K every configuration
 runs K times (seeds --seed .. --seed+K-1: initial weights, data order and augmentation), each seed's
@@ -20,6 +21,7 @@ configurations one after the other, and the table gives medians over the seeds (
 samples/s, ...) and their ratios to the baseline's medians."""
 import argparse
 import copy
+import glob
 import json
 import os
 import sys
@@ -47,6 +49,7 @@ CONFIGS = {
     "diloco_h8_q8": {"schedule": "0:dense", "diloco": 8, "inter_compression": "qsgd8", **OUTER_AVERAGE},
 }
 LAYOUT = (2, 2)   # nodes x ranks per node
+CALIBRATION = "auto_calibration.json"   # in a bandwidth's folder: the seconds auto's calibration took
 
 
 def parser():
@@ -148,7 +151,7 @@ def worker(args):
     import tf_commlib
     from tfc_apps.dawnbench import config as dawnbench_config
     from tfc_apps.dawnbench.data import Data
-    from tfc_apps.dawnbench.run import train
+    from tfc_apps.dawnbench.run import calibrate, train
 
     topo = tf_commlib.init()
     for seed in seeds(args):
@@ -162,6 +165,11 @@ def worker(args):
                 pass
             for _ in data.val(stage) or ():
                 pass
+            if "auto" in args.configs and seed == args.seed:   # paid once per cluster, before auto's runs
+                seconds = calibrate(copy.copy(parsed["auto"]), topo, data)
+                if topo.rank == 0:
+                    with open(os.path.join(args.run_dir, CALIBRATION), "w") as f:
+                        json.dump({"calibration_s": seconds}, f)
             for config in args.configs:
                 keras.backend.clear_session()
                 if topo.rank == 0:
@@ -201,6 +209,9 @@ def measure(args):
     results, failed = [], []
     for mbit in args.inter_mbit:
         run_dir = os.path.join(args.out, f"mbit{mbit}")
+        for name in ("calibration.json", CALIBRATION, "compute-*.json", "probe-*.json"):   # measured anew
+            for old in glob.glob(os.path.join(run_dir, name)):
+                os.remove(old)
         for config in args.configs:   # a run's old rows would be appended to (a resumed DAWNBench log)
             for seed in seeds(args):
                 old = os.path.join(run_dir, run_name(args, config, seed), "metrics.jsonl")
@@ -222,11 +233,15 @@ def measure(args):
             except local_run.JobFailed as e:
                 print(f"bench tta: the ranks failed at {mbit} Mbit/s: {str(e)[:2000]}", file=sys.stderr)
                 failed.append(mbit)
+        calibration = os.path.join(run_dir, CALIBRATION)
+        calibration_s = json.load(open(calibration))["calibration_s"] if os.path.exists(calibration) else None
         for seed in seeds(args):
             for config in args.configs:
                 rows = read_run(run_dir, run_name(args, config, seed))
                 if rows:
                     results.append(summarize(rows, config, mbit, link, args.target, seed))
+                    if config == "auto":
+                        results[-1]["calibration_s"] = calibration_s
     add_ratios(results)
     add_auto_vs_best(results)
     return results, failed

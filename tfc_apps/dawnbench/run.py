@@ -99,24 +99,54 @@ def run(args):
 def calibrate_for(model, topo, args, num_classes, loss):
     """What "auto" chooses with: the link parameters, measured at the sizes of this model's largest
     bucket (costmodel.sizes_for), and the seconds of forward+backward per step that overlapped
-    aggregation runs beside (costmodel.compute_seconds on a batch of the first stage's shape)."""
+    aggregation runs beside (costmodel.compute_seconds on a batch of the first stage's shape). With
+    a cache file (--calibration-cache, or calibration.json in --ckpt-dir) both are kept in its
+    folder, which also becomes $TF_COMMLIB_CACHE (where auto keeps the candidates' timings):
+    measured once per cluster and model."""
     from tf_commlib import costmodel
     from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
 
     threshold = DEFAULT_THRESHOLD_BYTES if args.fusion_threshold_bytes is None else args.fusion_threshold_bytes
     largest = max([threshold // 4] + [int(np.prod(v.shape)) for v in model.trainable_variables])
     cache = args.calibration_cache or (os.path.join(args.ckpt_dir, "calibration.json") if args.ckpt_dir else None)
-    if cache:
-        params, how = costmodel.cached_calibration(topo, cache, remeasure=args.recalibrate,
-                                                   **costmodel.sizes_for(largest))
-        if topo.rank == 0:
-            print(f"dawnbench: link parameters {how} ({cache})", flush=True)
-    else:
-        params = costmodel.calibrate(topo, **costmodel.sizes_for(largest))
     stage, rng = args.stage_list[0], np.random.default_rng(args.seed)
     x = tf.constant(rng.uniform(size=(stage.batch, stage.resolution, stage.resolution, 3)), tf.float32)
     y = tf.one_hot(rng.integers(0, num_classes, stage.batch), num_classes)
-    return params, costmodel.compute_seconds(topo, model, x, y, loss)
+    if not cache:
+        return costmodel.calibrate(topo, **costmodel.sizes_for(largest)), costmodel.compute_seconds(topo, model, x, y, loss)
+    os.environ["TF_COMMLIB_CACHE"] = os.path.dirname(os.path.abspath(cache))
+    params, how = costmodel.cached_calibration(topo, cache, remeasure=args.recalibrate,
+                                               **costmodel.sizes_for(largest))
+    key = costmodel.calibration_key(topo, {"compute": args.model, "shape": list(x.shape), "classes": num_classes,
+                                           "policy": keras.mixed_precision.global_policy().name})
+    (compute_s,), _ = costmodel.cached_values(
+        topo, os.path.join(os.path.dirname(os.path.abspath(cache)), f"compute-{args.model}-{stage.resolution}px-"
+                                                                     f"b{stage.batch}.json"),
+        key, lambda: [costmodel.compute_seconds(topo, model, x, y, loss)], remeasure=args.recalibrate)
+    if topo.rank == 0:
+        print(f"dawnbench: link parameters {how} ({cache})", flush=True)
+    return params, compute_s
+
+
+def calibrate(args, topo, data):
+    """What a run with --calibrate measures, kept in its cache (--calibration-cache): the link, the
+    compute per step and, for a schedule with "auto", every candidate's aggregation of this model's
+    buckets; the next runs read them. Returns the seconds it took (rank 0's)."""
+    import time
+
+    from tf_commlib.keras.auto_epoch import calibrate_link
+
+    if not args.calibrate or not args.calibration_cache:
+        raise ValueError("calibrate() keeps what it measures: give --calibrate and --calibration-cache FILE")
+    start = time.perf_counter()
+    model = models.build(args.model, data.num_classes, args.seed)
+    loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing)
+    cost_params, compute_s = calibrate_for(model, topo, args, data.num_classes, loss)
+    model.compile(make_optimizer(args, data, topo, cost_params, compute_s), loss, jit_compile=False)
+    opt = distributed_optimizer(model)
+    if isinstance(opt, DistributedOptimizer):
+        calibrate_link(opt, model.trainable_variables)
+    return time.perf_counter() - start
 
 
 def train(args, topo, data):
