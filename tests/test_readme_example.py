@@ -19,13 +19,22 @@ loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 CHECK = """
 from tf_commlib.keras import DistributedOptimizer as _DO
 assert isinstance(opt, _DO) and opt.inner_optimizer.momentum == 0.0 and opt.m == 0.9
-assert opt.algorithm_at(0) == "hitopk" and opt.algorithm_at(13) == "2dtar"
-assert opt.density_at(0) == 0.25 and opt.density_at(2) == 0.01 and not opt.dgc.momentum_masking
+assert opt.algorithm == "auto" and opt.schedule == {0: "auto"}
 model.compile(opt, loss, metrics=["accuracy"], jit_compile=False)
 model.fit(x, y, epochs=3, batch_size=32, verbose=0, callbacks=default_callbacks())
 accuracy = model.evaluate(x_test, y_test, verbose=0)[1]
 print("accuracy", accuracy)
 assert accuracy > 0.8, accuracy
+assert [row["choice"] for row in opt.auto_epochs.tta.log if "choice" in row] != []
+"""
+
+# the collective by hand that the README names after the example
+RECIPE = """
+from tf_commlib.keras import DGC
+opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm="hitopk",
+                           density=0.01, dgc=DGC(warmup=2, momentum_masking=False), schedule={0: "hitopk", 13: "2dtar"})
+assert opt.algorithm_at(0) == "hitopk" and opt.algorithm_at(13) == "2dtar"
+assert opt.density_at(0) == 0.25 and opt.density_at(2) == 0.01 and not opt.dgc.momentum_masking
 """
 
 
@@ -47,7 +56,9 @@ def example_code(path=README, heading="## Example"):
 def test_the_readme_example_runs_and_trains():
     code = example_code()
     assert "DistributedOptimizer(" in code and "model.fit(" in code
-    proc = subprocess.run([sys.executable, "-c", SETUP + code + CHECK], capture_output=True, text=True,
+    recipe = 'algorithm="hitopk",\ndensity=0.01, dgc=DGC(warmup=2, momentum_masking=False), schedule={0: "hitopk", 13: "2dtar"}'
+    assert recipe in README.read_text()
+    proc = subprocess.run([sys.executable, "-c", SETUP + code + CHECK + RECIPE], capture_output=True, text=True,
                           timeout=600, cwd=README.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "accuracy" in proc.stdout

@@ -64,8 +64,9 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
 
     Args (all but ``optimizer`` keyword-only):
       optimizer: the Keras 3 optimizer to wrap (left unchanged; see the module doc for momentum).
-      algorithm: the collective (tf_commlib.collectives), or "auto": each epoch the candidate of
-        Auto.candidates with the least predicted time to accuracy (tf_commlib.keras.auto_epoch).
+      algorithm: the collective (tf_commlib.collectives), or "auto" (the default): each epoch the
+        candidate of Auto.candidates with the least predicted time to accuracy on the measured link
+        (tf_commlib.keras.auto_epoch; CompressionScheduler, in default_callbacks(), drives it).
       density: the fraction of entries a lossy collective sends; "adaptive" (tyagi's adaptive
         compression ratio over (0.1, 0.033, 0.011, 0.004, 0.001), driven by the callback
         tf_commlib.keras.AdaptiveDensity) or a sequence of candidate densities to adapt over.
@@ -90,7 +91,7 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
     (warm-up, schedule) follow ``set_epoch``, which the callback CompressionScheduler calls.
     """
 
-    def __init__(self, optimizer, *, algorithm="hitopk", density=0.01, compression="none", dgc=None,
+    def __init__(self, optimizer, *, algorithm="auto", density=0.01, compression="none", dgc=None,
                  schedule=None, auto=None, selection=None, fusion_threshold_bytes=DEFAULT_THRESHOLD_BYTES,
                  overlap=True, shard_optimizer=False, algorithm_options=None, **kwargs):
         name = kwargs.pop("name", None)
