@@ -63,7 +63,7 @@ MAPPED = {
     "scripts/emulate_cluster.sh up 2 2 --inter-mbit 200": ("tests/test_emulated_cluster.py", "cluster"),
     "scripts/emulate_cluster.sh down": ("tests/test_emulated_cluster.py", "cluster"),
     "scripts/emulate_cluster.sh reshape --inter-mbit 50": ("tests/test_emulated_cluster.py", "test_auto_follows_a_link_that_changes_mid_run"),
-    "sbatch -N1 -n4 --overcommit scripts/slurm/train.sbatch --epochs 3 --batch-size 32 --topology 2x2":
+    "sbatch -N1 -n4 --overcommit scripts/slurm/train.sbatch --algorithm hitopk --epochs 3 --batch-size 32 --topology 2x2":
         ("tests/test_slurm.py", "uninterrupted"),
     "sbatch -N2 --ntasks-per-node=2 scripts/slurm/train.sbatch --epochs 3":
         ("tests/test_slurm.py", "test_two_nodes_failing_rank_fails_the_job"),
@@ -395,7 +395,7 @@ def test_mapped_tests_exist_and_match():
     assert tokens[:6] == ["horovodrun", "-np", "4", "-H", "localhost:4", "--gloo"]
     assert tokens[tokens.index("--data") + 2:] == test_dawnbench.DIGITS
     assert (test_emulated_cluster.M, test_emulated_cluster.N, test_emulated_cluster.MBIT) == (2, 2, 200)
-    slurm = "sbatch -N1 -n4 --overcommit scripts/slurm/train.sbatch --epochs 3 --batch-size 32 --topology 2x2"
+    slurm = "sbatch -N1 -n4 --overcommit scripts/slurm/train.sbatch --algorithm hitopk --epochs 3 --batch-size 32 --topology 2x2"
     assert shlex.split(slurm)[1:4] == test_slurm.SBATCH
     assert shlex.split(slurm)[5:] == test_slurm.ARGS + test_slurm.TOPOLOGY
     makefile = (ROOT / "Makefile").read_text()

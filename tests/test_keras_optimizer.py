@@ -257,10 +257,12 @@ def test_warmup_and_schedule_policy():
                                schedule={0: "hitopk", 13: "2dtar"}, dgc=DGC(warmup=4))
     assert [opt.density_at(e) for e in range(6)] == [0.25, 0.0625, 0.015625, 0.004, 0.001, 0.001]
     assert [opt.algorithm_at(e) for e in (0, 12, 13, 27)] == ["hitopk", "hitopk", "2dtar", "2dtar"]
-    opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), density=0.01,
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), algorithm="hitopk", density=0.01,
                                schedule=Schedule(dense_warmup_epochs=2), dgc=DGC(warmup=4))
     assert [opt.density_at(e) for e in range(5)] == [0.25, 0.0625, 0.015625, 0.01, 0.01]
     assert [opt.algorithm_at(e) for e in range(4)] == ["2dtar", "2dtar", "hitopk", "hitopk"]
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), schedule=Schedule(dense_warmup_epochs=2))
+    assert [opt.algorithm_at(e) for e in range(4)] == ["2dtar", "2dtar", "auto", "auto"]   # the default after it
 
 
 def test_epoch_policy_applies_from_the_first_step_of_fit(tmp_path):

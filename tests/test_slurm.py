@@ -16,7 +16,7 @@ from tests.slurm_cluster import leftovers
 
 TRAIN = hvdrun.ROOT / "scripts" / "slurm" / "train.sbatch"
 SBATCH = ["-N1", "-n4", "--overcommit"]
-ARGS = ["--epochs", "3", "--batch-size", "32"]
+ARGS = ["--algorithm", "hitopk", "--epochs", "3", "--batch-size", "32"]
 TOPOLOGY = ["--topology", "2x2"]
 ENV = {"TF_COMMLIB_PYTHON": sys.executable, "PYTHONPATH": str(hvdrun.ROOT), "TF_CPP_MIN_LOG_LEVEL": "2",
        "CUDA_VISIBLE_DEVICES": ""}

@@ -41,8 +41,9 @@ def density_arg(text):
 def parser():
     p = argparse.ArgumentParser(prog="python -m tfc_apps.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--algorithm", default="hitopk", choices=sorted(ALGORITHMS) + ["auto"],
-                   help="a collective, or auto: each epoch the one with the least predicted time to accuracy")
+    p.add_argument("--algorithm", default="auto", choices=sorted(ALGORITHMS) + ["auto"],
+                   help="a collective, or auto (default): each epoch the one with the least predicted time to "
+                        "accuracy on the measured link")
     p.add_argument("--density", type=density_arg, default=0.01, help="a fraction, or 'adaptive'")
     p.add_argument("--candidates", default=None, help="densities for --density adaptive, e.g. 0.1,0.01")
     p.add_argument("--selector", default="mstopk")

@@ -111,7 +111,8 @@ class Bench:
         d = os.path.join(self.jobs, tag)
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
-        return d, ["-m", "tfc_apps.train", "--epochs", self.args.epochs, "--warmup", "1", "--deterministic",
+        return d, ["-m", "tfc_apps.train", "--algorithm", "hitopk", "--epochs", self.args.epochs, "--warmup", "1",
+                   "--deterministic",
                    "--ckpt-dir", os.path.join(d, "ckpt"), "--json", os.path.join(d, "summary.json"), *extra]
 
     def dawn_argv(self, tag):
