@@ -145,6 +145,26 @@ def test_the_train_app_and_dawnbench_take_auto():
     assert config.parse(["--synthetic", "--schedule", "0:auto"]).schedule_map == {0: "auto"}
 
 
+def test_the_defaults_are_auto_without_momentum_masking():
+    """DistributedOptimizer(opt) runs auto, and DGC's momentum factor masking is off in the library
+    and both command lines (--momentum-masking turns it on; --no-momentum-masking is the default)."""
+    import keras
+
+    from tf_commlib.keras import DGC, DistributedOptimizer
+    from tfc_apps import train
+    from tfc_apps.dawnbench import config
+
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+    assert opt.algorithm == "auto" and opt.schedule == {0: "auto"} and not opt.dgc.momentum_masking
+    assert opt.dgc.warmup == 2 and DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="hitopk").dgc == DGC()
+    assert DGC().momentum_masking is False and train.parser().parse_args([]).algorithm == "auto"
+    for parse in (train.parser().parse_args, lambda argv: config.parse(["--synthetic", *argv])):
+        assert not parse([]).momentum_masking and parse(["--momentum-masking"]).momentum_masking
+        assert not parse(["--no-momentum-masking"]).momentum_masking
+        with pytest.raises(SystemExit):
+            parse(["--momentum-masking", "--no-momentum-masking"])
+
+
 def test_an_untried_lossy_candidate_needs_the_margin():
     """Not yet run, a lossy candidate is tried only where it is predicted at most `margin` times the
     fastest exact one; once measured, only its measured time counts."""

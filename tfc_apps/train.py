@@ -52,7 +52,10 @@ def parser():
     p.add_argument("--lr", type=float, default=0.05, help="peak learning rate (cosine decay to 0)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--no-momentum-correction", action="store_true")
-    p.add_argument("--no-momentum-masking", action="store_true")
+    masking = p.add_mutually_exclusive_group()
+    masking.add_argument("--momentum-masking", action="store_true",
+                         help="DGC's momentum factor masking (off by default, as in DGC())")
+    masking.add_argument("--no-momentum-masking", action="store_true", help="the default: no masking")
     p.add_argument("--warmup", type=int, default=4, help="DGC density warm-up epochs")
     p.add_argument("--local-clip-norm", type=float, default=None)
     p.add_argument("--schedule", default=None, help="e.g. 0:hitopk,13:2dtar")
@@ -160,7 +163,7 @@ def main(argv=None):
     opt = DistributedOptimizer(
         keras.optimizers.SGD(lr, momentum=args.momentum), algorithm=args.algorithm,
         density=args.density if args.candidates is None else [float(c) for c in args.candidates.split(",")],
-        dgc=DGC(momentum_correction=not args.no_momentum_correction, momentum_masking=not args.no_momentum_masking,
+        dgc=DGC(momentum_correction=not args.no_momentum_correction, momentum_masking=args.momentum_masking,
                 warmup=args.warmup or 0, local_clip_norm=args.local_clip_norm),
         selection=Selection(selector=args.selector, seed=args.seed), schedule=parse_schedule_arg(args.schedule))
     model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True),

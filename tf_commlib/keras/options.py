@@ -40,8 +40,9 @@ class DGC:
       (or pto.LARS's) momentum and nesterov, which DistributedOptimizer then runs as a copy without
       momentum; any other optimizer needs ``momentum``.
     local_clip_norm: each rank clips its gradient's global norm to local_clip_norm / sqrt(N).
-    momentum_masking: u is zeroed where v was sent. Measured (docs/benchmarks.md, bench tta, density
-      0.01, 8 epochs): off ends 2.5-3.3 points higher and reaches the target sooner.
+    momentum_masking: u is zeroed where v was sent (DGC's momentum factor masking). Off by default:
+      measured (docs/benchmarks.md, bench tta, density 0.01, 8 epochs), off ends 2.5-3.3 points
+      higher and reaches the target sooner.
     warmup: epochs of DGC warm-up; density over them 0.25, 0.0625, 0.015625, 0.004 (never below the
       target), then the target.
     """
@@ -49,7 +50,7 @@ class DGC:
     momentum: float = None
     nesterov: bool = False
     local_clip_norm: float = None
-    momentum_masking: bool = True
+    momentum_masking: bool = False
     warmup: int = 0
 
     def __post_init__(self):

@@ -53,7 +53,7 @@ def make_optimizer(args, data, topo, cost_params=None, compute_s=None):
               # sharded: the wrapped optimizer's momentum, kept in slices (DGC's correction keeps a
               # full-size velocity per rank)
               momentum_correction=args.optimizer != "lamb" and not args.shard_optimizer,
-              momentum_masking=not args.no_momentum_masking, warmup=args.dgc_warmup)
+              momentum_masking=args.momentum_masking, warmup=args.dgc_warmup)
     return DistributedOptimizer(inner, algorithm=args.schedule_map[0], density=args.density, dgc=dgc,
                                 selection=Selection(selector=args.selector, seed=args.seed),
                                 schedule=args.schedule_map, compression=args.compression,
