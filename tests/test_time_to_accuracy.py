@@ -93,7 +93,9 @@ def test_switching_needs_a_margin_and_drift_asks_for_calibration():
     assert tta.choose({"dense": 1.0, "2dtar": 0.85, "hitopk": 2.0, "powersgd": 2.0}) == "2dtar"
     assert tta.observe("2dtar", 0.85, 0.85) is False
     assert tta.observe("2dtar", 0.90, 0.85) is False          # within drift
-    assert tta.observe("2dtar", 0.30, 0.85) is True            # the link got faster
+    assert tta.observe("2dtar", 0.30, 0.85, comparable=False) is False   # another density: no verdict
+    assert tta.ratio["2dtar"] == 0.30 / 0.85                              # but the ratio is kept
+    assert tta.observe("2dtar", 0.90, 0.85) is True            # the link got slower
     tta.recalibrated()
     assert tta.ratio == {} and tta.last is None
     assert tta.observe("2dtar", float("nan"), 0.85) is False   # not a measurement

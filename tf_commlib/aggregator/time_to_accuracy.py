@@ -66,10 +66,11 @@ class TimeToAccuracy:
         self.log.append({"epoch": epoch, "choice": best, "seconds_per_progress": cost})
         return best
 
-    def observe(self, name, measured_s, predicted_s, efficiency=None):
+    def observe(self, name, measured_s, predicted_s, efficiency=None, comparable=True):
         """Records an epoch of `name`: its median measured step seconds, the prediction for it and
         (lossy) its measured efficiency; True where the measured / predicted ratio moved by more
-        than ``drift`` since the candidate's last epoch (the link changed)."""
+        than ``drift`` since the candidate's last epoch (the link changed). comparable=False: that
+        epoch ran another setting (e.g. a DGC warm-up density), so a moved ratio says nothing of the link."""
         if name not in self.candidates:
             raise ValueError(f"{name!r} is not a candidate ({self.candidates})")
         if not (measured_s > 0 and predicted_s > 0 and math.isfinite(measured_s) and math.isfinite(predicted_s)):
@@ -78,7 +79,7 @@ class TimeToAccuracy:
         self.ratio[name], self.last = float(ratio), name
         if efficiency is not None and name in self.lossy and math.isfinite(efficiency):
             self.efficiency[name] = min(1.0, max(self.min_efficiency, float(efficiency)))
-        return before is not None and max(ratio / before, before / ratio) > self.drift
+        return comparable and before is not None and max(ratio / before, before / ratio) > self.drift
 
     def recalibrated(self):
         """The link was measured again: the measured / predicted ratios no longer apply."""

@@ -41,6 +41,7 @@ class AutoEpochs:
             self.tta.margin = self.settings.switch
         self._scales = {}
         self.variables = []
+        self.densities = {}   # candidate -> the density of its last measured epoch
 
     # -- state, built with the optimizer ----------------------------------------------------
     def build(self, var_list, lossy_indices):
@@ -167,7 +168,9 @@ class AutoEpochs:
             self.compute_s = max(0.0, measured - comm)
         elif self.opt.overlap and min(comm, self.compute_s) > 0:   # how much of the shorter one the step hid
             self.overlapped = float(np.clip((self.compute_s + comm - measured) / min(comm, self.compute_s), 0, 1))
-        if self.tta.observe(self.running, measured, self.step_s(self.running, density), eta):
+        same = self.densities.get(self.running) == density   # a warm-up density moves the ratio by itself
+        self.densities[self.running] = density
+        if self.tta.observe(self.running, measured, self.step_s(self.running, density), eta, comparable=same):
             self.recalibrate()
         self.tta.log.append({"epoch": epoch, "ran": self.running, "measured_s": float(measured), "efficiency": float(eta)})
         self.running = None
