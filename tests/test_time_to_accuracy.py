@@ -39,6 +39,9 @@ def test_efficiency_is_the_part_of_exact_progress_that_was_applied(k):
     total_u, total_sent = np.sum(us, 0), np.sum(window, 0)
     num, den = delivered_fraction(r_start, r_end, total_u)
     assert 1 + num / den == pytest.approx(total_sent @ total_u / (total_u @ total_u), rel=1e-12)
+    from tf_commlib.keras.auto_epoch import delivered   # what AutoEpochs sums, in TensorFlow float32
+    assert delivered(r_start.astype(np.float32), r_end.astype(np.float32), total_u.astype(np.float32)) == \
+        pytest.approx([num, den], rel=1e-4, abs=1e-4 * den)
     if k == 100:   # everything sent: exact
         assert 1 + num / den == pytest.approx(1.0)
 

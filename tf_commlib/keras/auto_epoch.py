@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from tf_commlib import costmodel, fusion, primitives
 from tf_commlib.alphabeta import LinkParams
-from tf_commlib.aggregator.time_to_accuracy import TimeToAccuracy, delivered_fraction
+from tf_commlib.aggregator.time_to_accuracy import TimeToAccuracy
 from tf_commlib.collectives import ALGORITHMS, predict
 from tf_commlib.topology import topology as current_topology
 
@@ -61,17 +61,15 @@ class AutoEpochs:
         return [g for g in self.opt._groups if g.lossy]
 
     def _residual_inputs(self):
-        """Per lossy group and bucket: the rank's residuals of every algorithm, in input space."""
+        """Per lossy group and bucket: the rank's residuals of every algorithm, in input space (tensors)."""
         topo, out = current_topology(), []
         for group in self._groups():
             agg = group.aggregator
             for i, bucket in enumerate(agg.buckets):
                 d = sum(bucket.sizes)
-                total = np.zeros(d, np.float64)
-                for (j, name), var in agg.residuals.items():
-                    if j == i:
-                        total += ALGORITHMS[name].residual_to_input(tf.convert_to_tensor(var), d, topo).numpy()
-                out.append(total)
+                parts = [ALGORITHMS[name].residual_to_input(tf.convert_to_tensor(var), d, topo)
+                         for (j, name), var in agg.residuals.items() if j == i]
+                out.append(tf.add_n(parts) if parts else tf.zeros([d], bucket.dtype))
         return out
 
     def begin_window(self, running):
@@ -89,8 +87,8 @@ class AutoEpochs:
             for group in self._groups():
                 sums = [self.sums[i] for i in group.indices]
                 for bucket in group.aggregator.buckets:
-                    s = fusion.flatten([tf.convert_to_tensor(v) for v in sums], bucket).numpy()
-                    local += delivered_fraction(self.start[k], ends[k], s)
+                    local += delivered(self.start[k], ends[k], fusion.flatten([tf.convert_to_tensor(v) for v in sums],
+                                                                              bucket))
                     k += 1
         num, den = _summed(local)
         return 1.0 + num / den if den > 0 else 1.0
@@ -267,6 +265,14 @@ def probe_candidates(opt, variables, link, repeats=3):
 
     values, _ = costmodel.cached_values(topo, os.path.join(os.path.dirname(cache_path()), name), key, measure, check)
     return dict(zip(names, values))
+
+
+def delivered(r_start, r_end, sum_u):
+    """time_to_accuracy.delivered_fraction of tensors, in TensorFlow (no copy to numpy: a
+    ResNet-50's 25M entries per epoch): (<r_start - r_end, sum_u>, ||sum_u||^2) as float64s."""
+    s = tf.cast(sum_u, tf.float32)
+    num = tf.reduce_sum((tf.cast(r_start, tf.float32) - tf.cast(r_end, tf.float32)) * s)
+    return np.array([float(num.numpy()), float(tf.reduce_sum(s * s).numpy())], np.float64)
 
 
 def _summed(values):
