@@ -105,7 +105,7 @@ FLAGS = {
     "diloco_h8_q8": "a benchmark: 12 four-rank trainings on the emulated cluster (25 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25": "a benchmark: 6 four-rank trainings (12 min)",
     "python -m tfc_apps.cluster_launch -- python scripts/dawnbench_resnet50.py --synthetic --model resnet50 "
-    "--stages 64:3:8 --steps-per-epoch 4 --optimizer sgd --breakdown-steps 0":
+    "--stages 64:5:8 --steps-per-epoch 4 --optimizer sgd --breakdown-steps 0":
         "a benchmark: ResNet-50 on the emulated cluster (2 min per configuration)",
     "python -m tfc_apps.bench tta --inter-mbit 0 100 --configs dense_fp16 hitopk auto":
         "a benchmark: 6 four-rank trainings (10 min)",
