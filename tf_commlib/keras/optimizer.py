@@ -31,18 +31,13 @@ from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
 from tf_commlib.overlap import after_all
 from tf_commlib.keras.auto_epoch import AutoEpochs
 from tf_commlib.keras.groups import Group
-from tf_commlib.keras.options import (DGC, MOVED, Selection, as_schedule, check_density, grouped, groups_from_config,
-                                      groups_to_config, moved_error)
+from tf_commlib.keras.options import (DGC, MOVED, Selection, as_schedule, check_density, default_dgc, grouped,
+                                      groups_from_config, groups_to_config, moved_error)
 from tf_commlib.keras.policy import EpochPlan, default_dense_layers, qrgc_options
 from tf_commlib.keras.sharded import ShardedUpdate, check_shardable
 from tf_commlib.keras.wrapping import (WRAPPED, WRAPPERS, InnerSteps, check_optimizer,  # noqa: F401 (re-exported)
                                        distributed_optimizer, momentum_handover)
 from tf_commlib.topology import topology as current_topology
-
-# the DGC warm-up epochs of algorithm="auto" without dgc=: bench tta's best for hitopk (docs/benchmarks.md,
-# "DGC momentum masking": no masking with 2 warm-up epochs ended 0.9304 against 0.9025 without warm-up)
-AUTO_WARMUP = 2
-
 
 def _zero_at(variable, flat_indices):
     """DGC's momentum factor masking: the variable set to 0 at these flat indices, in place."""
@@ -109,9 +104,7 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
             raise ValueError(f"algorithm must be the name of a collective or 'auto' (a schedule switches between "
                              f"several: schedule={{epoch: algorithm}}), got {algorithm!r}")
         auto, schedule = _option(auto, Auto, "auto"), as_schedule(schedule)
-        # auto's lossy candidates run as bench tta measured them best: DGC warm-up over AUTO_WARMUP epochs
-        dgc = DGC(warmup=AUTO_WARMUP) if dgc is None and "auto" in schedule.resolve(algorithm).values() \
-            else _option(dgc, DGC, "dgc")
+        dgc = default_dgc(schedule.resolve(algorithm)) if dgc is None else _option(dgc, DGC, "dgc")
         selection = _option(selection, Selection, "selection")
         target, candidates = check_density(density)
         check_config(algorithm, target, selection.selector, algorithm_options=algorithm_options)

@@ -234,7 +234,10 @@ def measure(args):
                 print(f"bench tta: the ranks failed at {mbit} Mbit/s: {str(e)[:2000]}", file=sys.stderr)
                 failed.append(mbit)
         calibration = os.path.join(run_dir, CALIBRATION)
-        calibration_s = json.load(open(calibration))["calibration_s"] if os.path.exists(calibration) else None
+        calibration_s = None
+        if os.path.exists(calibration):
+            with open(calibration) as f:
+                calibration_s = json.load(f)["calibration_s"]
         for seed in seeds(args):
             for config in args.configs:
                 rows = read_run(run_dir, run_name(args, config, seed))
