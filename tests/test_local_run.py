@@ -15,7 +15,7 @@ def test_command_lines():
     py = sys.executable
     assert local_run.command(["-m", "x", 1]) == [py, "-m", "x", "1"]
     hvd = local_run.command(["-m", "x"], 4)
-    assert hvd[1:] == ["-np", "4", "-H", "localhost:4", "--gloo", py, "-m", "x"] and hvd[0].endswith("horovodrun")
+    assert hvd == [py, "-m", "tfc_apps.horovodrun", "-np", "4", "-H", "localhost:4", "--gloo", py, "-m", "x"]
     prefix = local_run.cluster_launch_prefix(local=2, np_per_node=2, timeout=60)
     assert prefix == [py, "-m", "tfc_apps.cluster_launch", "--local", "2", "--np-per-node", "2", "--timeout", "60",
                       "--"]

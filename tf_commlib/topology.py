@@ -140,6 +140,9 @@ def init(topology=None, pin_gpu=True):
     extra = [r for r in intra_lists + inter_lists if len(r) != size]
     fixed = _fixed_set_class(hvd)
     sets = [fixed(r) for r in extra]
+    if os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR") and not hvd.gloo_built():
+        raise RuntimeError("this job was started by a Gloo launcher (horovodrun --gloo, tfc_apps.cluster_launch, "
+                           "tfc_apps.slurm), but Horovod was built without Gloo: rebuild it with scripts/build_horovod.sh")
     hvd.init(process_sets=sets)
     slurm_env.exit_notice_at_exit()
     if hvd.size() != size:

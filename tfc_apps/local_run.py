@@ -41,10 +41,10 @@ def cluster_launch_prefix(local=None, np_per_node=None, timeout=None):
 
 def command(argv, np_=None, launcher=None):
     """The job's command line: ``python argv...`` under `launcher` (a command prefix), else on np_
-    local ranks under horovodrun (Gloo), else (np_=None) alone."""
+    local ranks under horovodrun (Gloo; tfc_apps.horovodrun, which skips Horovod's per-launch build
+    probe), else (np_=None) alone."""
     if launcher is None and np_ is not None:
-        launcher = [str(Path(sys.executable).parent / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}",
-                    "--gloo"]
+        launcher = [sys.executable, "-m", "tfc_apps.horovodrun", "-np", str(np_), "-H", f"localhost:{np_}", "--gloo"]
     return [*(launcher or []), sys.executable, *map(str, argv)]
 
 
