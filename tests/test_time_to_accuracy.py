@@ -180,3 +180,45 @@ def test_an_untried_lossy_candidate_needs_the_margin():
     tta = TimeToAccuracy(CANDIDATES, LOSSY, margin=0.5)
     tta.observe("hitopk", 0.6, 0.6, efficiency=0.9)
     assert tta.choose(predicted) == "hitopk"
+
+
+def test_an_untried_candidate_is_tried_by_its_saving_without_overlap(monkeypatch):
+    """The overlap auto measures rests on a compute time measured apart from the steps: a compute
+    measured too long reads as overlap that hides most of a sparse candidate's saving. An untried
+    lossy candidate is therefore tried where the last measured step, less its collectives, plus the
+    candidate's, is within the margin; then its own measured steps decide."""
+    import keras
+
+    from tf_commlib import alphabeta
+    from tf_commlib.keras import DistributedOptimizer, auto_epoch, optimizer as module
+    from tf_commlib.topology import Topology
+
+    two_by_two = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
+    monkeypatch.setattr(module, "current_topology", lambda: two_by_two)
+    monkeypatch.setattr(auto_epoch, "current_topology", lambda: two_by_two)
+    link = alphabeta.LinkParams(beta_inter=8 / 100e6)
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
+                               auto=Auto(cost_params=link, compute_s=1.0, margin=0.9))
+    opt.build([keras.Variable(np.zeros((500, 400), np.float32)), keras.Variable(np.zeros(64, np.float32))])
+    auto = opt.auto_epochs
+    density = opt.target_density
+    comm = {c: auto.communication_s(c, density) for c in auto.tta.candidates}
+    assert comm["hitopk"] < 0.5 * comm["dense"]
+    # the compute measured at 1 s hides every collective: all candidates cost the same 1 s
+    assert {c: auto.step_s(c, density) for c in ("dense", "hitopk")} == {"dense": 1.0, "hitopk": 1.0}
+    assert auto.untried_bound(density) == {} and auto.choose(5) in ("dense", "2dtar")   # exact: a tie
+    # dense measured: its step is compute + its whole communication (nothing overlapped on shared cores)
+    compute = 0.2 * comm["dense"]
+    measured = compute + comm["dense"]
+    auto.tta.observe("dense", measured, auto.step_s("dense", density))
+    auto.last_measured = ("dense", measured, density)
+    ratio = auto.tta.ratio["dense"]
+    bound = auto.untried_bound(density)
+    assert set(bound) == {"hitopk", "powersgd"}
+    assert bound["hitopk"] * ratio == pytest.approx(compute + comm["hitopk"])
+    assert auto.choose(6) == min(bound, key=bound.get)
+    # once measured, a candidate's own measurement decides: hitopk measured slower than dense
+    auto.tta.observe("hitopk", 2 * measured, auto.step_s("hitopk", density), efficiency=1.0)
+    auto.tta.observe("powersgd", 2 * measured, auto.step_s("powersgd", density), efficiency=1.0)
+    auto.last_measured = ("powersgd", 2 * measured, density)
+    assert auto.untried_bound(density) == {} and auto.choose(7) in ("dense", "2dtar")

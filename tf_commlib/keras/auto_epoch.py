@@ -42,6 +42,7 @@ class AutoEpochs:
         self._scales = {}
         self.variables = []
         self.densities = {}   # candidate -> the density of its last measured epoch
+        self.last_measured = None   # (candidate, measured step seconds, density) of the last measured epoch
 
     # -- state, built with the optimizer ----------------------------------------------------
     def build(self, var_list, lossy_indices):
@@ -148,9 +149,29 @@ class AutoEpochs:
         comm, compute = self.communication_s(name, density), self.compute_s or 0.0
         return compute + comm - self.overlapped * min(compute, comm)
 
+    def untried_bound(self, density):
+        """Per lossy candidate not yet run: its step should communication hide none of the compute,
+        the largest saving it can bring (the last measured step, less its collectives' predicted
+        seconds, plus the candidate's), in the units TimeToAccuracy scales by the last measured/predicted
+        ratio. The measured overlap rests on a compute time measured apart from the step (noisy on
+        shared cores): an untried candidate is tried by this bound, then judged by its own measured
+        steps. Empty before an epoch is measured."""
+        if self.last_measured is None:
+            return {}
+        name, measured, at = self.last_measured
+        ratio = self.tta.ratio.get(name)
+        if not ratio:
+            return {}
+        compute = max(0.0, measured - self.communication_s(name, at))
+        return {c: (compute + self.communication_s(c, density)) / ratio
+                for c in self.tta.candidates if c in self.tta.lossy and c not in self.tta.ratio}
+
     def choose(self, epoch):
         density = self.opt.density_at(epoch)
-        choice = self.tta.choose({c: self.step_s(c, density) for c in self.tta.candidates}, epoch)
+        predicted = {c: self.step_s(c, density) for c in self.tta.candidates}
+        for c, bound in self.untried_bound(density).items():
+            predicted[c] = min(predicted[c], bound)
+        choice = self.tta.choose(predicted, epoch)
         self.tta.log[-1]["density"] = density
         return choice
 
@@ -170,6 +191,7 @@ class AutoEpochs:
         self.densities[self.running] = density
         if self.tta.observe(self.running, measured, self.step_s(self.running, density), eta, comparable=same):
             self.recalibrate()
+        self.last_measured = (self.running, float(measured), density)
         self.tta.log.append({"epoch": epoch, "ran": self.running, "measured_s": float(measured), "efficiency": float(eta)})
         self.running = None
 
