@@ -135,11 +135,13 @@ def test_doc_commands_parse():
 
 
 def test_default_threshold_splits_the_small_model_into_several_buckets():
-    """The default bucket size (chosen with bench e2e, docs/training.md) is the one of both entry
-    points, and the DAWNBench 'small' model (1.65 MB in its sparse group) gets several buckets at it,
-    so it can overlap; with 64 MB (the old default) it had one."""
+    """The exact collectives' bucket size (chosen with bench e2e, docs/training.md) is
+    GradientAggregator's default and DistributedOptimizer's for an exact algorithm, and the DAWNBench
+    'small' model (1.65 MB in its sparse group) gets several buckets at it, so it can overlap; with
+    64 MB (the lossy collectives' size) it has one."""
     import inspect
 
+    import keras
     import tensorflow as tf
 
     from tf_commlib import fusion
@@ -148,12 +150,17 @@ def test_default_threshold_splits_the_small_model_into_several_buckets():
     from tf_commlib.keras.policy import default_dense_layers
     from tfc_apps.dawnbench import models
 
-    for entry in (GradientAggregator, DistributedOptimizer):
-        default = inspect.signature(entry.__init__).parameters["fusion_threshold_bytes"].default
-        assert default == fusion.DEFAULT_THRESHOLD_BYTES and type(default) is int
+    default = inspect.signature(GradientAggregator.__init__).parameters["fusion_threshold_bytes"].default
+    assert default == fusion.DEFAULT_THRESHOLD_BYTES and type(default) is int
+    for algorithm in ("dense", "2dtar"):
+        opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), algorithm=algorithm)
+        assert opt.fusion_threshold_bytes == fusion.DEFAULT_THRESHOLD_BYTES
     model = models.build("small", 1000)
     specs = [tf.TensorSpec(v.shape, v.dtype) for v in model.trainable_variables if not default_dense_layers(v)]
-    assert len(fusion.plan(specs, 64 << 20)) == 1
+    assert len(fusion.plan(specs, fusion.LOSSY_THRESHOLD_BYTES)) == 1
     buckets = fusion.plan(specs, fusion.DEFAULT_THRESHOLD_BYTES)
     assert len(buckets) >= 3
     assert all(sum(b.sizes) * 4 <= fusion.DEFAULT_THRESHOLD_BYTES or len(b.sizes) == 1 for b in buckets)
+    assert fusion.largest_bucket(specs, fusion.DEFAULT_THRESHOLD_BYTES) == max(sum(b.sizes) for b in buckets)
+    assert fusion.largest_bucket(specs, fusion.LOSSY_THRESHOLD_BYTES) == sum(s.shape.num_elements() for s in specs)
+    assert fusion.largest_bucket([], 1 << 20) == 1

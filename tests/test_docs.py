@@ -107,6 +107,9 @@ FLAGS = {
     "python -m tfc_apps.cluster_launch -- python scripts/dawnbench_resnet50.py --synthetic --model resnet50 "
     "--stages 64:5:8 --steps-per-epoch 4 --optimizer sgd --breakdown-steps 0":
         "a benchmark: ResNet-50 on the emulated cluster (2 min per configuration)",
+    "python -m tfc_apps.bench e2e --model small --resolutions 32 --configs dense_fp16 hitopk@0.01 powersgd "
+    "--fusion-threshold-bytes 1048576 26214400 1048576 26214400 --steps 8 --warmup 2 --breakdown-steps 0 "
+    "--inter-mbit 100": "a benchmark: the small model on the emulated cluster, 12 configurations (5 min)",
     "python -m tfc_apps.bench tta --inter-mbit 0 100 --configs dense_fp16 hitopk auto --repeats 3":
         "a benchmark: 18 four-rank trainings (23 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 hitopk powersgd auto":

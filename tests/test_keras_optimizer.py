@@ -302,3 +302,54 @@ def test_the_stepping_copy_keeps_the_learning_rate_and_weight_decay_exclusions()
         DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm=["hitopk", "dense"])
     with pytest.raises(ValueError, match="density must be"):
         DistributedOptimizer(keras.optimizers.SGD(0.1), density={0.1: 1})
+
+
+def test_the_bucket_size_follows_the_collectives_unless_given(monkeypatch):
+    """fusion_threshold_bytes=None: the largest bucket size of the collectives the schedule names
+    (25 MB where one is lossy: its fixed costs per bucket; 1 MB for exact ones, which overlap
+    backprop); "auto" starts at the exact size and takes a lossy candidate's where that one's timed
+    aggregation is the fastest by Auto.switch; the dense-layer group stays at the exact size; a
+    given size wins everywhere and is what get_config keeps (None for the default)."""
+    from tf_commlib import collectives, fusion
+    from tf_commlib.keras import optimizer as module
+    from tf_commlib.keras.auto_epoch import lossy_bucket_bytes
+    from tf_commlib.keras.optimizer import default_fusion_threshold
+    from tf_commlib.topology import Topology
+
+    monkeypatch.setattr(module, "current_topology", lambda: Topology(m=2, n=2, rank=0, node=0, local=0,
+                                                                     intra_ranks=(0, 1), inter_ranks=(0, 2)))
+
+    small, large = fusion.DEFAULT_THRESHOLD_BYTES, fusion.LOSSY_THRESHOLD_BYTES
+    assert small < large
+    assert [collectives.bucket_bytes([n]) for n in ("dense", "2dtar", "hitopk", "powersgd")] == [small, small,
+                                                                                                   large, large]
+    assert default_fusion_threshold(["auto"]) == default_fusion_threshold(["dense", "auto"]) == small
+    assert default_fusion_threshold(["auto", "hitopk"]) == large
+    auto = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+    timed = {"dense": 0.10, "2dtar": 0.08, "hitopk": 0.05, "powersgd": 0.06}
+    assert lossy_bucket_bytes(auto, timed) == large
+    assert lossy_bucket_bytes(auto, {**timed, "hitopk": 0.075, "powersgd": 0.08}) is None   # not 0.9 x 0.08
+    assert lossy_bucket_bytes(auto, {"dense": 0.1, "2dtar": 0.08}) is None
+    given = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), fusion_threshold_bytes=small)
+    assert lossy_bucket_bytes(given, timed) is None
+
+    def made(**kwargs):
+        return DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), **kwargs)
+
+    for kwargs, want in (({}, small), ({"algorithm": "hitopk"}, large), ({"algorithm": "dense"}, small),
+                         ({"algorithm": "2dtar", "schedule": {0: "2dtar", 3: "powersgd"}}, large),
+                         ({"algorithm": "hitopk", "fusion_threshold_bytes": 4096}, 4096)):
+        opt = made(**kwargs)
+        assert opt.fusion_threshold_bytes == want, kwargs
+        saved = opt.get_config()["fusion_threshold_bytes"]
+        assert saved == kwargs.get("fusion_threshold_bytes"), kwargs
+        assert DistributedOptimizer.from_config(opt.get_config()).fusion_threshold_bytes == want
+    opt = made(algorithm="hitopk")
+    opt.build([keras.Variable(np.zeros((3, 3, 64, 64), np.float32)), keras.Variable(np.zeros(8, np.float32))])
+    sparse, dense = (g.aggregator for g in opt._groups)
+    assert (sparse.fusion_threshold_bytes, dense.fusion_threshold_bytes) == (large, small)
+    opt = made(algorithm="hitopk", fusion_threshold_bytes=4096)
+    opt.build([keras.Variable(np.zeros((3, 3, 64, 64), np.float32)), keras.Variable(np.zeros(8, np.float32))])
+    assert [g.aggregator.fusion_threshold_bytes for g in opt._groups] == [4096, 4096]
+    with pytest.raises(TypeError, match="bucket_bytes must be None or an int >= 0"):
+        collectives.Collective("x", lambda x, topo, ctx=None: x, lambda *a: {}, lambda *a: {}, bucket_bytes=-1)

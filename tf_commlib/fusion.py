@@ -12,6 +12,11 @@ Bucket = collections.namedtuple("Bucket", "dtype positions shapes sizes")
 # 100 Mbit/s): buckets must be small enough that a model of a few MB forms several of them (one
 # bucket cannot overlap with backprop), large enough that per-bucket costs stay small.
 DEFAULT_THRESHOLD_BYTES = 1 << 20
+# The bucket size of a lossy collective where none is given (DistributedOptimizer's default,
+# tf_commlib.collectives.bucket_bytes): a sparse or low-rank collective pays a fixed cost per bucket
+# (a selection, an index exchange, a factorisation) that small buckets multiply; measured on
+# ResNet-50 and the small model (docs/training.md, "Bucket size per collective").
+LOSSY_THRESHOLD_BYTES = 25 << 20
 
 
 def plan(tensors, threshold_bytes, backprop_order=True):
@@ -45,6 +50,13 @@ def plan(tensors, threshold_bytes, backprop_order=True):
         out.append(Bucket(dt, tuple(m[0] for m in members), tuple(m[1] for m in members),
                           tuple(m[2] for m in members)))
     return out
+
+
+def largest_bucket(variables, threshold_bytes):
+    """Entries of the largest bucket that plan() makes of these variables' gradients (anything with
+    a static .shape and .dtype; at least 1): the size the link is calibrated at."""
+    specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
+    return max([1] + [sum(b.sizes) for b in plan(specs, threshold_bytes)])
 
 
 def flatten(tensors, bucket):

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 
 from tf_commlib.collectives.interface import Collective, Context
 
-__all__ = ["ALGORITHMS", "AUTO_MARGIN", "Collective", "Context", "breakdown", "check_margin", "check_seconds",
+__all__ = ["ALGORITHMS", "AUTO_MARGIN", "Collective", "Context", "breakdown", "bucket_bytes", "check_margin", "check_seconds",
            "choose", "keep_exact", "predict",
            "register",
            "resolve_algorithm_options", "with_compression"]
@@ -94,6 +94,21 @@ def predict(algorithm, d, m, n, density, params=None, options=None, shapes=None)
 
 
 AUTO_MARGIN = 0.5   # the default Auto.margin of GradientAggregator and DistributedOptimizer
+
+
+def bucket_bytes(names):
+    """The gradient bucket size for a run that may use the collectives `names` where the user gives
+    none: the largest of theirs (Collective.bucket_bytes; a lossy one's fixed costs per bucket weigh
+    more than the overlap an exact one loses with larger buckets, docs/training.md)."""
+    from tf_commlib import fusion
+
+    def own(name):
+        coll = ALGORITHMS[name]
+        if coll.bucket_bytes is not None:
+            return coll.bucket_bytes
+        return fusion.LOSSY_THRESHOLD_BYTES if coll.lossy else fusion.DEFAULT_THRESHOLD_BYTES
+
+    return max(own(n) for n in names)
 
 
 def check_margin(value, name="lossy_margin"):

@@ -106,6 +106,8 @@ class Collective:
             ``bytes`` is then the expectation for independent uniformly random indices.
     sharding: a Sharding where the collective is a reduce-scatter + all-gather that a sharded
             optimizer update may split (dense, 2dtar); None otherwise.
+    bucket_bytes: the gradient bucket size it runs with where the user gives none (None:
+            tf_commlib.fusion.LOSSY_THRESHOLD_BYTES for a lossy collective, else DEFAULT_THRESHOLD_BYTES).
     A layout the algorithm cannot run on gets time {"unsupported": math.inf}, so `auto` skips it.
     shapes: breakdown, sent_bytes, sent_bytes_for and context take ``shapes=`` (see Context; None:
             one flat vector of d). The formulas (time, bytes, actual_bytes, state_size) keep
@@ -124,10 +126,15 @@ class Collective:
     check_options: Optional[Callable] = None
     actual_bytes: Optional[Callable] = None
     sharding: Optional[Sharding] = None
+    bucket_bytes: Optional[int] = None
 
     def __post_init__(self):
         if self.lossy and not (self.state_size and self.residual_to_input):
             raise TypeError(f"lossy collective {self.name!r} needs state_size and residual_to_input")
+        if self.bucket_bytes is not None and (isinstance(self.bucket_bytes, bool)
+                                              or not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 0):
+            raise TypeError(f"collective {self.name!r}: bucket_bytes must be None or an int >= 0, "
+                            f"got {self.bucket_bytes!r}")
         if not callable(self.fn):
             raise TypeError(f"collective {self.name!r}: fn must be callable, got {self.fn!r}")
         object.__setattr__(self, "fn", plain_python(self.fn))

@@ -16,7 +16,7 @@ import tensorflow as tf
 from tf_commlib import costmodel, fusion, primitives
 from tf_commlib.alphabeta import LinkParams
 from tf_commlib.aggregator.time_to_accuracy import TimeToAccuracy
-from tf_commlib.collectives import ALGORITHMS, predict
+from tf_commlib.collectives import ALGORITHMS, bucket_bytes, predict
 from tf_commlib.topology import topology as current_topology
 
 
@@ -228,14 +228,36 @@ def calibrate_link(opt, variables):
         return
     topo = current_topology()
     if opt.auto.cost_params is None and getattr(opt, "calibrated_link", None) is None:
-        largest = max([opt.fusion_threshold_bytes // 4, 1] + [int(np.prod(v.shape)) for v in variables])
+        largest = fusion.largest_bucket(variables, opt.fusion_threshold_bytes)
         link = LinkParams() if topo.size == 1 else costmodel.cached_calibration(
             topo, cache_path(), **costmodel.sizes_for(largest))[0]
         object.__setattr__(opt, "calibrated_link", link)   # not tracked by Keras
     probe = opt.auto.cost_params is None if opt.auto.probe is None else opt.auto.probe
     if probe and topo.size > 1 and getattr(opt, "probed", None) is None and not opt.selection.qrgc:
         link = opt.auto.cost_params or getattr(opt, "calibrated_link", None) or LinkParams()
-        object.__setattr__(opt, "probed", probe_candidates(opt, variables, link))
+        probed = probe_candidates(opt, variables, link)
+        size = lossy_bucket_bytes(opt, probed)
+        if size is not None:   # the run's buckets are that candidate's: timed again with them
+            opt.fusion_threshold_bytes = size
+            probed = probe_candidates(opt, variables, link)
+        object.__setattr__(opt, "probed", probed)
+
+
+def lossy_bucket_bytes(opt, probed):
+    """The bucket size "auto" runs with where the user gave none: it starts with the exact
+    collectives' (1 MB, which overlaps backprop); where a lossy candidate's timed aggregation is at
+    most Auto.switch times the fastest exact one's, that candidate's larger size
+    (collectives.bucket_bytes: a lossy collective's fixed costs per bucket), else None. Decided from
+    the timings kept in the cache, so a resumed run on the cluster builds the same buckets."""
+    if opt.fusion_arg is not None:
+        return None
+    exact = [t for c, t in probed.items() if not ALGORITHMS[c].lossy]
+    lossy = {c: t for c, t in probed.items() if ALGORITHMS[c].lossy}
+    if not exact or not lossy:
+        return None
+    best = min(lossy, key=lossy.get)
+    size = bucket_bytes([best])
+    return size if lossy[best] <= opt.auto.switch * min(exact) and size > opt.fusion_threshold_bytes else None
 
 
 def probe_candidates(opt, variables, link, repeats=3):

@@ -23,11 +23,10 @@ import math
 import keras
 import tensorflow as tf
 
-from tf_commlib import internals, link_bytes, ops
+from tf_commlib import fusion, internals, link_bytes, ops
 from tf_commlib.aggregator import Auto, ExecutionSettings, GradientAggregator, check_config
-from tf_commlib.collectives import with_compression
+from tf_commlib.collectives import bucket_bytes, with_compression
 from tf_commlib.collectives.interface import plain_python
-from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
 from tf_commlib.overlap import after_all
 from tf_commlib.keras.auto_epoch import AutoEpochs
 from tf_commlib.keras.groups import Group
@@ -59,6 +58,14 @@ def _option(value, cls, name):
 
 
 @keras.saving.register_keras_serializable(package="tf_commlib")
+def default_fusion_threshold(algorithms):
+    """The bucket size of the compressible variables where fusion_threshold_bytes is None: the largest
+    that the collectives `algorithms` (a schedule's names) ask for (tf_commlib.collectives.bucket_bytes);
+    "auto" starts with the exact collectives' (auto_epoch.lossy_bucket_bytes may raise it)."""
+    named = [a for a in algorithms if a != "auto"]
+    return bucket_bytes(named) if named else fusion.DEFAULT_THRESHOLD_BYTES
+
+
 class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
     """Wraps a Keras 3 optimizer; gradients are averaged over all Horovod ranks before its step.
 
@@ -78,7 +85,10 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         switches at epoch boundaries, e.g. {0: "hitopk", 13: "2dtar"} (shi2021's DAWNBench recipe).
       auto: an Auto (link parameters, compute seconds, candidates, switch and drift) for "auto".
       selection: a Selection (top-k selector, seed, which variables go dense, RedSync's qRGC).
-      fusion_threshold_bytes: the most bytes of one bucket.
+      fusion_threshold_bytes: the most bytes of one bucket; default None: the largest bucket size of
+        the collectives the schedule names (tf_commlib.collectives.bucket_bytes: 25 MB where one is
+        lossy, 1 MB for exact ones); "auto" starts at 1 MB and takes a lossy candidate's size where
+        its timed aggregation is the fastest by Auto.switch; the dense-layer group keeps 1 MB.
       overlap: False makes aggregation wait for the whole of backprop (the fp32 baseline of the
         benchmarks). By default each bucket is aggregated as soon as its gradients exist, while
         backprop goes on (tf_commlib.overlap; buckets are packed from the last layer).
@@ -93,7 +103,7 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
     """
 
     def __init__(self, optimizer, *, algorithm="auto", density=0.01, compression="none", dgc=None,
-                 schedule=None, auto=None, selection=None, fusion_threshold_bytes=DEFAULT_THRESHOLD_BYTES,
+                 schedule=None, auto=None, selection=None, fusion_threshold_bytes=None,
                  overlap=True, shard_optimizer=False, algorithm_options=None, **kwargs):
         name = kwargs.pop("name", None)
         for key in kwargs:
@@ -110,9 +120,10 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         check_config(algorithm, target, selection.selector, algorithm_options=algorithm_options)
         with_compression(algorithm_options, compression)   # ValueError naming a bad compression
         _check_flags(overlap=overlap, shard_optimizer=shard_optimizer)
-        if isinstance(fusion_threshold_bytes, bool) or not isinstance(fusion_threshold_bytes, int) \
-                or fusion_threshold_bytes < 0:
-            raise ValueError(f"fusion_threshold_bytes must be an int >= 0, got {fusion_threshold_bytes!r}")
+        if fusion_threshold_bytes is not None and (isinstance(fusion_threshold_bytes, bool)
+                                                   or not isinstance(fusion_threshold_bytes, int)
+                                                   or fusion_threshold_bytes < 0):
+            raise ValueError(f"fusion_threshold_bytes must be None or an int >= 0, got {fusion_threshold_bytes!r}")
         if name is not None and not isinstance(name, str):
             raise ValueError(f"name must be None or a string, got {name!r}")
         if shard_optimizer:
@@ -124,7 +135,9 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         self.algorithm, self.compression, self.algorithm_options = algorithm, compression, algorithm_options
         self.dgc, self.selection, self.auto, self.schedule_options = dgc, selection, auto, schedule
         self.plan = EpochPlan(schedule.resolve(algorithm), dgc, target, candidates)
-        self.fusion_threshold_bytes, self.overlap = fusion_threshold_bytes, overlap
+        self.fusion_arg, self.overlap = fusion_threshold_bytes, overlap   # fusion_arg: as given (None: default)
+        self.fusion_threshold_bytes = (default_fusion_threshold(self.plan.schedule.values())
+                                       if fusion_threshold_bytes is None else fusion_threshold_bytes)
         self.shard_optimizer = shard_optimizer
         self.dense_layers = selection.dense_layers or default_dense_layers
         self._density_arg = density if isinstance(density, str) else (list(candidates) or target)
@@ -238,8 +251,9 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
                                 lossy_idx[:-1], True))
             lossy_idx = lossy_idx[-1:]
         groups.append(Group(aggregator(names, sel.selector, self.fusion_threshold_bytes), lossy_idx, True))
-        groups.append(Group(aggregator(["2dtar" if topo.m > 1 and topo.n > 1 else "dense"], sel.selector,
-                                       self.fusion_threshold_bytes), dense_idx, False))
+        exact = "2dtar" if topo.m > 1 and topo.n > 1 else "dense"
+        groups.append(Group(aggregator([exact], sel.selector, bucket_bytes([exact]) if self.fusion_arg is None
+                                       else self.fusion_arg), dense_idx, False))
         self._groups = [g for g in groups if g.indices]
         if self.auto_epochs is not None:   # one candidate traced at a time (CompressionScheduler retraces)
             for group in groups:
@@ -409,7 +423,7 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         return {"name": self.name, "optimizer": keras.optimizers.serialize(self._given_optimizer()),
                 "algorithm": self.algorithm, "density": self._density_arg, "compression": self.compression,
                 **groups_to_config(self.dgc, self.schedule_options, self.auto, self.selection),
-                "fusion_threshold_bytes": self.fusion_threshold_bytes, "overlap": self.overlap,
+                "fusion_threshold_bytes": self.fusion_arg, "overlap": self.overlap,
                 "shard_optimizer": self.shard_optimizer, "algorithm_options": self.algorithm_options}
 
     def _given_optimizer(self):

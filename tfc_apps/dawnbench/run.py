@@ -103,11 +103,12 @@ def calibrate_for(model, topo, args, num_classes, loss):
     a cache file (--calibration-cache, or calibration.json in --ckpt-dir) both are kept in its
     folder, which also becomes $TF_COMMLIB_CACHE (where auto keeps the candidates' timings):
     measured once per cluster and model."""
-    from tf_commlib import costmodel
-    from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
+    from tf_commlib import costmodel, fusion
+    from tf_commlib.keras.optimizer import default_fusion_threshold
 
-    threshold = DEFAULT_THRESHOLD_BYTES if args.fusion_threshold_bytes is None else args.fusion_threshold_bytes
-    largest = max([threshold // 4] + [int(np.prod(v.shape)) for v in model.trainable_variables])
+    threshold = (default_fusion_threshold(args.schedule_map.values()) if args.fusion_threshold_bytes is None
+                 else args.fusion_threshold_bytes)
+    largest = fusion.largest_bucket(model.trainable_variables, threshold)
     cache = args.calibration_cache or (os.path.join(args.ckpt_dir, "calibration.json") if args.ckpt_dir else None)
     stage, rng = args.stage_list[0], np.random.default_rng(args.seed)
     x = tf.constant(rng.uniform(size=(stage.batch, stage.resolution, stage.resolution, 3)), tf.float32)
