@@ -237,9 +237,12 @@ def calibrate_link(opt, variables):
         link = opt.auto.cost_params or getattr(opt, "calibrated_link", None) or LinkParams()
         probed = probe_candidates(opt, variables, link)
         size = lossy_bucket_bytes(opt, probed)
-        if size is not None:   # the run's buckets are that candidate's: timed again with them
+        if size is not None:   # the run's buckets are that candidate's: timed again where they differ
+            specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables if not opt.dense_layers(v)]
+            before = [b.sizes for b in fusion.plan(specs, opt.fusion_threshold_bytes)]
             opt.fusion_threshold_bytes = size
-            probed = probe_candidates(opt, variables, link)
+            if [b.sizes for b in fusion.plan(specs, size)] != before:
+                probed = probe_candidates(opt, variables, link)
         object.__setattr__(opt, "probed", probed)
 
 
