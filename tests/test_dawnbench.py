@@ -114,7 +114,7 @@ def test_synthetic_resnet50_few_steps_on_4_ranks_sharded_lars(tmp_path):
     switch (hitopk for epoch 0, 2dtar from epoch 1): its 161 variables cut into node slices, the
     replicas identical, LARS's momentum in slices of 1/n = 1/2 (the same slices in both phases: the
     2dtar step updates the state the hitopk step left). One step per epoch: the run is mostly the
-    tracing of ResNet-50's step (100 MB of gradients in 1 MiB buckets) on 4 ranks; tests/test_zero.py
+    tracing of ResNet-50's step (100 MB of gradients in 25 MB buckets) on 4 ranks; tests/test_zero.py
     checks two sharded steps in each phase on 2x2 (LARS among them) against the unsharded update."""
     out = _run(["--synthetic", "--model", "resnet50", "--stages", "64:2:2", "--steps-per-epoch", "1",
                 "--schedule", "0:hitopk,1:2dtar", "--shard-optimizer", "--breakdown-steps", "0"], tmp_path)

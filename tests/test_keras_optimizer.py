@@ -227,6 +227,10 @@ def test_overlap_and_cost_params_survive_serialisation():
     assert again.overlap is False and again.auto == Auto(params, 0.8, 0.25)
     assert DistributedOptimizer(keras.optimizers.SGD(0.1)).auto == Auto(None, 0.5, None)
     assert DistributedOptimizer(keras.optimizers.SGD(0.1)).overlap is True
+    # through Keras' own (de)serialisation, as keras.models.clone_model and saving a compiled model use it
+    saved = keras.saving.serialize_keras_object(opt)
+    assert saved["registered_name"] == "tf_commlib>DistributedOptimizer"
+    assert keras.saving.deserialize_keras_object(saved).get_config() == opt.get_config()
 
 
 def test_configs_saved_with_flat_keywords_load():

@@ -57,7 +57,6 @@ def _option(value, cls, name):
     return value
 
 
-@keras.saving.register_keras_serializable(package="tf_commlib")
 def default_fusion_threshold(algorithms):
     """The bucket size of the compressible variables where fusion_threshold_bytes is None: the largest
     that the collectives `algorithms` (a schedule's names) ask for (tf_commlib.collectives.bucket_bytes);
@@ -66,6 +65,7 @@ def default_fusion_threshold(algorithms):
     return bucket_bytes(named) if named else fusion.DEFAULT_THRESHOLD_BYTES
 
 
+@keras.saving.register_keras_serializable(package="tf_commlib")
 class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
     """Wraps a Keras 3 optimizer; gradients are averaged over all Horovod ranks before its step.
 
