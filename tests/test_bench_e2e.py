@@ -164,3 +164,12 @@ def test_default_threshold_splits_the_small_model_into_several_buckets():
     assert fusion.largest_bucket(specs, fusion.DEFAULT_THRESHOLD_BYTES) == max(sum(b.sizes) for b in buckets)
     assert fusion.largest_bucket(specs, fusion.LOSSY_THRESHOLD_BYTES) == sum(s.shape.num_elements() for s in specs)
     assert fusion.largest_bucket([], 1 << 20) == 1
+    # a lossy collective's default size fitted to the model: the small model keeps the 1 MB layout,
+    # ResNet-50's compressible gradients (about 97 MB) get buckets of a quarter of them
+    assert fusion.bucket_threshold(fusion.LOSSY_THRESHOLD_BYTES, specs) == fusion.DEFAULT_THRESHOLD_BYTES
+    resnet = [tf.TensorSpec(v.shape, v.dtype) for v in models.build("resnet50", 1000).trainable_variables
+              if not default_dense_layers(v)]
+    total = sum(s.shape.num_elements() * 4 for s in resnet)
+    assert 90 << 20 < total < 100 << 20
+    assert fusion.bucket_threshold(fusion.LOSSY_THRESHOLD_BYTES, resnet) == total // 4
+    assert fusion.bucket_threshold(fusion.DEFAULT_THRESHOLD_BYTES, resnet) == fusion.DEFAULT_THRESHOLD_BYTES

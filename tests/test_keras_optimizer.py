@@ -348,10 +348,14 @@ def test_the_bucket_size_follows_the_collectives_unless_given(monkeypatch):
         saved = opt.get_config()["fusion_threshold_bytes"]
         assert saved == kwargs.get("fusion_threshold_bytes"), kwargs
         assert DistributedOptimizer.from_config(opt.get_config()).fusion_threshold_bytes == want
-    opt = made(algorithm="hitopk")
-    opt.build([keras.Variable(np.zeros((3, 3, 64, 64), np.float32)), keras.Variable(np.zeros(8, np.float32))])
-    sparse, dense = (g.aggregator for g in opt._groups)
-    assert (sparse.fusion_threshold_bytes, dense.fusion_threshold_bytes) == (large, small)
+    # built, the lossy size is fitted to the model: at most a quarter of its compressible bytes, not
+    # under the exact size (the small model keeps 1 MB buckets, ResNet-50 gets about 24 MB ones)
+    for shape, want in (((3, 3, 64, 64), small), ((3, 3, 512, 512), 9 * 512 * 512), ((3, 3, 2048, 2048), large)):
+        opt = made(algorithm="hitopk")
+        opt.build([keras.Variable(np.zeros(shape, np.float32)), keras.Variable(np.zeros(8, np.float32))])
+        sparse, dense = (g.aggregator for g in opt._groups)
+        assert (sparse.fusion_threshold_bytes, dense.fusion_threshold_bytes) == (want, small), shape
+        assert opt.fusion_threshold_bytes == want and opt.bucket_cap == large
     opt = made(algorithm="hitopk", fusion_threshold_bytes=4096)
     opt.build([keras.Variable(np.zeros((3, 3, 64, 64), np.float32)), keras.Variable(np.zeros(8, np.float32))])
     assert [g.aggregator.fusion_threshold_bytes for g in opt._groups] == [4096, 4096]

@@ -52,6 +52,16 @@ def plan(tensors, threshold_bytes, backprop_order=True):
     return out
 
 
+def bucket_threshold(cap_bytes, variables):
+    """The bucket size for these variables' gradients where the user gives none: a collective's own
+    size `cap_bytes`, but at most a quarter of their bytes (backprop can then overlap a few buckets),
+    and not under DEFAULT_THRESHOLD_BYTES. The small model's 1.65 MB keep three 1 MB buckets,
+    ResNet-50's 97 MB get about 24 MB ones (docs/training.md, "Bucket size per collective")."""
+    total = sum(tf.TensorSpec(v.shape, v.dtype).shape.num_elements() * tf.as_dtype(v.dtype).size
+                for v in variables)
+    return max(DEFAULT_THRESHOLD_BYTES, min(cap_bytes, total // 4))
+
+
 def largest_bucket(variables, threshold_bytes):
     """Entries of the largest bucket that plan() makes of these variables' gradients (anything with
     a static .shape and .dtype; at least 1): the size the link is calibrated at."""

@@ -228,6 +228,7 @@ def calibrate_link(opt, variables):
         return
     topo = current_topology()
     if opt.auto.cost_params is None and getattr(opt, "calibrated_link", None) is None:
+        opt.size_buckets(variables)
         largest = fusion.largest_bucket(variables, opt.fusion_threshold_bytes)
         link = LinkParams() if topo.size == 1 else costmodel.cached_calibration(
             topo, cache_path(), **costmodel.sizes_for(largest))[0]
@@ -236,12 +237,13 @@ def calibrate_link(opt, variables):
     if probe and topo.size > 1 and getattr(opt, "probed", None) is None and not opt.selection.qrgc:
         link = opt.auto.cost_params or getattr(opt, "calibrated_link", None) or LinkParams()
         probed = probe_candidates(opt, variables, link)
-        size = lossy_bucket_bytes(opt, probed)
-        if size is not None:   # the run's buckets are that candidate's: timed again where they differ
+        cap = lossy_bucket_bytes(opt, probed)
+        if cap is not None:   # the run's buckets are that candidate's: timed again where they differ
             specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables if not opt.dense_layers(v)]
             before = [b.sizes for b in fusion.plan(specs, opt.fusion_threshold_bytes)]
-            opt.fusion_threshold_bytes = size
-            if [b.sizes for b in fusion.plan(specs, size)] != before:
+            opt.bucket_cap = cap
+            opt.size_buckets(variables)
+            if [b.sizes for b in fusion.plan(specs, opt.fusion_threshold_bytes)] != before:
                 probed = probe_candidates(opt, variables, link)
         object.__setattr__(opt, "probed", probed)
 
@@ -250,8 +252,9 @@ def lossy_bucket_bytes(opt, probed):
     """The bucket size "auto" runs with where the user gave none: it starts with the exact
     collectives' (1 MB, which overlaps backprop); where a lossy candidate's timed aggregation is at
     most Auto.switch times the fastest exact one's, that candidate's larger size
-    (collectives.bucket_bytes: a lossy collective's fixed costs per bucket), else None. Decided from
-    the timings kept in the cache, so a resumed run on the cluster builds the same buckets."""
+    (collectives.bucket_bytes: a lossy collective's fixed costs per bucket; the optimizer's
+    bucket_cap, fitted to the model by size_buckets), else None. Decided from the timings kept in the
+    cache, so a resumed run on the cluster builds the same buckets."""
     if opt.fusion_arg is not None:
         return None
     exact = [t for c, t in probed.items() if not ALGORITHMS[c].lossy]
@@ -260,7 +263,7 @@ def lossy_bucket_bytes(opt, probed):
         return None
     best = min(lossy, key=lossy.get)
     size = bucket_bytes([best])
-    return size if lossy[best] <= opt.auto.switch * min(exact) and size > opt.fusion_threshold_bytes else None
+    return size if lossy[best] <= opt.auto.switch * min(exact) and size > opt.bucket_cap else None
 
 
 def probe_candidates(opt, variables, link, repeats=3):

@@ -136,8 +136,10 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         self.dgc, self.selection, self.auto, self.schedule_options = dgc, selection, auto, schedule
         self.plan = EpochPlan(schedule.resolve(algorithm), dgc, target, candidates)
         self.fusion_arg, self.overlap = fusion_threshold_bytes, overlap   # fusion_arg: as given (None: default)
-        self.fusion_threshold_bytes = (default_fusion_threshold(self.plan.schedule.values())
-                                       if fusion_threshold_bytes is None else fusion_threshold_bytes)
+        # the given size, else the collectives' (bucket_cap), fitted to the model when built (size_buckets)
+        self.bucket_cap = (default_fusion_threshold(self.plan.schedule.values())
+                           if fusion_threshold_bytes is None else fusion_threshold_bytes)
+        self.fusion_threshold_bytes = self.bucket_cap
         self.shard_optimizer = shard_optimizer
         self.dense_layers = selection.dense_layers or default_dense_layers
         self._density_arg = density if isinstance(density, str) else (list(candidates) or target)
@@ -218,6 +220,13 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
     # -- state -----------------------------------------------------------------------------
     timeline = None   # a tf_commlib.overlap.Timeline (set before the first step), or None
 
+    def size_buckets(self, variables):
+        """Where no fusion_threshold_bytes was given: the compressible variables' bucket size for
+        these model variables, bucket_cap fitted to their bytes (fusion.bucket_threshold)."""
+        if self.fusion_arg is None:
+            self.fusion_threshold_bytes = fusion.bucket_threshold(
+                self.bucket_cap, [v for v in variables if not self.dense_layers(v)])
+
     def _factory(self, shape, dtype, name):
         return self.add_variable(shape=shape, dtype=tf.as_dtype(dtype).name, initializer="zeros",
                                  name=name, aggregation="none")
@@ -226,6 +235,7 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         if self.built:
             return
         topo, sel = current_topology(), self.selection
+        self.size_buckets(var_list)
         dense_idx = [i for i, v in enumerate(var_list) if self.dense_layers(v)]
         lossy_idx = [i for i, v in enumerate(var_list) if not self.dense_layers(v)]
         names = sorted(set(self.schedule.values()), key=list(self.schedule.values()).index)

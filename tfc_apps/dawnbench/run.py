@@ -105,9 +105,11 @@ def calibrate_for(model, topo, args, num_classes, loss):
     measured once per cluster and model."""
     from tf_commlib import costmodel, fusion
     from tf_commlib.keras.optimizer import default_fusion_threshold
+    from tf_commlib.keras.policy import default_dense_layers
 
-    threshold = (default_fusion_threshold(args.schedule_map.values()) if args.fusion_threshold_bytes is None
-                 else args.fusion_threshold_bytes)
+    threshold = (fusion.bucket_threshold(default_fusion_threshold(args.schedule_map.values()),
+                                         [v for v in model.trainable_variables if not default_dense_layers(v)])
+                 if args.fusion_threshold_bytes is None else args.fusion_threshold_bytes)
     largest = fusion.largest_bucket(model.trainable_variables, threshold)
     cache = args.calibration_cache or (os.path.join(args.ckpt_dir, "calibration.json") if args.ckpt_dir else None)
     stage, rng = args.stage_list[0], np.random.default_rng(args.seed)
