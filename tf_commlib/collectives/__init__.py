@@ -30,8 +30,8 @@ from collections.abc import Mapping
 
 from tf_commlib.collectives.interface import Collective, Context
 
-__all__ = ["ALGORITHMS", "AUTO_MARGIN", "Collective", "Context", "breakdown", "bucket_bytes", "check_margin", "check_seconds",
-           "choose", "keep_exact", "predict",
+__all__ = ["ALGORITHMS", "AUTO_MARGIN", "Collective", "Context", "breakdown", "bucket_bytes", "check_margin",
+           "check_seconds", "choose", "keep_exact", "predict",
            "register",
            "resolve_algorithm_options", "with_compression"]
 

@@ -18,17 +18,16 @@ keras.optimizers.LossScaleOptimizer that Keras' compile puts around a Distribute
 global by ``global_loss_scale(model)`` (CompressionScheduler, in default_callbacks(), calls it when fit
 starts).
 """
-import math
 
 import keras
 import tensorflow as tf
 
-from tf_commlib import fusion, internals, link_bytes, ops
+from tf_commlib import fusion, internals, link_bytes
 from tf_commlib.aggregator import Auto, ExecutionSettings, GradientAggregator, check_config
 from tf_commlib.collectives import bucket_bytes, with_compression
 from tf_commlib.collectives.interface import plain_python
-from tf_commlib.overlap import after_all
 from tf_commlib.keras.auto_epoch import AutoEpochs
+from tf_commlib.keras import step
 from tf_commlib.keras.groups import Group
 from tf_commlib.keras.options import (DGC, MOVED, Selection, as_schedule, check_density, default_dgc, grouped,
                                       groups_from_config, groups_to_config, moved_error)
@@ -37,11 +36,6 @@ from tf_commlib.keras.sharded import ShardedUpdate, check_shardable
 from tf_commlib.keras.wrapping import (WRAPPED, WRAPPERS, InnerSteps, check_optimizer,  # noqa: F401 (re-exported)
                                        distributed_optimizer, momentum_handover)
 from tf_commlib.topology import topology as current_topology
-
-def _zero_at(variable, flat_indices):
-    """DGC's momentum factor masking: the variable set to 0 at these flat indices, in place."""
-    ops.zero_at(variable.value if isinstance(variable, keras.Variable) else variable, flat_indices)
-
 
 def _check_flags(**values):
     for arg, value in values.items():
@@ -371,60 +365,7 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         the step changes here (DGC momentum, the collectives' residuals, momentum masking). apply()
         commits at once; tf_commlib.keras.LossScaleOptimizer only when every rank's gradients were
         finite, so that the aggregation overlaps backprop and a skipped step changes nothing."""
-        if not tf.executing_eagerly() and internals.in_xla_context():
-            raise ValueError("DistributedOptimizer cannot run in a step compiled with XLA (jit_compile=True; "
-                             "Keras' default jit_compile='auto' is XLA on a GPU): Horovod's and tf_commlib's ops "
-                             "have no XLA kernels; compile the model with jit_compile=False")
-        grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
-        if self.timeline is not None:
-            grads = [self.timeline.stamp(("gradient", i), g) for i, g in enumerate(grads)]
-        if not self.overlap:   # every group and bucket waits for the whole of backprop
-            grads = after_all(grads)
-        dgc, masking = self.dgc, self.dgc.momentum_correction and self.dgc.momentum_masking
-        if dgc.local_clip_norm:
-            present = [g for g in grads if g is not None]
-            clipped, _ = tf.clip_by_global_norm(
-                present, dgc.local_clip_norm / math.sqrt(current_topology().size))
-            it = iter(clipped)
-            grads = [None if g is None else next(it) for g in grads]
-        send, velocities = list(grads), {}
-        if dgc.momentum_correction:
-            for i, g in enumerate(grads):
-                if g is not None:
-                    velocities[i] = self.m * tf.convert_to_tensor(self.velocities[i]) + g
-                    send[i] = self.m * velocities[i] + g if self.nesterov else velocities[i]
-        if self._sharded is not None:   # update: this rank's slice of every bucket
-            update, reduced, sent = self._sharded.reduce_scatter(send)
-
-            def commit():
-                for i, u in velocities.items():
-                    self.velocities[i].assign(u)
-                reduced()
-                if masking:
-                    for i, where in sent.items():
-                        _zero_at(self.velocities[i], where)
-            return update, commit
-        update, commits, masked = list(send), [], []
-        for group in self._groups:
-            aggregated, sent, commit = group.aggregator.aggregate_deferred(
-                [send[i] for i in group.indices], step=self.iterations, sent="indices")
-            commits.append(commit)
-            for i, g, where in zip(group.indices, aggregated, sent):
-                update[i] = g
-                if group.lossy and where is not None and masking:
-                    masked.append((i, where))
-
-        def commit():
-            for i, u in velocities.items():
-                self.velocities[i].assign(u)
-            for c in commits:
-                c()
-            for i, where in masked:
-                _zero_at(self.velocities[i], where)
-            if self.auto_epochs is not None:
-                self.auto_epochs.accumulate(send)
-
-        return update, commit
+        return step.aggregate(self, grads)
 
     def get_config(self):
         if self.dense_layers is not default_dense_layers:
