@@ -114,7 +114,7 @@ def test_the_first_rank_to_die_gives_the_exit_status(tmp_path):
         assert "rank 1 exited with status -9" in p.stderr, p.stderr[-3000:]
 
 
-FAST_MBIT, RESHAPED_MBIT = 1000, 50
+FAST_MBIT, RESHAPED_MBIT = 1000, 20
 
 
 def test_auto_follows_a_link_that_changes_mid_run(cluster, tmp_path):

@@ -222,3 +222,40 @@ def test_an_untried_candidate_is_tried_by_its_saving_without_overlap(monkeypatch
     auto.tta.observe("powersgd", 2 * measured, auto.step_s("powersgd", density), efficiency=1.0)
     auto.last_measured = ("powersgd", 2 * measured, density)
     assert auto.untried_bound(density) == {} and auto.choose(7) in ("dense", "2dtar")
+
+
+def test_a_candidate_is_weighed_over_the_fit_with_its_warm_up(monkeypatch):
+    """DGC's warm-up epochs send near-dense traffic: judged on the next epoch alone, hitopk loses to
+    an exact collective at epoch 0 and wins after; "auto" weighs each candidate over the epochs the
+    fit has left (each at its density) while the schedule runs "auto", so it starts on hitopk instead
+    of switching to it later (a second trace of the step)."""
+    import keras
+
+    from tf_commlib import alphabeta
+    from tf_commlib.keras import DistributedOptimizer, auto_epoch, optimizer as module
+    from tf_commlib.topology import Topology
+
+    two_by_two = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
+    monkeypatch.setattr(module, "current_topology", lambda: two_by_two)
+    monkeypatch.setattr(auto_epoch, "current_topology", lambda: two_by_two)
+    link = alphabeta.LinkParams(beta_inter=8 / 100e6)
+    auto_options = Auto(cost_params=link, compute_s=0.0, candidates=("2dtar", "hitopk"), margin=1.0)
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), auto=auto_options)
+    opt.build([keras.Variable(np.zeros((500, 400), np.float32)), keras.Variable(np.zeros(64, np.float32))])
+    auto = opt.auto_epochs
+    assert [opt.density_at(e) for e in range(3)] == [0.25, 0.0625, opt.target_density]   # DGC warm-up
+    step = {c: [auto.step_s(c, opt.density_at(e)) for e in range(8)] for c in ("2dtar", "hitopk")}
+    assert step["hitopk"][0] > step["2dtar"][0] and step["hitopk"][2] < 0.5 * step["2dtar"][2]
+    assert opt.fit_epochs is None and auto.horizon(0) == [0]
+    assert auto.predictions(0) == pytest.approx({c: s[0] for c, s in step.items()})
+    assert auto.tta.choose(auto.predictions(0)) == "2dtar"   # the next epoch alone: exact
+    auto.tta.current = None
+    opt.set_fit_epochs(8)
+    assert auto.horizon(0) == list(range(8)) and auto.horizon(5) == [5, 6, 7] and auto.horizon(9) == [9]
+    assert auto.predictions(0) == pytest.approx({c: np.mean(s) for c, s in step.items()})
+    assert auto.choose(0) == "hitopk" and auto.tta.log[-1]["horizon"] == 8   # over the fit: hitopk from the start
+    # where the schedule leaves "auto", its horizon ends there
+    scheduled = DistributedOptimizer(keras.optimizers.SGD(0.1), schedule={0: "auto", 5: "2dtar"}, auto=auto_options)
+    scheduled.build([keras.Variable(np.zeros((500, 400), np.float32))])
+    scheduled.set_fit_epochs(8)
+    assert scheduled.auto_epochs.horizon(0) == [0, 1, 2, 3, 4] and scheduled.auto_epochs.horizon(3) == [3, 4]

@@ -47,8 +47,9 @@ class Reshape(keras.callbacks.Callback):
 started = time.perf_counter()
 model.fit(x, y, batch_size=16, epochs=5, verbose=0, callbacks=default_callbacks() + [Reshape()])
 auto = opt.auto_epochs
-# what a run starting on the new link would choose first: the same predictions, nothing measured yet
-fresh = TimeToAccuracy(auto.tta.candidates, auto.tta.lossy).choose(
+# what a run starting on the new link would choose first: the same predictions and rules (its margin
+# for an untried lossy candidate), nothing measured yet
+fresh = TimeToAccuracy(auto.tta.candidates, auto.tta.lossy, margin=auto.tta.margin).choose(
     {c: auto.step_s(c, opt.density_at(4)) for c in auto.tta.candidates})
 report(topo.rank, {"choices": [row["choice"] for row in auto.tta.log if "choice" in row], "from_scratch": fresh,
                    "log": auto.tta.log, "recalibrations": auto.recalibrations,

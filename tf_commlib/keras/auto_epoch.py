@@ -8,6 +8,7 @@ measured step time (tf_commlib.keras.CompressionScheduler times the batches) int
 The decision is made from numbers summed over all ranks, so every rank makes it; a rank that did
 not would fail the aggregators' consistency check at its next step.
 """
+import math
 import os
 
 import numpy as np
@@ -166,13 +167,32 @@ class AutoEpochs:
         return {c: (compute + self.communication_s(c, density)) / ratio
                 for c in self.tta.candidates if c in self.tta.lossy and c not in self.tta.ratio}
 
+    def horizon(self, epoch):
+        """The epochs a choice at `epoch` is weighed over: from it to the end of the fit
+        (DistributedOptimizer.fit_epochs) while the schedule runs "auto"; just `epoch` where the
+        end is not known."""
+        end = self.opt.fit_epochs if self.opt.fit_epochs is not None and self.opt.fit_epochs > epoch else epoch + 1
+        epochs = [epoch]
+        while epochs[-1] + 1 < end and self.opt.plan.algorithm_at(epochs[-1] + 1) == "auto":
+            epochs.append(epochs[-1] + 1)
+        return epochs
+
+    def predictions(self, epoch):
+        """{candidate: predicted seconds per step, the mean over the horizon}: each epoch at its
+        density (a DGC warm-up's near-dense epochs count for what they cost, and so does what the
+        candidate saves after them), an untried lossy candidate at most its untried_bound."""
+        epochs = self.horizon(epoch)
+        predicted = {c: 0.0 for c in self.tta.candidates}
+        for e in epochs:
+            density = self.opt.density_at(e)
+            bound = self.untried_bound(density)
+            for c in predicted:
+                predicted[c] += min(self.step_s(c, density), bound.get(c, math.inf)) / len(epochs)
+        return predicted
+
     def choose(self, epoch):
-        density = self.opt.density_at(epoch)
-        predicted = {c: self.step_s(c, density) for c in self.tta.candidates}
-        for c, bound in self.untried_bound(density).items():
-            predicted[c] = min(predicted[c], bound)
-        choice = self.tta.choose(predicted, epoch)
-        self.tta.log[-1]["density"] = density
+        choice = self.tta.choose(self.predictions(epoch), epoch)
+        self.tta.log[-1].update(density=self.opt.density_at(epoch), horizon=len(self.horizon(epoch)))
         return choice
 
     def end_epoch(self, epoch, measured_s):

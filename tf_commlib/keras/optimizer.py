@@ -205,6 +205,12 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
             return False
         return self.auto_epochs.agree()
 
+    def set_fit_epochs(self, epochs):
+        """The epoch at which the running fit ends (CompressionScheduler: fit's ``epochs``): "auto"
+        weighs each candidate over the epochs up to it, so a DGC warm-up counts for what it costs
+        without hiding what the candidate saves after it. None: the next epoch only."""
+        self.fit_epochs = None if epochs is None else int(epochs)
+
     def end_epoch(self, epoch, step_s):
         """An epoch ended whose steps took step_s seconds (this rank's median; CompressionScheduler
         measures it): for "auto", what the next choice learns from (a collective on every rank)."""
@@ -213,6 +219,7 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
 
     # -- state -----------------------------------------------------------------------------
     timeline = None   # a tf_commlib.overlap.Timeline (set before the first step), or None
+    fit_epochs = None   # set_fit_epochs
 
     def size_buckets(self, variables):
         """Where no fusion_threshold_bytes was given: the compressible variables' bucket size for
