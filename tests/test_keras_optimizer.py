@@ -185,9 +185,10 @@ def test_the_api_is_keyword_only_and_small():
 
 def test_auto_chooses_by_time_to_accuracy_at_build(monkeypatch):
     """algorithm="auto": the compressible variables' aggregator holds every candidate; on a slow link
-    the first epoch runs a lossy one; with a forward+backward far longer than any collective every
-    candidate's overlapped step is the compute and the first candidate (dense, exact) runs. The state
-    (residuals of the lossy candidates) is the same either way."""
+    the first epoch runs a lossy one; with a forward+backward far longer than any collective an exact
+    one runs (on a GPU every candidate's overlapped step is the compute, and the first, dense, runs;
+    on CPU cores nothing is taken as hidden before an epoch is measured, and compression saves less
+    than Auto.margin asks). The state (residuals of the lossy candidates) is the same either way."""
     from tf_commlib import alphabeta
     from tf_commlib.aggregator.chooser import AUTO_CANDIDATES
     from tf_commlib.collectives import ALGORITHMS
@@ -211,7 +212,8 @@ def test_auto_chooses_by_time_to_accuracy_at_build(monkeypatch):
 
     picked, residuals = built()
     assert ALGORITHMS[picked].lossy and len(residuals) == 2
-    assert built(compute_s=100.0) == ("dense", residuals)
+    exact, kept = built(compute_s=100.0)
+    assert exact in ("dense", "2dtar") and kept == residuals
     assert built(overlap=False) == (picked, residuals)
     # without overlap the compute adds to every candidate's step: 1 % saved is under the margin
     assert built(compute_s=100.0, overlap=False)[0] in ("dense", "2dtar")

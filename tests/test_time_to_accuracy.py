@@ -201,6 +201,8 @@ def test_an_untried_candidate_is_tried_by_its_saving_without_overlap(monkeypatch
                                auto=Auto(cost_params=link, compute_s=1.0, margin=0.9))
     opt.build([keras.Variable(np.zeros((500, 400), np.float32)), keras.Variable(np.zeros(64, np.float32))])
     auto = opt.auto_epochs
+    assert auto.overlapped == 0.0   # no GPU: the collectives share the cores, nothing hidden until measured
+    auto.overlapped = 1.0   # as on a GPU, until an epoch is measured
     density = opt.target_density
     comm = {c: auto.communication_s(c, density) for c in auto.tta.candidates}
     assert comm["hitopk"] < 0.5 * comm["dense"]

@@ -31,9 +31,11 @@ class AutoEpochs:
                                   switch=self.settings.switch, drift=self.settings.drift, margin=self.settings.margin)
         self.link = self.settings.cost_params or getattr(opt, "calibrated_link", None)
         self.compute_s = self.settings.compute_s
-        # the part of the shorter of compute and communication that a step hides: all of it with overlap
-        # until an epoch is measured (on shared CPU cores much less: the collectives use them too)
-        self.overlapped = 1.0 if opt.overlap else 0.0
+        # the part of the shorter of compute and communication that a step hides, until an epoch is
+        # measured: with overlap, all of it where a GPU computes; none where the ranks compute on CPU
+        # cores, which the collectives share (bench tta, 4 ranks on 2 cores: a dense step took compute
+        # plus all of its communication, and assuming it hidden made every candidate tie at epoch 0)
+        self.overlapped = 1.0 if opt.overlap and tf.config.list_physical_devices("GPU") else 0.0
         self.sums, self.start = [], None   # per compressible variable: sum of u; residuals at the epoch's start
         self.running = None                # the candidate of the epoch being measured
         self.recalibrations = 0
