@@ -105,16 +105,17 @@ def test_bad_arguments_are_refused_naming_them(argv, message):
 
 
 def test_quick_run_prints_one_table_per_bandwidth_with_monotone_time_and_medians_of_seeds(tmp_path):
-    """One quick run with --repeats 2: each seed's configurations one after the other, a table of
-    medians per bandwidth."""
+    """One quick run with --repeats 2 of the baseline and hitopk: each seed's configurations one
+    after the other, a table of medians per bandwidth (the configurations' own arguments are
+    test_each_configuration_is_the_dawnbench_run_it_names')."""
     out = tmp_path / "tta"
+    configs = ["dense_fp16", "hitopk"]
     rc, log = local_run.run(["-m", "tfc_apps.bench", "tta", "--quick", "--repeats", "2", "--seed", "3",
-                             "--out", str(out)], timeout=900, check=False)
+                             "--configs", *configs, "--out", str(out)], timeout=900, check=False)
     assert rc == 0, log[-4000:]
     results = json.loads((out / "tta.json").read_text())
-    configs = ["dense_fp32", "dense_fp16", "hitopk"]
     assert [(r["inter_mbit"], r["config"], r["seed"]) for r in results] == [(0, c, s) for s in (3, 4) for c in configs]
-    assert [r["baseline"] for r in results] == [False, True, False] * 2
+    assert [r["baseline"] for r in results] == [True, False] * 2
     assert all((out / "mbit0" / f"{c}_seed{s}" / "metrics.jsonl").exists() for s in (3, 4) for c in configs)
     for r in results:
         walls = [e["wall_s"] for e in r["epochs"]]
@@ -122,9 +123,7 @@ def test_quick_run_prints_one_table_per_bandwidth_with_monotone_time_and_medians
         assert r["tta_s"] is None or r["tta_s"] in walls
         assert 0.0 <= r["final_top1"] <= 1.0 and r["samples_per_s"] > 0
     by = {(r["config"], r["seed"]): r for r in results}
-    # what goes between nodes: fp16 halves dense's values, hitopk at density 0.01 sends far less
-    assert by["dense_fp16", 3]["inter_mb_per_step"] == pytest.approx(by["dense_fp32", 3]["inter_mb_per_step"] / 2,
-                                                                   rel=0.01)
+    # what goes between nodes: hitopk at density 0.01 sends far less than dense in 16 bits
     assert by["hitopk", 3]["inter_mb_per_step"] < by["dense_fp16", 3]["inter_mb_per_step"] / 10
     # another seed: other initial weights, data order and augmentation, so another trajectory
     assert by["dense_fp16", 3]["epochs"][0]["loss"] != by["dense_fp16", 4]["epochs"][0]["loss"]
@@ -133,8 +132,8 @@ def test_quick_run_prints_one_table_per_bandwidth_with_monotone_time_and_medians
     head = next(i for i, line in enumerate(table) if line.startswith("inter-node unshaped"))
     assert "medians of 2 seeds" in table[head] and table[head + 1].endswith("tta s of each seed")
     assert table[head + 1].split()[:3] == ["config", "tta", "s"]
-    assert [line.split()[0] for line in table[head + 2:head + 5]] == configs
-    assert any(w in table[head + 5] for w in ("won", "no configuration reached"))
+    assert [line.split()[0] for line in table[head + 2:head + 4]] == configs
+    assert any(w in table[head + 4] for w in ("won", "no configuration reached"))
     assert (out / "tta.png").stat().st_size > 10_000
 
 
