@@ -114,6 +114,8 @@ FLAGS = {
         "a benchmark: 18 four-rank trainings (23 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 hitopk powersgd auto":
         "a benchmark: 12 four-rank trainings on the emulated cluster (19 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 100 25 --configs dense_fp16 hitopk powersgd auto --repeats 3":
+        "a benchmark: 24 four-rank trainings on the emulated cluster (40 min)",
     "python -m tfc_apps.bench e2e --model small --resolutions 32 --inter-mbit 100 --configs dense_fp32 dense_fp16 "
     "dense_fp16 dense_fp16 dense_fp16 dense_fp16 --fusion-threshold-bytes 1048576 --steps 6 --warmup 2 "
     "--breakdown-steps 4":
