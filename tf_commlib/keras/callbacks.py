@@ -216,8 +216,6 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         """BackupAndRestore's restore of the latest backup (its _load_model), then this rank's
         sharded-state check and tf_commlib's metadata. A DiLoCo that the load builds first gets the
         model's statistics to average (its variables are then those it saved)."""
-        if dist is not None:   # "auto" weighs a candidate over the epochs this fit runs
-            dist.set_fit_epochs(self.params.get("epochs"))
         opt = _of_kind(self.model, DiLoCo)
         if opt is not None and not opt.built:
             opt.track_statistics(self.model.non_trainable_variables)
