@@ -11,7 +11,7 @@ from tests import hvdrun
 SCRIPT = hvdrun.ROOT / "scripts" / "dawnbench_resnet50.py"
 TOLERANCE = 0.02
 # small ResNet, SGD + momentum, linear warm-up then decay over EPOCHS at 32 px
-EPOCHS = 8
+EPOCHS = 12
 DAWN = ["--model", "small", "--optimizer", "sgd", "--schedule", "0:dense", "--breakdown-steps", "0",
         "--warmup-epochs", "1"]
 
