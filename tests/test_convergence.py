@@ -9,7 +9,7 @@ import pytest
 from tests import hvdrun
 from tests.workers.sequence_worker import cases_file
 
-EPOCHS = 12
+EPOCHS = 20
 TRAININGS = {"dense": ["--algorithm", "dense"],
              "hitopk": ["--algorithm", "hitopk", "--density", "0.01", "--selector", "mstopk"],
              "adaptive": ["--algorithm", "hitopk", "--density", "adaptive", "--selector", "mstopk"]}
