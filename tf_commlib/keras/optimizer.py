@@ -206,9 +206,8 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         return self.auto_epochs.agree()
 
     def set_fit_epochs(self, epochs):
-        """The epoch at which the running fit ends (CompressionScheduler: fit's ``epochs``): "auto"
-        weighs each candidate over the epochs up to it, so a DGC warm-up counts for what it costs
-        without hiding what the candidate saves after it. None: the next epoch only."""
+        """The epoch at which the running fit ends (CompressionScheduler: fit's ``epochs``); "auto"
+        weighs each candidate over the epochs up to it (AutoEpochs.horizon). None: the next epoch."""
         self.fit_epochs = None if epochs is None else int(epochs)
 
     def end_epoch(self, epoch, step_s):
