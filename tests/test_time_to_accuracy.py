@@ -182,6 +182,28 @@ def test_an_untried_lossy_candidate_needs_the_margin():
     assert tta.choose(predicted) == "hitopk"
 
 
+def test_a_lossy_candidate_it_would_move_to_after_warm_up_runs_from_the_start():
+    """Over the run (DGC's warm-up epochs included) hitopk is predicted a little faster than 2dtar,
+    not by the margin; once the warm-up is over, by more than the margin: "auto" would run 2dtar,
+    then move to hitopk (a second trace of the step), so it starts on hitopk."""
+    predicted = {"dense": 1.0, "2dtar": 0.95, "hitopk": 0.93, "powersgd": 1.2}
+    settled = {"dense": 1.0, "2dtar": 0.95, "hitopk": 0.8, "powersgd": 1.2}
+    assert TimeToAccuracy(CANDIDATES, LOSSY, margin=0.9).choose(predicted) == "2dtar"   # 0.93 > 0.9 x 0.95
+    assert TimeToAccuracy(CANDIDATES, LOSSY, margin=0.9).choose(predicted, settled=settled) == "hitopk"
+    # not within the margin once settled, or slower than 2dtar over the run: 2dtar
+    assert TimeToAccuracy(CANDIDATES, LOSSY, margin=0.9).choose(
+        predicted, settled={**settled, "hitopk": 0.9}) == "2dtar"
+    assert TimeToAccuracy(CANDIDATES, LOSSY, margin=0.9).choose(
+        {**predicted, "hitopk": 0.96}, settled=settled) == "2dtar"
+    # measured, only its measured time counts (the rule is for untried candidates)
+    tta = TimeToAccuracy(CANDIDATES, LOSSY, margin=0.9)
+    tta.observe("2dtar", 0.95, 0.95)
+    tta.observe("hitopk", 1.2, 1.0, efficiency=0.9)
+    assert tta.choose(predicted, settled=settled) == "2dtar"
+    with pytest.raises(ValueError, match="powersgd"):
+        tta.choose(predicted, settled={c: t for c, t in settled.items() if c != "powersgd"})
+
+
 def test_an_untried_candidate_is_tried_by_its_saving_without_overlap(monkeypatch):
     """The overlap auto measures rests on a compute time measured apart from the steps: a compute
     measured too long reads as overlap that hides most of a sparse candidate's saving. An untried
@@ -256,6 +278,7 @@ def test_a_candidate_is_weighed_over_the_fit_with_its_warm_up(monkeypatch):
     assert auto.horizon(0) == list(range(8)) and auto.horizon(5) == [5, 6, 7] and auto.horizon(9) == [9]
     assert auto.predictions(0) == pytest.approx({c: np.mean(s) for c, s in step.items()})
     assert auto.choose(0) == "hitopk" and auto.tta.log[-1]["horizon"] == 8   # over the fit: hitopk from the start
+    assert auto.settled(0) == pytest.approx({c: s[7] for c, s in step.items()})   # after the warm-up
     # where the schedule leaves "auto", its horizon ends there
     scheduled = DistributedOptimizer(keras.optimizers.SGD(0.1), schedule={0: "auto", 5: "2dtar"}, auto=auto_options)
     scheduled.build([keras.Variable(np.zeros((500, 400), np.float32))])

@@ -23,7 +23,10 @@ A candidate's time to an accuracy is (the steps it needs) x (its seconds per ste
 
 ``choose`` keeps the running candidate unless another one is predicted ``switch`` times faster, and
 tries a lossy candidate that has not run yet only where its prediction is at most ``margin`` times
-the fastest exact one's (a wrong try costs an epoch and a new trace of the step).
+the fastest exact one's (a wrong try costs an epoch and a new trace of the step), or where it is
+predicted no slower than the fastest exact one over the run and within ``margin`` once the run has
+settled (e.g. after DGC's warm-up): ``choose`` would move to it then anyway, and starting on it
+spares the step a second trace.
 ``observe`` records an epoch and says whether the measured / predicted ratio of a candidate moved
 by more than ``drift`` since its last epoch: the link changed, calibrate again (``recalibrated``
 forgets the ratios).
@@ -51,14 +54,23 @@ class TimeToAccuracy:
         eta = self.efficiency.get(name, 1.0)
         return predicted_s * ratio / (1.0 if eta >= self.guard else eta)
 
-    def choose(self, predicted, epoch=None):
-        """The candidate to run next; predicted = {candidate: predicted seconds per step}."""
-        missing = [c for c in self.candidates if c not in predicted]
+    def choose(self, predicted, epoch=None, settled=None):
+        """The candidate to run next; predicted = {candidate: predicted seconds per step} (over the
+        run), settled = the same where the run has settled (its last epochs' density; default
+        predicted)."""
+        missing = [c for c in self.candidates if c not in predicted or (settled is not None and c not in settled)]
         if missing:
             raise ValueError(f"predicted has no time for {missing}")
         cost = {c: self.seconds_per_progress(c, predicted[c]) for c in self.candidates}
-        exact = [cost[c] for c in self.candidates if c not in self.lossy]
-        untried = {c for c in self.lossy if c not in self.ratio and exact and cost[c] > self.margin * min(exact)}
+        later = cost if settled is None else {c: self.seconds_per_progress(c, settled[c]) for c in self.candidates}
+        exact = [c for c in self.candidates if c not in self.lossy]
+
+        def tried_later(c):   # no slower over the run, within the margin once settled: start on it
+            return settled is not None and cost[c] <= min(cost[e] for e in exact) and \
+                later[c] <= self.margin * min(later[e] for e in exact)
+
+        untried = {c for c in self.lossy if c not in self.ratio and exact and
+                   cost[c] > self.margin * min(cost[e] for e in exact) and not tried_later(c)}
         best = min((c for c in self.candidates if c not in untried), key=lambda c: (cost[c], self.candidates.index(c)))
         if self.current in cost and cost[best] > self.switch * cost[self.current]:
             best = self.current

@@ -192,8 +192,15 @@ class AutoEpochs:
                 predicted[c] += min(self.step_s(c, density), bound.get(c, math.inf)) / len(epochs)
         return predicted
 
+    def settled(self, epoch):
+        """{candidate: predicted seconds per step} in the horizon's last epoch, at its density (after
+        DGC's warm-up where the fit outlasts it), an untried lossy candidate at most its untried_bound."""
+        density = self.opt.density_at(self.horizon(epoch)[-1])
+        bound = self.untried_bound(density)
+        return {c: min(self.step_s(c, density), bound.get(c, math.inf)) for c in self.tta.candidates}
+
     def choose(self, epoch):
-        choice = self.tta.choose(self.predictions(epoch), epoch)
+        choice = self.tta.choose(self.predictions(epoch), epoch, settled=self.settled(epoch))
         self.tta.log[-1].update(density=self.opt.density_at(epoch), horizon=len(self.horizon(epoch)))
         return choice
 
