@@ -77,14 +77,16 @@ class AutoEpochs:
         return out
 
     def begin_window(self, running):
-        """The start of an epoch that runs `running`: sums zeroed, residuals noted (eagerly)."""
-        self.running = running
-        for var in self.sums.values():
-            var.assign(tf.zeros(var.shape, var.dtype))
-        self.start = self._residual_inputs() if ALGORITHMS[running].lossy else None
+        """The start of an epoch that runs `running`: for a lossy one, sums zeroed and residuals
+        noted (eagerly; an exact one adds nothing to them)."""
+        self.running, self.start = running, None
+        if ALGORITHMS[running].lossy:
+            for var in self.sums.values():
+                var.assign(tf.zeros(var.shape, var.dtype))
+            self.start = self._residual_inputs()
 
-    def efficiency(self):
-        """eta of the epoch's running candidate, over every rank (1 for an exact one)."""
+    def _delivered_here(self):
+        """This rank's (numerator, denominator) of the running candidate's eta (zeros for an exact one)."""
         local = np.zeros(2, np.float64)
         if self.start is not None:
             ends, k = self._residual_inputs(), 0
@@ -94,8 +96,7 @@ class AutoEpochs:
                     local += delivered(self.start[k], ends[k], fusion.flatten([tf.convert_to_tensor(v) for v in sums],
                                                                               bucket))
                     k += 1
-        num, den = _summed(local)
-        return 1.0 + num / den if den > 0 else 1.0
+        return local
 
     def state(self):
         """What BackupAndRestore keeps (the measured ratios and efficiencies, the choice, compute)."""
@@ -208,8 +209,9 @@ class AutoEpochs:
         """An epoch of ``running`` ended; its steps took measured_s seconds each on this rank (median)."""
         if self.running is None:
             return
-        eta = self.efficiency()
-        measured = _summed(np.array([measured_s], np.float64))[0] / current_topology().size
+        num, den, measured = _summed(np.append(self._delivered_here(), measured_s))   # one allreduce
+        eta = 1.0 + num / den if den > 0 else 1.0   # over every rank (1 for an exact candidate)
+        measured /= current_topology().size
         density = self.opt.density_at(epoch)
         comm = self.communication_s(self.running, density)
         if self.compute_s is None:   # first epoch: what the collectives do not explain is compute
