@@ -64,13 +64,13 @@ class TimeToAccuracy:
         cost = {c: self.seconds_per_progress(c, predicted[c]) for c in self.candidates}
         later = cost if settled is None else {c: self.seconds_per_progress(c, settled[c]) for c in self.candidates}
         exact = [c for c in self.candidates if c not in self.lossy]
+        now, then = (min((t[e] for e in exact), default=math.inf) for t in (cost, later))
 
         def tried_later(c):   # no slower over the run, within the margin once settled: start on it
-            return settled is not None and cost[c] <= min(cost[e] for e in exact) and \
-                later[c] <= self.margin * min(later[e] for e in exact)
+            return settled is not None and cost[c] <= now and later[c] <= self.margin * then
 
         untried = {c for c in self.lossy if c not in self.ratio and exact and
-                   cost[c] > self.margin * min(cost[e] for e in exact) and not tried_later(c)}
+                   cost[c] > self.margin * now and not tried_later(c)}
         best = min((c for c in self.candidates if c not in untried), key=lambda c: (cost[c], self.candidates.index(c)))
         if self.current in cost and cost[best] > self.switch * cost[self.current]:
             best = self.current
