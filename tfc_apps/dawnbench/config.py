@@ -14,9 +14,13 @@ class Stage:
     first_epoch: int     # global index of the stage's first epoch
 
 
-def parse_stages(text, epoch_scale=1.0):
+# The smallest input each model takes: ResNet-50 halves it 5 times, the small model twice.
+MIN_RESOLUTION = {"resnet50": 32, "small": 8}
+
+
+def parse_stages(text, epoch_scale=1.0, min_resolution=32):
     """'96:13:256,128:11:256' -> [Stage(96, 13, 256, 0), Stage(128, 11, 256, 13)]; every stage's
-    epochs are scaled by epoch_scale and kept >= 1."""
+    epochs are scaled by epoch_scale and kept >= 1; every resolution is >= min_resolution."""
     if not epoch_scale > 0:
         raise ValueError(f"--epoch-scale must be positive, got {epoch_scale!r}")
     stages, first = [], 0
@@ -27,8 +31,9 @@ def parse_stages(text, epoch_scale=1.0):
         except ValueError:
             raise ValueError(f"--stages: {part.strip()!r} is not resolution:epochs:batch "
                              "(three integers), e.g. 96:13:256") from None
-        if res < 32 or epochs < 1 or batch < 1:
-            raise ValueError(f"--stages: {part.strip()!r} needs resolution >= 32, epochs >= 1, batch >= 1")
+        if res < min_resolution or epochs < 1 or batch < 1:
+            raise ValueError(f"--stages: {part.strip()!r} needs resolution >= {min_resolution}, epochs >= 1, "
+                             "batch >= 1")
         epochs = max(1, round(epochs * epoch_scale))
         stages.append(Stage(res, epochs, batch, first))
         first += epochs
@@ -162,7 +167,7 @@ def parse(argv=None):
 
 
 def check(args):
-    args.stage_list = parse_stages(args.stages, args.epoch_scale)
+    args.stage_list = parse_stages(args.stages, args.epoch_scale, MIN_RESOLUTION[args.model])
     args.schedule_map = parse_schedule(args.schedule)
     sources = [bool(args.data), bool(args.tfds), args.synthetic]
     if sum(sources) != 1:
