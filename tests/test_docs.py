@@ -51,7 +51,7 @@ MAPPED = {
     DIGITS: ("tests/test_dawnbench.py", "digits"),   # the fixture: write_image_folder(tmp, size=32)
     "make demo": ("tests/test_demo.py", "test_demo_runs_both_trainings_and_compares_them"),
     "horovodrun -np 4 -H localhost:4 --gloo env TF_COMMLIB_TOPOLOGY=2x2 python scripts/dawnbench_resnet50.py "
-    "--data /tmp/digits --model small --stages 32:2:32,40:1:32,48:1:32,56:1:16 --schedule 0:hitopk,3:2dtar "
+    "--data /tmp/digits --model small --stages 16:2:32,20:1:32,24:1:32,28:1:16 --schedule 0:hitopk,3:2dtar "
     "--density 0.05 --dgc-warmup 1 --optimizer lars --lr 0.2 --eeta 0.1 --warmup-epochs 1 --label-smoothing 0 "
     "--breakdown-steps 1 --deterministic --target-top5 0.9":
         ("tests/test_dawnbench.py", "uninterrupted"),
