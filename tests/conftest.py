@@ -29,7 +29,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.root)
         if module in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
-        if any(hasattr(item.module, name) for name in ("hvdrun", "local_run")):
+        if any(hasattr(item.module, name) for name in ("hvdrun", "local_run")) or \
+                "shared_2x2" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.multiprocess)
 
 
@@ -83,3 +84,24 @@ def redis_cluster():
 
     with RedisCluster(full_coverage=False) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def shared_2x2(request, tmp_path_factory):
+    """case -> per-rank reports of tests/hvdrun.py's SHARED_2X2 job, started the first time a test asks
+    (the cases of the modules this session runs; a failing job fails every test that reads it)."""
+    from tests import hvdrun
+
+    modules = {item.module.__name__.rpartition(".")[2] for item in request.session.items}
+    runs = {}
+
+    def case(name):
+        if "job" not in runs:
+            try:
+                runs["job"] = hvdrun.run_shared_2x2(tmp_path_factory.mktemp("shared_2x2"), modules)
+            except AssertionError as e:
+                runs["job"] = e
+        if isinstance(runs["job"], AssertionError):
+            raise AssertionError(f"the shared 2x2 job (tests/hvdrun.py SHARED_2X2) failed:\n{runs['job']}")
+        return runs["job"][name]
+    return case

@@ -2,12 +2,11 @@
 import numpy as np
 import pytest
 
-from tests import hvdrun
 from tf_commlib.aggregator import Auto, ExecutionSettings, GradientAggregator
 
 
-def test_aggregator_under_horovod(tmp_path):
-    reports = hvdrun.run("aggregator_worker.py", 4, tmp_path, topology="2x2")
+def test_aggregator_under_horovod(shared_2x2):
+    reports = shared_2x2("aggregator")
     from tf_commlib.collectives import ALGORITHMS
 
     bucketed = {n.removeprefix("bucketed_") for n in reports[0]["cases"] if n.startswith("bucketed_")}

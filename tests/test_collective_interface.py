@@ -4,7 +4,6 @@ import keras
 import numpy as np
 import pytest
 
-from tests import hvdrun
 from tf_commlib import link_bytes
 from tf_commlib.aggregator import GradientAggregator
 from tf_commlib.collectives import ALGORITHMS, Collective, dense, register, resolve_algorithm_options
@@ -135,8 +134,8 @@ def test_options_are_filled_in_and_serialised():
     assert again.algorithm_options == {"hitopk": {"step4": "sparse"}}
 
 
-def test_context_reaches_the_collective_and_bytes_match(tmp_path):
-    reports = hvdrun.run("interface_worker.py", 4, tmp_path, topology="2x2")
+def test_context_reaches_the_collective_and_bytes_match(shared_2x2):
+    reports = shared_2x2("interface")
     for mode in ("eager", "graph"):
         for r in reports:
             case = r[mode]

@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 
-from tests import hvdrun
 from tf_commlib import alphabeta, collectives
 from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import ALGORITHMS, choose, predict
@@ -325,8 +324,8 @@ def test_sizes_for_follows_the_largest_bucket():
             sizes_for(bad)
 
 
-def test_calibrate_agrees_on_every_rank(tmp_path):
-    reports = hvdrun.run("calibrate_worker.py", 4, tmp_path, topology="2x2", timeout=120)
+def test_calibrate_agrees_on_every_rank(shared_2x2):
+    reports = shared_2x2("calibrate")
     first = reports[0]
     assert (first["m"], first["n"]) == (2, 2)
     for r in reports:
