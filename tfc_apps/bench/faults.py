@@ -123,7 +123,7 @@ class Bench:
         d = os.path.join(self.jobs, tag)
         shutil.rmtree(d, ignore_errors=True)
         return d, ["-m", "tfc_apps.dawnbench", "--data", self._digits, "--model", "small", "--stages",
-                   f"32:{self.args.epochs}:16", "--schedule", "0:hitopk", "--density", "0.05", "--optimizer", "sgd",
+                   f"16:{self.args.epochs}:16", "--schedule", "0:hitopk", "--density", "0.05", "--optimizer", "sgd",
                    "--lr", "0.05", "--warmup-epochs", "1", "--label-smoothing", "0", "--breakdown-steps", "0",
                    "--deterministic", "--log-dir", d]
 
