@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(config, items):
         if module in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
         if any(hasattr(item.module, name) for name in ("hvdrun", "local_run")) or \
-                "shared_2x2" in getattr(item, "fixturenames", ()):
+                "shared" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.multiprocess)
 
 
@@ -86,22 +86,30 @@ def redis_cluster():
         yield cluster
 
 
+
 @pytest.fixture(scope="session")
-def shared_2x2(request, tmp_path_factory):
-    """case -> per-rank reports of tests/hvdrun.py's SHARED_2X2 job, started the first time a test asks
-    (the cases of the modules this session runs; a failing job fails every test that reads it)."""
+def shared(request, tmp_path_factory):
+    """shared(layout, case) -> per-rank reports of tests/hvdrun.py's SHARED job on that layout, started
+    the first time a test asks (the cases of the modules this session runs; a failing job fails
+    every test that reads it)."""
     from tests import hvdrun
 
     modules = {item.module.__name__.rpartition(".")[2] for item in request.session.items}
-    runs = {}
+    jobs = {}
 
-    def case(name):
-        if "job" not in runs:
+    def case(layout, name):
+        if layout not in jobs:
             try:
-                runs["job"] = hvdrun.run_shared_2x2(tmp_path_factory.mktemp("shared_2x2"), modules)
+                jobs[layout] = hvdrun.run_shared(layout, tmp_path_factory.mktemp(f"shared_{layout}"), modules)
             except AssertionError as e:
-                runs["job"] = e
-        if isinstance(runs["job"], AssertionError):
-            raise AssertionError(f"the shared 2x2 job (tests/hvdrun.py SHARED_2X2) failed:\n{runs['job']}")
-        return runs["job"][name]
+                jobs[layout] = e
+        if isinstance(jobs[layout], AssertionError):
+            raise AssertionError(f"the shared {layout} job (tests/hvdrun.py SHARED) failed:\n{jobs[layout]}")
+        return jobs[layout][name]
     return case
+
+
+@pytest.fixture(scope="session")
+def shared_2x2(shared):
+    """shared_2x2(case): the reports of a case of the shared 2x2 job."""
+    return lambda name: shared("2x2", name)

@@ -84,28 +84,45 @@ def run_cluster(worker, tmp_path, args=(), local=None, np_per_node=None, timeout
     return _reports(out, ranks, log), log
 
 
-# Workers of several test modules that need nothing of their launch but the 2x2 layout: one job runs
-# them one after another (tests/workers/sequence_worker.py), one launch (~25 s of TensorFlow imports
-# and Gloo set-up on 2 cores) instead of one per module. In this order: aggregator runs every
-# registered collective before interface registers one of its own; consistency, whose ranks go out
-# of step on purpose, last. case -> (worker, the test module that reads its reports, timeout in s).
-SHARED_2X2 = {"aggregator": ("aggregator_worker.py", "test_aggregator", 240),
-              "interface": ("interface_worker.py", "test_collective_interface", 240),
-              "calibrate": ("calibrate_worker.py", "test_costmodel", 120),
-              "codec": ("codec_worker.py", "test_value_codec", 240),
-              "rank_state": ("rank_state_worker.py", "test_checkpoint", 500),
-              "consistency": ("consistency_worker.py", "test_out_of_step", 300)}
+
+# Workers of several test modules that need nothing of their launch but its layout: per layout, one
+# job runs them one after another (tests/workers/sequence_worker.py), one launch (~25 s of
+# TensorFlow imports and Gloo set-up on 2 cores) instead of one per module. In this order on 2x2:
+# aggregator runs every registered collective before interface registers one of its own;
+# consistency, whose ranks go out of step on purpose, last.
+# layout -> case -> (worker, its arguments, the test module that reads its reports, timeout in s).
+SHARED = {
+    "2x2": {"aggregator": ("aggregator_worker.py", [], "test_aggregator", 240),
+            "interface": ("interface_worker.py", [], "test_collective_interface", 240),
+            "calibrate": ("calibrate_worker.py", [], "test_costmodel", 120),
+            "codec": ("codec_worker.py", [], "test_value_codec", 240),
+            "rank_state": ("rank_state_worker.py", [], "test_checkpoint", 500),
+            "consistency": ("consistency_worker.py", [], "test_out_of_step", 300)},
+    "1x4": {"collectives": ("collectives_worker.py", [], "test_collectives", 240),
+            "powersgd": ("powersgd_worker.py", [], "test_powersgd", 240),
+            "pto_all": ("pto_worker.py", ["all"], "test_pto_ranks", 500)},
+    "3x1": {"collectives": ("collectives_worker.py", [], "test_collectives", 240),
+            "artopk": ("artopk_worker.py", [], "test_artopk", 400),
+            "pto_map": ("pto_worker.py", ["map"], "test_pto_ranks", 240)},
+}
 
 
-def run_shared_2x2(tmp_path, modules):
-    """SHARED_2X2's cases of the test modules in `modules` (those this session runs), in one 2x2 job:
-    {case: per-rank reports}."""
+def run_shared(layout, tmp_path, modules):
+    """SHARED[layout]'s cases of the test modules in `modules` (those this session runs), in one job
+    on that layout: {case: per-rank reports}."""
     from tests.workers.sequence_worker import cases_file
 
-    chosen = {name: spec for name, spec in SHARED_2X2.items() if spec[1] in modules}
+    chosen = {name: spec for name, spec in SHARED[layout].items() if spec[2] in modules}
     if not chosen:
         return {}
-    cases = {name: (f"tests.workers.{worker.removesuffix('.py')}", [], None) for name, (worker, _, _) in chosen.items()}
-    reports = run("sequence_worker.py", 4, tmp_path, args=[cases_file(tmp_path, cases)], topology="2x2",
-                  timeout=sum(timeout for _, _, timeout in chosen.values()))
+    cases = {name: (f"tests.workers.{worker.removesuffix('.py')}", args, None)
+             for name, (worker, args, _, _) in chosen.items()}
+    m, n = parse_layout(layout)
+    reports = run("sequence_worker.py", m * n, tmp_path, args=[cases_file(tmp_path, cases)], topology=layout,
+                  timeout=sum(spec[3] for spec in chosen.values()))
     return {name: [r[name] for r in reports] for name in chosen}
+
+
+def parse_layout(layout):
+    """'2x2' -> (2, 2)."""
+    return tuple(map(int, layout.split("x")))

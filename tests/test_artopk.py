@@ -112,10 +112,13 @@ def reference(name, inputs, density, m, n, bucket=0):
 
 
 @pytest.mark.parametrize("layout", ["2x2", "3x1", "flat5"])
-def test_ar_topk_matches_numpy_on_every_rank(layout, tmp_path):
+def test_ar_topk_matches_numpy_on_every_rank(layout, tmp_path, shared):
     ranks = 5 if layout == "flat5" else math.prod(map(int, layout.split("x")))
-    reports = hvdrun.run("artopk_worker.py", ranks, tmp_path, topology=None if layout == "flat5" else layout,
-                         timeout=400)
+    if "artopk" in hvdrun.SHARED.get(layout, {}):   # 3x1: in the shared job (tests/hvdrun.py SHARED)
+        reports = shared(layout, "artopk")
+    else:
+        reports = hvdrun.run("artopk_worker.py", ranks, tmp_path, topology=None if layout == "flat5" else layout,
+                             timeout=400)
     m, n = reports[0]["m"], reports[0]["n"]
     assert m * n == ranks
     if layout == "flat5":   # SparCML folding 5 ranks onto 4, in this launch (tests/workers/_sparcml.py)

@@ -100,9 +100,11 @@ def reference_of(name):
 
 
 @pytest.fixture(scope="module", params=["2x2", "1x4", "3x1"])
-def run(request, tmp_path_factory):
+def run(request, tmp_path_factory, shared):
     """(layout, per-rank reports) of one collectives_worker.py run per layout (every registered
-    collective in the one job)."""
+    collective in the one job; on 1x4 and 3x1 in the shared job of the layout, tests/hvdrun.py SHARED)."""
+    if "collectives" in hvdrun.SHARED.get(request.param, {}):
+        return request.param, shared(request.param, "collectives")
     m, n = map(int, request.param.split("x"))
     return request.param, hvdrun.run("collectives_worker.py", m * n, tmp_path_factory.mktemp(request.param),
                                      topology=request.param)

@@ -68,8 +68,10 @@ def flat_q(qs):
 
 
 @pytest.fixture(scope="module", params=["2x2", "1x4"])
-def run(request, tmp_path_factory):
+def run(request, tmp_path_factory, shared):
     m, n = map(int, request.param.split("x"))
+    if "powersgd" in hvdrun.SHARED.get(request.param, {}):   # 1x4: in the shared job (tests/hvdrun.py SHARED)
+        return (m, n), shared(request.param, "powersgd")
     return (m, n), hvdrun.run("powersgd_worker.py", 4, tmp_path_factory.mktemp(request.param),
                               topology=request.param)
 

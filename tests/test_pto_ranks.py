@@ -6,7 +6,6 @@ default), never on a layout's intra/inter sets: the layout does not reach it, th
 import numpy as np
 import pytest
 
-from tests import hvdrun
 from tests import pto_reference as ref
 
 
@@ -23,13 +22,12 @@ def _check_map(reports):
 
 
 @pytest.mark.parametrize("layout", ["3x1"])   # 4 ranks: test_parallel_map_lars_lamb_on_4_ranks's _check_map
-def test_parallel_map_layouts(layout, tmp_path):
-    size = eval(layout.replace("x", "*"))
-    _check_map(hvdrun.run("pto_worker.py", size, tmp_path, topology=layout, args=["map"]))
+def test_parallel_map_layouts(layout, shared):
+    _check_map(shared(layout, "pto_map"))   # the shared job of the layout (tests/hvdrun.py SHARED)
 
 
-def test_parallel_map_lars_lamb_on_4_ranks(tmp_path):
-    reports = hvdrun.run("pto_worker.py", 4, tmp_path, topology="1x4", args=["all"], timeout=500)
+def test_parallel_map_lars_lamb_on_4_ranks(shared):
+    reports = shared("1x4", "pto_all")
     _check_map(reports)
     r0 = reports[0]
     weights = [np.array(w, np.float32) for w in r0["pto_weights"]]
