@@ -107,9 +107,3 @@ def shared(request, tmp_path_factory):
             raise AssertionError(f"the shared {layout} job (tests/hvdrun.py SHARED) failed:\n{jobs[layout]}")
         return jobs[layout][name]
     return case
-
-
-@pytest.fixture(scope="session")
-def shared_2x2(shared):
-    """shared_2x2(case): the reports of a case of the shared 2x2 job."""
-    return lambda name: shared("2x2", name)

@@ -5,8 +5,8 @@ import pytest
 from tf_commlib.aggregator import Auto, ExecutionSettings, GradientAggregator
 
 
-def test_aggregator_under_horovod(shared_2x2):
-    reports = shared_2x2("aggregator")
+def test_aggregator_under_horovod(shared):
+    reports = shared("2x2", "aggregator")
     from tf_commlib.collectives import ALGORITHMS
 
     bucketed = {n.removeprefix("bucketed_") for n in reports[0]["cases"] if n.startswith("bucketed_")}

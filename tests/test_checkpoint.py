@@ -31,11 +31,11 @@ def test_resume_equals_uninterrupted(two_ranks):
     assert reports[0]["full"] == reports[1]["full"]
 
 
-def test_per_rank_state_across_a_restart_on_4_ranks(shared_2x2):
+def test_per_rank_state_across_a_restart_on_4_ranks(shared):
     """Residuals and DGC momentum differ by rank: tf_commlib.keras.BackupAndRestore keeps one backup
     per rank and resumes exactly; a checkpoint that rank 0 alone wrote is refused on every rank
     (it would silently give every rank rank 0's residuals) unless reset_rank_state() is called."""
-    reports = shared_2x2("rank_state")
+    reports = shared("2x2", "rank_state")
     for rank, r in enumerate(reports):
         assert r["residual"] > 0
         assert r["backed_up"] and r["deleted"], "own backup written when interrupted, deleted at the end"

@@ -134,8 +134,8 @@ def test_options_are_filled_in_and_serialised():
     assert again.algorithm_options == {"hitopk": {"step4": "sparse"}}
 
 
-def test_context_reaches_the_collective_and_bytes_match(shared_2x2):
-    reports = shared_2x2("interface")
+def test_context_reaches_the_collective_and_bytes_match(shared):
+    reports = shared("2x2", "interface")
     for mode in ("eager", "graph"):
         for r in reports:
             case = r[mode]

@@ -324,8 +324,8 @@ def test_sizes_for_follows_the_largest_bucket():
             sizes_for(bad)
 
 
-def test_calibrate_agrees_on_every_rank(shared_2x2):
-    reports = shared_2x2("calibrate")
+def test_calibrate_agrees_on_every_rank(shared):
+    reports = shared("2x2", "calibrate")
     first = reports[0]
     assert (first["m"], first["n"]) == (2, 2)
     for r in reports:

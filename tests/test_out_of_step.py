@@ -32,8 +32,8 @@ def test_describe_names_what_differs(changes, expected):
     assert "shapes or dtypes" not in message
 
 
-def test_out_of_step_and_mismatched_ranks_fail_on_every_rank(shared_2x2):
-    reports = shared_2x2("consistency")
+def test_out_of_step_and_mismatched_ranks_fail_on_every_rank(shared):
+    reports = shared("2x2", "consistency")
     for r in reports:
         # rank 1 skipped step 2: every rank fails at the next call, eagerly and in a tf.function
         assert "step differs by rank: [2, 3, 2, 2]" in r["skip_eager"], r["skip_eager"]

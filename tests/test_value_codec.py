@@ -133,12 +133,12 @@ def _reference(name, selected, codec):
 D, STEPS = 1000, 2
 
 
-def test_codecs_in_every_collective_on_2x2(shared_2x2):
+def test_codecs_in_every_collective_on_2x2(shared):
     """Every codec in naive_ag, hitopk (both step 4s), ssar_rd, ssar_split_ag and dsar_split_ag's
     sparse phase: the numpy reference bit for bit (the mean to rounding), on every rank; error
     feedback conserves mass; bytes counted in the primitives == declared bytes; qRGC's constant
     values through "mean" == "none" exactly; hitopk's value_codec end to end."""
-    reports = shared_2x2("codec")
+    reports = shared("2x2", "codec")
     total_input = np.sum([np.sum(np.array(r["inputs"], np.float64)[:STEPS], axis=0) for r in reports], axis=0)
     for key in reports[0]["topk"]:
         variant, codec = key.split(":")
