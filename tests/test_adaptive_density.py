@@ -85,9 +85,11 @@ def test_adaptive_configuration_round_trips():
 
 
 @pytest.mark.parametrize("algorithm", ["star", "hitopk"])
-def test_profiling_restores_the_state_bit_for_bit(algorithm, tmp_path):
-    topology = "1x2" if algorithm == "hitopk" else "2x1"   # a shard's residual / the flat one
-    reports = hvdrun.run("adaptive_worker.py", 2, tmp_path, args=[algorithm], topology=topology, timeout=300)
+def test_profiling_restores_the_state_bit_for_bit(algorithm, tmp_path, shared):
+    if algorithm == "hitopk":   # a shard's residual, on 1x2 (in the shared job, tests/hvdrun.py SHARED)
+        reports = shared("1x2", "adaptive_hitopk")
+    else:   # the flat one, on 2x1
+        reports = hvdrun.run("adaptive_worker.py", 2, tmp_path, args=[algorithm], topology="2x1", timeout=300)
     for r in reports:
         assert r["variables"] > 10 and all(r["identical"]), (r["rank"], r["identical"])
         assert r["densities"] == r["densities_without"] == [CANDIDATES[0]]   # the density came back too

@@ -2,23 +2,14 @@
 import numpy as np
 import pytest
 
-from tests import hvdrun
-from tests.workers.sequence_worker import cases_file
-
-TWO_RANKS = {"checkpoint": ("tests.workers.checkpoint_worker", [], None),
-             "backup": ("tests.workers.backup_worker", [], None)}
-
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    """checkpoint_worker.py's and backup_worker.py's reports: one after the other in one 2-rank job (1x2)."""
-    tmp = tmp_path_factory.mktemp("two_ranks")
-    reports = hvdrun.run("sequence_worker.py", 2, tmp, args=[cases_file(tmp, TWO_RANKS)], topology="1x2",
-                         timeout=1500)
-    return {name: [r[name] for r in reports] for name in TWO_RANKS}
+def two_ranks(shared):
+    """checkpoint_worker.py's and backup_worker.py's reports, from the shared 1x2 job (tests/hvdrun.py SHARED)."""
+    return {name: shared("1x2", name) for name in ("checkpoint", "backup")}
 
 
-@pytest.mark.timeout(1600)   # the job of both workers when this test runs first
+@pytest.mark.timeout(1600)   # the shared 1x2 job when this test runs first
 def test_resume_equals_uninterrupted(two_ranks):
     reports = two_ranks["checkpoint"]
     for r in reports:

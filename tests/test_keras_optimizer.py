@@ -5,7 +5,6 @@ import keras
 import numpy as np
 import pytest
 
-from tests import hvdrun
 from tf_commlib.keras import DGC, Auto, DistributedOptimizer, Schedule, Selection
 
 LR, M, STEPS = 0.1, 0.9, 5
@@ -51,8 +50,8 @@ def dgc(grads_by_rank, density, correction, masking, nesterov=False):
     return w
 
 
-def test_against_numpy(tmp_path):
-    reports = hvdrun.run("dgc_worker.py", 2, tmp_path)
+def test_against_numpy(shared):
+    reports = shared("1x2", "dgc")
     grads = [r["grads"] for r in reports]
     expect = {
         "plain_momentum": momentum_sgd(grads),
@@ -271,8 +270,8 @@ def test_warmup_and_schedule_policy():
     assert [opt.algorithm_at(e) for e in range(4)] == ["2dtar", "2dtar", "auto", "auto"]   # the default after it
 
 
-def test_epoch_policy_applies_from_the_first_step_of_fit(tmp_path):
-    for r in hvdrun.run("epoch_policy_worker.py", 2, tmp_path):
+def test_epoch_policy_applies_from_the_first_step_of_fit(shared):
+    for r in shared("1x2", "epoch_policy"):
         assert r["0"] == [[0.25, "hitopk"]] * 4          # warm-up density from step 0
         assert r["3"] == [[0.01, "naive_ag"]] * 4        # a resumed epoch's density and algorithm
 
