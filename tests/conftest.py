@@ -101,9 +101,9 @@ def shared(request, tmp_path_factory):
         if layout not in jobs:
             try:
                 jobs[layout] = hvdrun.run_shared(layout, tmp_path_factory.mktemp(f"shared_{layout}"), modules)
-            except AssertionError as e:
+            except Exception as e:   # kept, so that the job runs once however it fails
                 jobs[layout] = e
-        if isinstance(jobs[layout], AssertionError):
+        if isinstance(jobs[layout], Exception):
             raise AssertionError(f"the shared {layout} job (tests/hvdrun.py SHARED) failed:\n{jobs[layout]}")
         return jobs[layout][name]
     return case
