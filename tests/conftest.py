@@ -86,7 +86,6 @@ def redis_cluster():
         yield cluster
 
 
-
 @pytest.fixture(scope="session")
 def shared(request, tmp_path_factory):
     """shared(layout, case) -> per-rank reports of tests/hvdrun.py's SHARED job on that layout, started

@@ -84,7 +84,6 @@ def run_cluster(worker, tmp_path, args=(), local=None, np_per_node=None, timeout
     return _reports(out, ranks, log), log
 
 
-
 # Workers of several test modules that need nothing of their launch but its layout: per layout, one
 # job runs them one after another (tests/workers/sequence_worker.py), one launch (~25 s of
 # TensorFlow imports and Gloo set-up on 2 cores) instead of one per module. In this order on 2x2:
@@ -122,12 +121,7 @@ def run_shared(layout, tmp_path, modules):
         return {}
     cases = {name: (f"tests.workers.{worker.removesuffix('.py')}", args, None)
              for name, (worker, args, _, _) in chosen.items()}
-    m, n = parse_layout(layout)
+    m, n = map(int, layout.split("x"))
     reports = run("sequence_worker.py", m * n, tmp_path, args=[cases_file(tmp_path, cases)], topology=layout,
                   timeout=sum(spec[3] for spec in chosen.values()))
     return {name: [r[name] for r in reports] for name in chosen}
-
-
-def parse_layout(layout):
-    """'2x2' -> (2, 2)."""
-    return tuple(map(int, layout.split("x")))
