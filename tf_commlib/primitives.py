@@ -157,11 +157,18 @@ SMALL = 1 << 16   # elements: tensors up to this size are shielded from constant
 _false = []   # a False tf.Variable, made on first use
 
 
-def _never():
-    """False, from a variable: a value Grappler cannot know."""
+def prepare():
+    """Creates the variable that _unfoldable reads, eagerly. Call it where state is built (the
+    aggregators and DiLoCo do): a variable first made while a tf.function is traced makes
+    TensorFlow trace that function twice (once to create it, once to run)."""
     if not _false:
         with tf.init_scope():
             _false.append(tf.Variable(False, trainable=False, name="tf_commlib_never"))
+
+
+def _never():
+    """False, from a variable: a value Grappler cannot know."""
+    prepare()
     return _false[0].read_value()
 
 

@@ -7,7 +7,7 @@ import functools
 
 import tensorflow as tf
 
-from tf_commlib import fusion, link_bytes, ops, overlap
+from tf_commlib import fusion, link_bytes, ops, overlap, primitives
 from tf_commlib.aggregator.bucket_plan import BucketPlan
 from tf_commlib.aggregator.chooser import AutoChooser, Auto
 from tf_commlib.aggregator.consistency_guard import ConsistencyGuard
@@ -189,6 +189,7 @@ class GradientAggregator:
         if not self.plan.build(shapes_dtypes):
             return
         with tf.init_scope():
+            primitives.prepare()
             make = self.variable_factory
             self.step = make((), tf.int64, "aggregator_step")
             self.density = make((), tf.float64, "aggregator_density")

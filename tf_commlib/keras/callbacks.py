@@ -120,6 +120,10 @@ class CompressionScheduler(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         opt = distributed_optimizer(self.model)
         opt.set_epoch(epoch)
+        top = self.model.optimizer
+        if not top.built:   # eagerly: a first step that creates variables is traced twice by tf.function
+            with keras.name_scope(top.name, caller=top):
+                top.build(self.model.trainable_variables)
         if isinstance(opt, DistributedOptimizer) and opt.stale_trace():   # "auto" switched collective
             self.model.make_train_function(force=True)
         self._step_seconds, self._batch_start = [], None

@@ -180,6 +180,7 @@ class DiLoCo(InnerSteps, keras.optimizers.Optimizer):
         self.steps_done = self.add_variable((), dtype="int64", initializer="zeros", name="diloco_steps")
         self.synced_at = self.add_variable((), dtype="int64", initializer="zeros", name="diloco_synced_at")
         with tf.init_scope():   # eagerly, also when build runs while the first step is traced
+            primitives.prepare()
             for v, s in zip(self._tracked, self.starts):
                 s.assign(tf.cast(v, s.dtype))
             if self.overlap:
