@@ -362,3 +362,49 @@ def test_the_bucket_size_follows_the_collectives_unless_given(monkeypatch):
     assert [g.aggregator.fusion_threshold_bytes for g in opt._groups] == [4096, 4096]
     with pytest.raises(TypeError, match="bucket_bytes must be None or an int >= 0"):
         collectives.Collective("x", lambda x, topo, ctx=None: x, lambda *a: {}, lambda *a: {}, bucket_bytes=-1)
+
+
+@pytest.mark.parametrize("loss_scale", [False, True])
+def test_fit_traces_the_first_step_once(loss_scale):
+    """default_callbacks() builds the optimizer before the first step: tf.function traces a first call
+    that creates variables twice (once to create them, once to run)."""
+    import tf_commlib
+    from tf_commlib.keras import default_callbacks, with_loss_scale
+
+    tf_commlib.init()
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    keywords = {"algorithm": "hitopk", "density": 0.5}
+    opt = (with_loss_scale(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)), **keywords)
+           if loss_scale else DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), **keywords))
+    model.compile(opt, "mse", jit_compile=False)
+    traced, step = [], model.train_step
+
+    def counted(data):
+        traced.append(1)
+        return step(data)
+
+    model.train_step = counted
+    model.fit(np.ones((16, 4), np.float32), np.ones((16, 2), np.float32), batch_size=8, epochs=2, verbose=0,
+              callbacks=default_callbacks())
+    assert opt.built and len(traced) == 1
+
+
+def test_the_collectives_variable_is_made_with_the_aggregators_state(monkeypatch):
+    """The variable a collective reads inside a step (primitives._unfoldable) exists once an
+    aggregator is built, so tracing the step creates none."""
+    import tensorflow as tf
+
+    from tf_commlib import primitives
+    from tf_commlib.aggregator import GradientAggregator
+
+    monkeypatch.setattr(primitives, "_false", [])
+    GradientAggregator("dense").build([((4,), tf.float32)])
+    created = []
+
+    def creator(next_creator, **kwargs):
+        created.append(kwargs.get("name"))
+        return next_creator(**kwargs)
+
+    with tf.variable_creator_scope(creator):
+        tf.function(lambda x: primitives._unfoldable(x, "Allreduce", None)[0])(tf.ones(4))
+    assert created == []
