@@ -112,6 +112,8 @@ FLAGS = {
     "--inter-mbit 100": "a benchmark: the small model on the emulated cluster, 12 configurations (5 min)",
     "python -m tfc_apps.bench tta --inter-mbit 0 100 --configs dense_fp16 hitopk auto --repeats 3":
         "a benchmark: 18 four-rank trainings (23 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 100 --configs dense_fp16 hitopk auto --repeats 3":
+        "a benchmark: 9 four-rank trainings on the emulated cluster (21 min)",
     "python -m tfc_apps.bench tta --inter-mbit 100 0 --configs dense_fp16 hitopk auto --repeats 3":
         "a benchmark: 18 four-rank trainings (46 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 hitopk powersgd auto":
