@@ -154,7 +154,7 @@ def alltoall(x, splits, process_set, name=None):
 
 
 SMALL = 1 << 16   # elements: tensors up to this size are shielded from constant folding
-_false = []   # a False tf.Variable, made on first use
+_false = []   # a False tf.Variable, made by prepare()
 
 
 def prepare():
