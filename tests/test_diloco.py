@@ -112,6 +112,48 @@ def test_resume_from_backup_is_bit_identical(two_by_two):
     assert _same(two_by_two, "resume_full")
 
 
+def test_auto_interval_is_chosen_alike_on_every_rank_from_the_measured_times(two_by_two):
+    """sync_every="auto", 4 epochs of 4 steps: the first epochs run AUTO_START; once a sync without a trace
+    has been timed (epoch 2's end) H is chosen, the same on every rank, and it is choose_interval of the
+    all-gathered numbers it logs; the next epoch runs it, and every rank ends with the same weights."""
+    from tf_commlib.keras.diloco import AUTO_START, choose_interval
+
+    first = two_by_two[0]
+    for r in two_by_two:
+        assert r["auto_log"] == first["auto_log"] and r["auto_epochs"] == first["auto_epochs"]
+    log = first["auto_log"]
+    assert [row["steps"] for row in log] == [12, 16]
+    for row in log:
+        assert row["step_s"] > 0 and row["exchange_s"] > 0 and row["sync_s"] >= 0
+        assert row["sync_every"] == choose_interval(row["exchange_s"], row["sync_s"], row["step_s"])
+    assert first["auto_epochs"][:3] == [AUTO_START] * 3 and first["auto_epochs"][3] == log[0]["sync_every"]
+    assert first["auto_algorithms"] == [f"diloco_h{h}" for h in first["auto_epochs"]]
+    assert _same(two_by_two, "auto_final")
+
+
+def test_choose_interval_takes_the_smallest_h_whose_link_is_hidden():
+    """With overlap: the smallest H of AUTO_INTERVALS whose H steps take the exchange within HIDDEN and a
+    sync's work within SYNC_WORK; without: the smallest whose syncs add at most EXPOSED; the largest
+    where none does; negative or non-finite times are refused, naming the argument."""
+    from tf_commlib.keras.diloco import AUTO_INTERVALS, EXPOSED, HIDDEN, SYNC_WORK, choose_interval
+
+    step = 0.1
+    assert choose_interval(0.0, 0.0, step) == 1
+    assert choose_interval(HIDDEN * 4 * step, 0.0, step) == 4               # just hidden at H=4
+    assert choose_interval(HIDDEN * 4 * step * 1.01, 0.0, step) == 8        # just not
+    assert choose_interval(0.0, SYNC_WORK * 16 * step * 1.01, step) == 32   # the sync's work decides
+    assert choose_interval(1e6, 0.0, step) == AUTO_INTERVALS[-1]
+    assert choose_interval(EXPOSED * 8 * step * 0.5, EXPOSED * 8 * step * 0.5, step, overlap=False) == 8
+    assert choose_interval(EXPOSED * 8 * step * 0.5, EXPOSED * 8 * step * 0.51, step, overlap=False) == 16
+    # a faster link never gets a larger H
+    hs = [choose_interval(x, 0.01, step) for x in np.linspace(0.0, 20.0, 201)]
+    assert hs == sorted(hs)
+    for args, name in (((-1.0, 0.0, step), "exchange_s"), ((0.0, float("nan"), step), "sync_s"),
+                       ((0.0, 0.0, float("inf")), "step_s"), ((0.0, 0.0, True), "step_s")):
+        with pytest.raises(ValueError, match=name):
+            choose_interval(*args)
+
+
 # -- bad input: a clear error naming the argument, before any step -----------------------------
 def _sgd():
     return keras.optimizers.SGD(0.1)
@@ -121,6 +163,7 @@ def _sgd():
     (lambda D: D(_sgd(), sync_every=0), "sync_every"),
     (lambda D: D(_sgd(), sync_every=True), "sync_every"),
     (lambda D: D(_sgd(), sync_every=2.5), "sync_every"),
+    (lambda D: D(_sgd(), sync_every="often"), "sync_every"),
     (lambda D: D(_sgd(), sync_every=4, outer_optimizer="sgd"), "outer_optimizer"),
     (lambda D: D(_sgd(), sync_every=4, inter_compression="int3"), "inter_compression"),
     (lambda D: D(_sgd(), sync_every=4, inter_compression="mean"), "inter_compression"),
@@ -156,10 +199,13 @@ def test_config_round_trip():
     assert isinstance(again.inner_optimizer, keras.optimizers.AdamW)
     outer = again.outer_optimizer
     assert float(outer.learning_rate.numpy()) == pytest.approx(0.7) and (outer.momentum, outer.nesterov) == (0.9, True)
+    auto = DiLoCo.from_config(DiLoCo(keras.optimizers.SGD(0.1), sync_every="auto").get_config())
+    assert auto.auto_interval and auto.get_config()["sync_every"] == "auto"
 
 
 @pytest.mark.parametrize("extra, message", [
     (["--diloco", "-1"], "--diloco must be >= 0"),
+    (["--diloco", "often"], "must be an int or 'auto'"),
     (["--diloco", "8", "--compression", "fp16"], "--compression"),
     (["--diloco", "8", "--schedule", "0:hitopk,3:2dtar"], "--schedule"),
     (["--diloco", "8", "--breakdown-steps", "3"], "--breakdown-steps"),
@@ -187,3 +233,7 @@ def test_bench_tta_passes_diloco_settings_to_the_script():
     assert argv[argv.index("--diloco") + 1] == "8" and argv[argv.index("--inter-compression") + 1] == "qsgd8"
     parsed = config.parser().parse_args(argv)
     assert parsed.diloco == 8 and parsed.breakdown_steps == 0
+    argv = tta.dawnbench_argv(args, "diloco_auto_q8", "log")
+    parsed = config.parser().parse_args(argv)
+    assert parsed.diloco == "auto" and parsed.inter_compression == "qsgd8"
+    assert config.parse(["--synthetic", "--breakdown-steps", "0", "--schedule", "0:dense", "--diloco", "auto"]).diloco == "auto"

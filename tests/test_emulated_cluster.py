@@ -117,39 +117,46 @@ def test_the_first_rank_to_die_gives_the_exit_status(tmp_path):
 FAST_MBIT, RESHAPED_MBIT = 1000, 20
 
 
-def test_auto_follows_a_link_that_changes_mid_run(cluster, tmp_path):
-    """DistributedOptimizer(algorithm="auto") trains 2 epochs at FAST_MBIT, the link is re-shaped to
-    RESHAPED_MBIT (scripts/emulate_cluster.sh reshape), and within two epochs the step time it
-    measures has it calibrate the link again and run what it would choose from scratch there."""
+def _run_reshaped(worker, tmp_path, first_mbit, then_mbit):
+    """Runs the worker on the cluster with its inter-node link at first_mbit, re-shaped to then_mbit when the
+    worker asks (a file reshape.request in HVD_TEST_OUT; the test answers reshape.done), then back to MBIT."""
     import threading
     import time
 
-    from tf_commlib.collectives import ALGORITHMS
-
-    out = tmp_path / "cluster_auto_reshape_worker"
+    out = tmp_path / f"cluster_{worker.removesuffix('.py')}"
     out.mkdir()
     stop, shaped = threading.Event(), []
 
     def reshape_when_asked():
         while not stop.is_set():
             if (out / "reshape.request").exists():
-                shaped.append(_sh("reshape", "--inter-mbit", str(RESHAPED_MBIT)))
+                shaped.append(_sh("reshape", "--inter-mbit", str(then_mbit)))
                 (out / "reshape.done").touch()
                 return
             time.sleep(0.05)
 
-    fast = _sh("reshape", "--inter-mbit", str(FAST_MBIT))
+    fast = _sh("reshape", "--inter-mbit", str(first_mbit))
     assert fast.returncode == 0, fast.stdout + fast.stderr
     watcher = threading.Thread(target=reshape_when_asked, daemon=True)
     watcher.start()
     try:
-        reports, log = hvdrun.run_cluster("auto_reshape_worker.py", tmp_path, timeout=400)
+        reports, _ = hvdrun.run_cluster(worker, tmp_path, timeout=400)
     finally:
         stop.set()
         watcher.join()
         back = _sh("reshape", "--inter-mbit", str(MBIT))
         assert back.returncode == 0, back.stdout + back.stderr
     assert shaped and shaped[0].returncode == 0, shaped
+    return reports
+
+
+def test_auto_follows_a_link_that_changes_mid_run(cluster, tmp_path):
+    """DistributedOptimizer(algorithm="auto") trains 2 epochs at FAST_MBIT, the link is re-shaped to
+    RESHAPED_MBIT (scripts/emulate_cluster.sh reshape), and within two epochs the step time it
+    measures has it calibrate the link again and run what it would choose from scratch there."""
+    from tf_commlib.collectives import ALGORITHMS
+
+    reports = _run_reshaped("auto_reshape_worker.py", tmp_path, FAST_MBIT, RESHAPED_MBIT)
     first = reports[0]
     print({k: first[k] for k in ("choices", "recalibrations", "beta_inter", "calibration_s", "fit_s")})
     assert all(r["choices"] == first["choices"] for r in reports)
@@ -160,3 +167,28 @@ def test_auto_follows_a_link_that_changes_mid_run(cluster, tmp_path):
     assert first["recalibrations"] == 1
     old, new = first["beta_inter"]   # seconds per byte: 8 / bit rate
     assert 0.5 < new / (8 / (RESHAPED_MBIT * 1e6)) < 2.0 and new > 4 * old, first["beta_inter"]
+
+
+SLOW_MBIT = 5
+
+
+def test_diloco_auto_interval_follows_a_link_that_changes_mid_run(cluster, tmp_path):
+    """DiLoCo(sync_every="auto"), 1 MB of weights: 2 epochs at FAST_MBIT, then SLOW_MBIT. The first choice
+    (after epoch 1, the first with untraced syncs) is made on the fast link; every choice after the change
+    is made from the slow exchanges (at least 10x longer) and takes an H at least 4x as large, the
+    smallest that hides them; every rank chooses alike and ends with the same weights."""
+    from tf_commlib.keras.diloco import choose_interval
+
+    reports = _run_reshaped("diloco_reshape_worker.py", tmp_path, FAST_MBIT, SLOW_MBIT)
+    first = reports[0]
+    print(first["log"], first["epochs"])
+    assert all(r["log"] == first["log"] and r["final"] == first["final"] for r in reports)
+    log = first["log"]
+    assert [row["steps"] for row in log] == [20, 30, 40, 50], log
+    for row in log:
+        assert row["sync_every"] == choose_interval(row["exchange_s"], row["sync_s"], row["step_s"])
+    before, after = log[0], log[1:]
+    assert first["epochs"][2] == before["sync_every"] and first["epochs"][3:] == [r["sync_every"] for r in after[:2]]
+    for row in after:
+        assert row["exchange_s"] > 10 * before["exchange_s"], log
+        assert row["sync_every"] >= 4 * before["sync_every"], log

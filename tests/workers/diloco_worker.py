@@ -1,6 +1,6 @@
 """DiLoCo on the ranks of an emulated layout. argv[1] "anchor": only the exactness anchor; "all": also the
 weights after each sync, the bytes of one interval, the overlap timeline, mixed_float16 skips, a
-non-finite pseudo-gradient, and a resume from BackupAndRestore."""
+non-finite pseudo-gradient, a resume from BackupAndRestore, and sync_every="auto"'s choices."""
 import hashlib
 import os
 import sys
@@ -228,8 +228,22 @@ def resume():
     out["resume_steps"] = int(resumed.optimizer.steps_done.numpy())
 
 
+def auto_interval():
+    """sync_every="auto", 8-bit, 4 epochs of 4 steps: H starts at AUTO_START; each decision's H and the
+    numbers it was made from, the H of each epoch, and the weights at the end."""
+    model = bn_model()
+    opt = DiLoCo(keras.optimizers.SGD(0.05, momentum=0.9), sync_every="auto", inter_compression="qsgd8")
+    model.compile(opt, LOSS, jit_compile=False)
+    model.fit(x, y, batch_size=16, epochs=4, shuffle=False, verbose=0, callbacks=default_callbacks())
+    out["auto_log"] = opt.interval_log
+    out["auto_epochs"] = [opt.interval_at(e) for e in range(4)]
+    out["auto_algorithms"] = [opt.algorithm_at(e) for e in range(4)]
+    out["auto_final"] = digest(model)
+
+
 anchor()
 if sys.argv[1] == "all":
+    auto_interval()
     syncs()
     interval_bytes()
     overlap()

@@ -14,6 +14,14 @@ hierarchical local SGD). For links between nodes too slow for per-step compressi
   interval's inner steps go on, and its outer update is applied at sync t+1 (one interval late, as in
   the eager/streaming variants): each node then continues from the new start weights plus its own
   progress of the last interval. The link is hidden unless it takes longer than ``sync_every`` steps.
+* ``sync_every="auto"``: H is chosen from what the run measures (``choose_interval``). At each
+  ``synchronize()`` the ranks all-gather the median seconds of their inner steps, of an exchange between
+  nodes and of a sync's own work on the training thread (the slowest rank's step and work, the
+  least-waiting rank's exchange) and take the smallest H of AUTO_INTERVALS whose exchange hides under
+  its inner steps (with overlap; without it, whose syncs add at most EXPOSED of the steps' time). A
+  smaller H lets the nodes drift apart less (as many epochs to a target or fewer in docs/diloco.md's
+  runs), so the smallest H whose link is hidden is the fastest. The run starts at AUTO_START; every
+  rank decides from the same all-gathered numbers.
 * At each epoch end (``synchronize()``, which the callback CompressionScheduler in
   ``default_callbacks()`` calls) a pending exchange is applied and the steps since the last sync are
   synchronised without overlap: evaluation, checkpoints and the end of training see weights that are
@@ -51,14 +59,38 @@ def _codec(name):
     return codecs.get(name)
 
 
+AUTO_INTERVALS = (1, 2, 4, 8, 16, 32, 64, 128, 256)   # the H that sync_every="auto" chooses from
+AUTO_START = 8      # sync_every="auto": the H of the steps before the first measurement
+HIDDEN = 0.8        # with overlap: an exchange between nodes takes at most this part of H steps' time
+SYNC_WORK = 0.05    # with overlap: a sync's work on the training thread takes at most this part of it
+EXPOSED = 0.2       # without overlap: a sync (its exchange included) adds at most this part of H steps' time
+
+
+def choose_interval(exchange_s, sync_s, step_s, overlap=True):
+    """The H of sync_every="auto": the smallest of AUTO_INTERVALS where an exchange between nodes
+    (exchange_s seconds) and a sync's work on the training thread (sync_s) stay within HIDDEN and
+    SYNC_WORK of H inner steps (step_s each) with overlap, or together within EXPOSED of them without;
+    the largest where none does."""
+    for name, value in (("exchange_s", exchange_s), ("sync_s", sync_s), ("step_s", step_s)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not 0 <= value < np.inf:
+            raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    for h in AUTO_INTERVALS:
+        steps = h * step_s
+        if (exchange_s <= HIDDEN * steps and sync_s <= SYNC_WORK * steps) if overlap \
+                else exchange_s + sync_s <= EXPOSED * steps:
+            return h
+    return AUTO_INTERVALS[-1]
+
+
 def _check(inner_optimizer, sync_every, outer_optimizer, overlap):
     if isinstance(inner_optimizer, (DistributedOptimizer, DiLoCo)) or \
             isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer) or \
             not isinstance(inner_optimizer, keras.optimizers.Optimizer):
         raise ValueError("inner_optimizer must be a plain Keras 3 optimizer (not a DistributedOptimizer, DiLoCo or "
                          f"LossScaleOptimizer: DiLoCo averages inside the node itself), got {inner_optimizer!r}")
-    if isinstance(sync_every, bool) or not isinstance(sync_every, (int, np.integer)) or sync_every < 1:
-        raise ValueError(f"sync_every must be an int >= 1 (inner steps between syncs), got {sync_every!r}")
+    if sync_every != "auto" and (isinstance(sync_every, bool) or not isinstance(sync_every, (int, np.integer))
+                                 or sync_every < 1):
+        raise ValueError(f"sync_every must be an int >= 1 (inner steps between syncs) or 'auto', got {sync_every!r}")
     if outer_optimizer is not None and (
             not isinstance(outer_optimizer, keras.optimizers.Optimizer) or outer_optimizer is inner_optimizer
             or isinstance(outer_optimizer, (DistributedOptimizer, DiLoCo, keras.optimizers.LossScaleOptimizer))):
@@ -84,13 +116,28 @@ def _unflat(flat, like):
 
 
 
+class _Window:
+    """What sync_every="auto" measures between two decisions, in seconds per item: the inner steps (end_step
+    to end_step), the syncs' work on the training thread (without waiting for an exchange; not those that
+    traced a function) and the exchanges between nodes (on the background thread with overlap)."""
+
+    def __init__(self, active):
+        self.active = active   # records only for sync_every="auto"
+        self.steps, self.work, self.exchange = [], [], []
+
+    def add(self, kind, seconds):
+        if self.active:
+            getattr(self, kind).append(seconds)
+
+
 @keras.saving.register_keras_serializable(package="tf_commlib")
 class DiLoCo(InnerSteps, keras.optimizers.Optimizer):
     """Local SGD inside nodes, an outer optimizer across them every ``sync_every`` steps (module doc).
 
     Args:
       inner_optimizer: the Keras 3 optimizer of the inner steps (e.g. AdamW, SGD with momentum).
-      sync_every: inner steps between syncs across nodes (H).
+      sync_every: inner steps between syncs across nodes (H), or "auto": chosen at each epoch end from
+        the measured step and exchange times (choose_interval; AUTO_START before).
       outer_optimizer: the Keras 3 optimizer that applies the mean pseudo-gradient to the start
         weights; default SGD(learning_rate=0.7, momentum=0.9, nesterov=True).
       inter_compression: None (float32) or a codec of tf_commlib.collectives.codec for the
@@ -110,7 +157,12 @@ class DiLoCo(InnerSteps, keras.optimizers.Optimizer):
         super().__init__(learning_rate=0.0, name=name or "diloco_" + inner_optimizer.name)
         self.inner_optimizer = inner_optimizer
         self.outer_optimizer = outer_optimizer or keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
-        self.sync_every, self.inter_compression, self.overlap = int(sync_every), inter_compression, overlap
+        self.auto_interval = sync_every == "auto"
+        self.sync_every = AUTO_START if self.auto_interval else int(sync_every)
+        self.inter_compression, self.overlap = inter_compression, overlap
+        self.intervals = {}      # epoch -> the H it started with (set_epoch)
+        self.interval_log = []   # sync_every="auto": one dict per decision (the measurements and the H chosen)
+        self._window, self._last_end = _Window(self.auto_interval), None
         self.wire = wire
         self.timeline = None   # a list: (event, index, perf_counter seconds) appended when set
         self._statistics, self._exchanges, self._pending = [], Exchanges(), None
@@ -121,7 +173,7 @@ class DiLoCo(InnerSteps, keras.optimizers.Optimizer):
     def __setattr__(self, name, value):
         # plain Python objects: Keras' tracking would copy a list or dict, and take the model's variables
         # in _tracked and _statistics for the optimizer's own
-        if name in ("timeline", "_pending", "_tracked", "_statistics"):
+        if name in ("timeline", "_pending", "_tracked", "_statistics", "intervals", "interval_log", "_window"):
             object.__setattr__(self, name, value)
         elif name == "loss_scale_factor":   # as DistributedOptimizer: the sign of a LossScaleOptimizer around it
             if value is not None:
@@ -141,10 +193,15 @@ class DiLoCo(InnerSteps, keras.optimizers.Optimizer):
         return tf.equal(tf.reduce_sum(every), 0.0)
 
     def set_epoch(self, epoch):
-        """Nothing changes by epoch (the callbacks call it on any tf_commlib optimizer)."""
+        """Notes the H this epoch starts with (the callbacks call it at each epoch's start)."""
+        self.intervals[epoch] = self._current_interval()
+
+    def interval_at(self, epoch):
+        """The H an epoch started with (the current one for an epoch not started yet)."""
+        return self.intervals.get(epoch, self._current_interval())
 
     def algorithm_at(self, epoch):
-        return "diloco"
+        return f"diloco_h{self.interval_at(epoch)}"
 
     def density_at(self, epoch):
         return 1.0
@@ -179,8 +236,10 @@ class DiLoCo(InnerSteps, keras.optimizers.Optimizer):
             if not self.wire.exact else None
         self.steps_done = self.add_variable((), dtype="int64", initializer="zeros", name="diloco_steps")
         self.synced_at = self.add_variable((), dtype="int64", initializer="zeros", name="diloco_synced_at")
+        self.interval = self.add_variable((), dtype="int64", initializer="zeros", name="diloco_interval")
         with tf.init_scope():   # eagerly, also when build runs while the first step is traced
             primitives.prepare()
+            self.interval.assign(self.sync_every)
             for v, s in zip(self._tracked, self.starts):
                 s.assign(tf.cast(v, s.dtype))
             if self.overlap:
@@ -237,16 +296,19 @@ class DiLoCo(InnerSteps, keras.optimizers.Optimizer):
     def _exchange(self, shard, index):
         """The inter-node mean of the shard (eagerly; on the background thread with overlap)."""
         topo = current_topology()
+        start = time.perf_counter()
         if self.timeline is not None:
-            self.timeline.append(("exchange_start", index, time.perf_counter()))
+            self.timeline.append(("exchange_start", index, start))
         send = shard if self.residual is None else shard + self.residual
         seed = index * 7919 + topo.node * 104729 + topo.local   # independent rounding on every rank
         mean, own = inter_mean(send, topo, self.wire, seed, self._coded, name="diloco_inter")
         if self.residual is not None:
             left = send - own
             self.residual.assign(tf.where(tf.math.is_finite(left), left, tf.zeros_like(left)))
+        end = time.perf_counter()
+        self._window.add("exchange", end - start)
         if self.timeline is not None:
-            self.timeline.append(("exchange_end", index, time.perf_counter()))
+            self.timeline.append(("exchange_end", index, end))
         return mean
 
     def _receive(self, mean):
@@ -277,21 +339,38 @@ class DiLoCo(InnerSteps, keras.optimizers.Optimizer):
             if self.overlap:
                 self.anchors[i].assign(value if sent else s)
 
+    def _timed(self, sync, index):
+        """Runs sync(index), which returns the seconds it waited for an exchange between nodes; records its
+        work on the training thread besides (where it traced no function)."""
+        start, traced = time.perf_counter(), len(self._fns)
+        waited = sync(index)
+        if len(self._fns) == traced:
+            self._window.add("work", time.perf_counter() - start - waited)
+
     def _sync_now(self, index):
-        """A sync without overlap: exchange, outer step, every rank from the new start weights."""
+        """A sync without overlap: exchange, outer step, every rank from the new start weights. Returns the
+        exchange's seconds."""
         _, shard = self._fn("send", self._send)()
+        start = time.perf_counter()
         mean = self._exchange(shard, index)
+        waited = time.perf_counter() - start
         self._fn("receive", self._receive)(mean)
         self._fn("restart", lambda: self._restart())()
+        return waited
 
     def _sync_overlapped(self, index):
-        """Sends this interval's progress; applies the previous sync's mean; goes on from there."""
+        """Sends this interval's progress; applies the previous sync's mean; goes on from there. Returns the
+        seconds it waited for that mean."""
         x, shard = self._fn("send", self._send)()
         box = self._exchanges.submit(lambda: self._exchange(shard, index))
-        previous, self._pending = self._pending, box
+        previous, self._pending, waited = self._pending, box, 0.0
         if previous is not None:
-            self._fn("receive", self._receive)(self._exchanges.wait(previous))
+            start = time.perf_counter()
+            mean = self._exchanges.wait(previous)
+            waited = time.perf_counter() - start
+            self._fn("receive", self._receive)(mean)
         self._fn("rebase", lambda p: self._restart(p, sent=True))(x)
+        return waited
 
     def _flush(self):
         """Applies a pending exchange; the node goes on from the start weights plus its unsent progress."""
@@ -306,17 +385,23 @@ class DiLoCo(InnerSteps, keras.optimizers.Optimizer):
         (CompressionScheduler does in model.fit), skipped steps included, on every rank."""
         if not self.built:
             return
+        now = time.perf_counter()
+        if self._last_end is not None:
+            self._window.add("steps", now - self._last_end)
         steps = int(self.steps_done.assign_add(1).numpy())
         if self.timeline is not None:
-            self.timeline.append(("step_end", steps, time.perf_counter()))
-        if steps % self.sync_every:
-            return
-        index = steps // self.sync_every
-        if self.overlap:
-            self._sync_overlapped(index)
-        else:
-            self._sync_now(index)
-        self.synced_at.assign(steps)
+            self.timeline.append(("step_end", steps, now))
+        h = self._current_interval()
+        if steps % h == 0:
+            self._timed(self._sync_overlapped if self.overlap else self._sync_now, steps // h)
+            self.synced_at.assign(steps)
+        self._last_end = time.perf_counter()
+
+    def _current_interval(self):
+        """H: the variable's (restored by BackupAndRestore) once built."""
+        if self.built:
+            self.sync_every = int(self.interval.numpy())
+        return self.sync_every
 
     def synchronize(self):
         """Makes every rank hold the same weights: applies a pending exchange, then syncs the steps since
@@ -326,12 +411,38 @@ class DiLoCo(InnerSteps, keras.optimizers.Optimizer):
         self._flush()
         steps = int(self.steps_done.numpy())
         if steps > int(self.synced_at.numpy()):
-            self._sync_now(-steps)   # a negative index: no interval's seed
+            self._timed(self._sync_now, -steps)   # a negative index: no interval's seed
             self.synced_at.assign(steps)
+        if self.auto_interval:
+            self._choose_interval()
+        self._last_end = None   # what comes before the next step (evaluation, the epoch's end) is no step
+
+    def _choose_interval(self):
+        """sync_every="auto": H from the window's medians of every rank (one all-gather; the window holds as
+        many steps and syncs on every rank, so every rank gathers or none does, and all decide alike)."""
+        w, self._window = self._window, _Window(True)
+        if not w.exchange or len(w.steps) < 2:
+            return
+        local = np.array([[np.median(w.exchange), np.median(w.work) if w.work else -1.0, np.median(w.steps)]])
+        topo = current_topology()
+        every = primitives.allgather(tf.constant(local), topo.world, name="diloco_interval").numpy() \
+            if topo.size > 1 else local
+        if every[:, 1].min() < 0:   # a rank has timed no sync without a trace yet: H stays
+            return
+        # an exchange on the rank whose partners were there first (the least of the ranks'; the others' also
+        # count the wait for the partner), the slowest rank's sync work and step (the pace)
+        exchange_s, (sync_s, step_s) = float(every[:, 0].min()), (float(v) for v in every[:, 1:].max(axis=0))
+        h = choose_interval(exchange_s, sync_s, step_s, self.overlap)
+        self.interval.assign(h)
+        self.sync_every = h
+        self.interval_log.append({"steps": int(self.steps_done.numpy()), "exchange_s": exchange_s, "sync_s": sync_s,
+                                  "step_s": step_s, "sync_every": h})
 
     # -- bytes -----------------------------------------------------------------------------------
-    def interval_bytes(self):
-        """{"intra": B, "inter": B} this rank sends in sync_every inner steps and one sync (after build)."""
+    def interval_bytes(self, h=None):
+        """{"intra": B, "inter": B} this rank sends in h (default: the current H) inner steps and one sync
+        (after build)."""
+        h = self._current_interval() if h is None else h
         topo = current_topology()
         m, n = topo.m, topo.n
         if n > 1:
@@ -342,16 +453,17 @@ class DiLoCo(InnerSteps, keras.optimizers.Optimizer):
                                   link_bytes.per_rank("allgather", 4 * self._s, "intra", m, n))
         else:
             step = sync = link_bytes.add()
-        steps = link_bytes.add(*([step] * self.sync_every))
+        steps = link_bytes.add(*([step] * h))
         return link_bytes.add(steps, sync, inter_bytes(self._s, self.wire, m, n, self._coded))
 
     def sent_bytes_at(self, epoch):
         """{"intra": B, "inter": B} per step, averaged over an interval (after build)."""
-        return {k: v / self.sync_every for k, v in self.interval_bytes().items()}
+        h = self.interval_at(epoch)
+        return {k: v / h for k, v in self.interval_bytes(h).items()}
 
     def get_config(self):
         return {"name": self.name, "inner_optimizer": keras.optimizers.serialize(self.inner_optimizer),
-                "sync_every": self.sync_every,
+                "sync_every": "auto" if self.auto_interval else self.sync_every,
                 "outer_optimizer": keras.optimizers.serialize(self.outer_optimizer),
                 "inter_compression": self.inter_compression, "overlap": self.overlap}
 

@@ -47,6 +47,8 @@ CONFIGS = {
     "diloco_h8": {"schedule": "0:dense", "diloco": 8, **OUTER_AVERAGE},
     "diloco_h32": {"schedule": "0:dense", "diloco": 32, **OUTER_AVERAGE},
     "diloco_h8_q8": {"schedule": "0:dense", "diloco": 8, "inter_compression": "qsgd8", **OUTER_AVERAGE},
+    # H chosen by the run from its measured step and exchange times (DiLoCo(sync_every="auto"))
+    "diloco_auto_q8": {"schedule": "0:dense", "diloco": "auto", "inter_compression": "qsgd8", **OUTER_AVERAGE},
 }
 LAYOUT = (2, 2)   # nodes x ranks per node
 CALIBRATION = "auto_calibration.json"   # in a bandwidth's folder: the seconds auto's calibration took

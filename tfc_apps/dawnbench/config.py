@@ -54,6 +54,16 @@ def parse_schedule(text):
     return out
 
 
+def _interval(text):
+    """--diloco's H: an int, or 'auto'."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int or 'auto', got {text!r}") from None
+
+
 def check_algorithms(schedule):
     """Last of the checks: the registry imports TensorFlow."""
     from tf_commlib.collectives import ALGORITHMS
@@ -106,10 +116,11 @@ def parser():
            "algorithm for the whole --schedule, else (hitopk, switches) 1/n over a node's ranks, the weights "
            "all-gathered inside the node; DGC's momentum correction is off (the wrapped optimizer's momentum "
            "is kept in slices). The step breakdown still times the unsharded update")
-    a("--diloco", type=int, default=0, metavar="H",
+    a("--diloco", type=_interval, default=0, metavar="H",
       help="DiLoCo (tf_commlib.keras.DiLoCo): the optimizer steps locally inside each node (gradients averaged over "
            "the node) and the nodes average their pseudo-gradients every H steps and at each epoch end, through an "
-           "outer Nesterov SGD; --schedule, --density and the DGC options do not apply (default 0: off)")
+           "outer Nesterov SGD; 'auto': H chosen at each epoch end from the measured step and exchange times; "
+           "--schedule, --density and the DGC options do not apply (default 0: off)")
     a("--inter-compression", default=None, choices=("fp16", "bf16", "qsgd8", "qsgd4", "qsgd2"),
       help="with --diloco: the codec of the pseudo-gradients between nodes (default float32)")
     a("--outer-lr", type=float, default=0.7, help="with --diloco: the outer SGD's learning rate")
@@ -203,7 +214,7 @@ def check(args):
         raise ValueError("--calibration-cache and --recalibrate go with --calibrate")
     if args.recalibrate and not (args.calibration_cache or args.ckpt_dir):
         raise ValueError("--recalibrate rewrites the calibration cache: give --calibration-cache FILE or --ckpt-dir")
-    if args.diloco < 0:
+    if args.diloco != "auto" and args.diloco < 0:
         raise ValueError(f"--diloco must be >= 0 (0: off), got {args.diloco!r}")
     if args.diloco:
         clashing = [flag for flag, on in (("--shard-optimizer", args.shard_optimizer), ("--calibrate", args.calibrate),

@@ -225,6 +225,8 @@ class Reporter:
                     # bytes a rank sends per step inside its node and between nodes (the collectives' formulas)
                     "intra_bytes_per_step": sent["intra"], "inter_bytes_per_step": sent["inter"],
                     "wall_s": wall})
+        if getattr(opt, "interval_log", None):   # DiLoCo(sync_every="auto"): its last choice of H, and why
+            row["interval_choice"] = opt.interval_log[-1]
         self.log.last = wall
         if self.awaiting:
             self.pending = row if self.topo.rank == 0 else None
