@@ -104,6 +104,10 @@ FLAGS = {
     "python -m tfc_apps.bench tta --inter-mbit 5 100 --configs dense_fp16 hitopk powersgd diloco_h8 diloco_h32 "
     "diloco_h8_q8": "a benchmark: 12 four-rank trainings on the emulated cluster (25 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25": "a benchmark: 6 four-rank trainings (12 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 hitopk powersgd auto diloco_h8_q8 "
+    "diloco_auto_q8": "a benchmark: 18 four-rank trainings on the emulated cluster (49 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 5 --configs dense_fp16 powersgd auto diloco_h8_q8 diloco_auto_q8":
+        "a benchmark: 5 four-rank trainings on the emulated cluster (25 min)",
     "python -m tfc_apps.cluster_launch -- python scripts/dawnbench_resnet50.py --synthetic --model resnet50 "
     "--stages 64:5:8 --steps-per-epoch 4 --optimizer sgd --breakdown-steps 0":
         "a benchmark: ResNet-50 on the emulated cluster (2 min per configuration)",
