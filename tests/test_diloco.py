@@ -129,6 +129,9 @@ def test_auto_interval_is_chosen_alike_on_every_rank_from_the_measured_times(two
     assert first["auto_epochs"][:3] == [AUTO_START] * 3 and first["auto_epochs"][3] == log[0]["sync_every"]
     assert first["auto_algorithms"] == [f"diloco_h{h}" for h in first["auto_epochs"]]
     assert _same(two_by_two, "auto_final")
+    # the chosen H is an optimizer variable (BackupAndRestore keeps it); a fixed H's optimizer has none, so
+    # it keeps the variables, and the checkpoints, it always had
+    assert first["interval_variables"] == {"auto": ["diloco_interval"], "fixed": []}
 
 
 def test_choose_interval_takes_the_smallest_h_whose_link_is_hidden():

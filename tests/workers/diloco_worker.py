@@ -74,7 +74,8 @@ class AtSync(keras.callbacks.Callback):
 def syncs():
     """H=3 with momentum and batch norm, 4 steps per epoch: syncs at steps 3, 4 (epoch end), 6, 8 (epoch end)."""
     model = bn_model()
-    opt = DiLoCo(keras.optimizers.SGD(0.05, momentum=0.9), sync_every=3, overlap=False)
+    global fixed_opt
+    opt = fixed_opt = DiLoCo(keras.optimizers.SGD(0.05, momentum=0.9), sync_every=3, overlap=False)
     model.compile(opt, LOSS, jit_compile=False)
     at = AtSync(opt)
     model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, callbacks=default_callbacks() + [at])
@@ -228,6 +229,9 @@ def resume():
     out["resume_steps"] = int(resumed.optimizer.steps_done.numpy())
 
 
+fixed_opt = None   # syncs()' optimizer (H = 3)
+
+
 def auto_interval():
     """sync_every="auto", 8-bit, 4 epochs of 4 steps: H starts at AUTO_START; each decision's H and the
     numbers it was made from, the H of each epoch, and the weights at the end."""
@@ -239,12 +243,14 @@ def auto_interval():
     out["auto_epochs"] = [opt.interval_at(e) for e in range(4)]
     out["auto_algorithms"] = [opt.algorithm_at(e) for e in range(4)]
     out["auto_final"] = digest(model)
+    out["interval_variables"] = {kind: [v.name for v in o.variables if v.name == "diloco_interval"]
+                                 for kind, o in (("auto", opt), ("fixed", fixed_opt))}
 
 
 anchor()
 if sys.argv[1] == "all":
-    auto_interval()
     syncs()
+    auto_interval()
     interval_bytes()
     overlap()
     linear()

@@ -236,10 +236,13 @@ class DiLoCo(InnerSteps, keras.optimizers.Optimizer):
             if not self.wire.exact else None
         self.steps_done = self.add_variable((), dtype="int64", initializer="zeros", name="diloco_steps")
         self.synced_at = self.add_variable((), dtype="int64", initializer="zeros", name="diloco_synced_at")
-        self.interval = self.add_variable((), dtype="int64", initializer="zeros", name="diloco_interval")
+        # sync_every="auto": the H chosen (a fixed H's optimizer keeps the variables it always had)
+        self.interval = self.add_variable((), dtype="int64", initializer="zeros", name="diloco_interval") \
+            if self.auto_interval else None
         with tf.init_scope():   # eagerly, also when build runs while the first step is traced
             primitives.prepare()
-            self.interval.assign(self.sync_every)
+            if self.interval is not None:
+                self.interval.assign(self.sync_every)
             for v, s in zip(self._tracked, self.starts):
                 s.assign(tf.cast(v, s.dtype))
             if self.overlap:
@@ -392,14 +395,15 @@ class DiLoCo(InnerSteps, keras.optimizers.Optimizer):
         if self.timeline is not None:
             self.timeline.append(("step_end", steps, now))
         h = self._current_interval()
-        if steps % h == 0:
-            self._timed(self._sync_overlapped if self.overlap else self._sync_now, steps // h)
+        if steps % h == 0:   # the index seeds the codec's rounding: for "auto" (H changes) the step
+            self._timed(self._sync_overlapped if self.overlap else self._sync_now,
+                        steps if self.auto_interval else steps // h)
             self.synced_at.assign(steps)
         self._last_end = time.perf_counter()
 
     def _current_interval(self):
-        """H: the variable's (restored by BackupAndRestore) once built."""
-        if self.built:
+        """H: given, or for "auto" the variable's (restored by BackupAndRestore) once built."""
+        if self.built and self.interval is not None:
             self.sync_every = int(self.interval.numpy())
         return self.sync_every
 
