@@ -14,14 +14,8 @@ hierarchical local SGD). For links between nodes too slow for per-step compressi
   interval's inner steps go on, and its outer update is applied at sync t+1 (one interval late, as in
   the eager/streaming variants): each node then continues from the new start weights plus its own
   progress of the last interval. The link is hidden unless it takes longer than ``sync_every`` steps.
-* ``sync_every="auto"``: H is chosen from what the run measures (``choose_interval``). At each
-  ``synchronize()`` the ranks all-gather the median seconds of their inner steps, of an exchange between
-  nodes and of a sync's own work on the training thread (the slowest rank's step and work, the
-  least-waiting rank's exchange) and take the smallest H of AUTO_INTERVALS whose exchange hides under
-  its inner steps (with overlap; without it, whose syncs add at most EXPOSED of the steps' time). A
-  smaller H lets the nodes drift apart less (as many epochs to a target or fewer in docs/diloco.md's
-  runs), so the smallest H whose link is hidden is the fastest. The run starts at AUTO_START; every
-  rank decides from the same all-gathered numbers.
+* ``sync_every="auto"``: H chosen at each ``synchronize()`` from the measured step, exchange and sync-work
+  times, the same on every rank (tf_commlib.keras.interval); AUTO_START before the first choice.
 * At each epoch end (``synchronize()``, which the callback CompressionScheduler in
   ``default_callbacks()`` calls) a pending exchange is applied and the steps since the last sync are
   synchronised without overlap: evaluation, checkpoints and the end of training see weights that are
@@ -44,6 +38,8 @@ from tf_commlib import internals, link_bytes, primitives
 from tf_commlib.collectives import codec as codecs
 from tf_commlib.collectives.interface import plain_python
 from tf_commlib.inter_mean import Exchanges, inter_bytes, inter_mean, node_mean, shard_len
+from tf_commlib.keras.interval import (AUTO_INTERVALS, AUTO_START, EXPOSED, HIDDEN, SYNC_WORK,  # noqa: F401
+                                       Window, choose_interval, measured_times)
 from tf_commlib.keras.optimizer import DistributedOptimizer
 from tf_commlib.keras.wrapping import WRAPPERS, InnerSteps
 from tf_commlib.topology import topology as current_topology
@@ -57,29 +53,6 @@ def _codec(name):
     if not isinstance(name, str) or name not in accepted:
         raise ValueError(f"inter_compression must be None or one of {accepted}, got {name!r}")
     return codecs.get(name)
-
-
-AUTO_INTERVALS = (1, 2, 4, 8, 16, 32, 64, 128, 256)   # the H that sync_every="auto" chooses from
-AUTO_START = 8      # sync_every="auto": the H of the steps before the first measurement
-HIDDEN = 0.8        # with overlap: an exchange between nodes takes at most this part of H steps' time
-SYNC_WORK = 0.05    # with overlap: a sync's work on the training thread takes at most this part of it
-EXPOSED = 0.2       # without overlap: a sync (its exchange included) adds at most this part of H steps' time
-
-
-def choose_interval(exchange_s, sync_s, step_s, overlap=True):
-    """The H of sync_every="auto": the smallest of AUTO_INTERVALS where an exchange between nodes
-    (exchange_s seconds) and a sync's work on the training thread (sync_s) stay within HIDDEN and
-    SYNC_WORK of H inner steps (step_s each) with overlap, or together within EXPOSED of them without;
-    the largest where none does."""
-    for name, value in (("exchange_s", exchange_s), ("sync_s", sync_s), ("step_s", step_s)):
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not 0 <= value < np.inf:
-            raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-    for h in AUTO_INTERVALS:
-        steps = h * step_s
-        if (exchange_s <= HIDDEN * steps and sync_s <= SYNC_WORK * steps) if overlap \
-                else exchange_s + sync_s <= EXPOSED * steps:
-            return h
-    return AUTO_INTERVALS[-1]
 
 
 def _check(inner_optimizer, sync_every, outer_optimizer, overlap):
@@ -116,20 +89,6 @@ def _unflat(flat, like):
 
 
 
-class _Window:
-    """What sync_every="auto" measures between two decisions, in seconds per item: the inner steps (end_step
-    to end_step), the syncs' work on the training thread (without waiting for an exchange; not those that
-    traced a function) and the exchanges between nodes (on the background thread with overlap)."""
-
-    def __init__(self, active):
-        self.active = active   # records only for sync_every="auto"
-        self.steps, self.work, self.exchange = [], [], []
-
-    def add(self, kind, seconds):
-        if self.active:
-            getattr(self, kind).append(seconds)
-
-
 @keras.saving.register_keras_serializable(package="tf_commlib")
 class DiLoCo(InnerSteps, keras.optimizers.Optimizer):
     """Local SGD inside nodes, an outer optimizer across them every ``sync_every`` steps (module doc).
@@ -162,7 +121,7 @@ class DiLoCo(InnerSteps, keras.optimizers.Optimizer):
         self.inter_compression, self.overlap = inter_compression, overlap
         self.intervals = {}      # epoch -> the H it started with (set_epoch)
         self.interval_log = []   # sync_every="auto": one dict per decision (the measurements and the H chosen)
-        self._window, self._last_end = _Window(self.auto_interval), None
+        self._window, self._last_end = Window(self.auto_interval), None
         self.wire = wire
         self.timeline = None   # a list: (event, index, perf_counter seconds) appended when set
         self._statistics, self._exchanges, self._pending = [], Exchanges(), None
@@ -422,23 +381,15 @@ class DiLoCo(InnerSteps, keras.optimizers.Optimizer):
         self._last_end = None   # what comes before the next step (evaluation, the epoch's end) is no step
 
     def _choose_interval(self):
-        """sync_every="auto": H from the window's medians of every rank (one all-gather; the window holds as
-        many steps and syncs on every rank, so every rank gathers or none does, and all decide alike)."""
-        w, self._window = self._window, _Window(True)
-        if not w.exchange or len(w.steps) < 2:
+        """sync_every="auto": H from the window's measurements of every rank (interval.measured_times)."""
+        w, self._window = self._window, Window(True)
+        times = measured_times(w)
+        if times is None:
             return
-        local = np.array([[np.median(w.exchange), np.median(w.work) if w.work else -1.0, np.median(w.steps)]])
-        topo = current_topology()
-        every = primitives.allgather(tf.constant(local), topo.world, name="diloco_interval").numpy() \
-            if topo.size > 1 else local
-        if every[:, 1].min() < 0:   # a rank has timed no sync without a trace yet: H stays
-            return
-        # an exchange on the rank whose partners were there first (the least of the ranks'; the others' also
-        # count the wait for the partner), the slowest rank's sync work and step (the pace)
-        exchange_s, (sync_s, step_s) = float(every[:, 0].min()), (float(v) for v in every[:, 1:].max(axis=0))
-        h = choose_interval(exchange_s, sync_s, step_s, self.overlap)
+        h = choose_interval(*times, self.overlap)
         self.interval.assign(h)
         self.sync_every = h
+        exchange_s, sync_s, step_s = times
         self.interval_log.append({"steps": int(self.steps_done.numpy()), "exchange_s": exchange_s, "sync_s": sync_s,
                                   "step_s": step_s, "sync_every": h})
 
