@@ -31,6 +31,11 @@ def test_every_rank_runs_the_same_choice_and_learns_the_efficiency(reports):
     lossy = [row for row in ran if ALGORITHMS[row["ran"]].lossy]
     assert all(0 < row["efficiency"] <= 1.0 + 1e-9 for row in lossy)
     assert first["efficiency"] == pytest.approx({row["ran"]: row["efficiency"] for row in lossy})
+    # the first epoch traced the step: what a change of candidate costs is measured, and the later
+    # choices weigh sequences of candidates over the fit's remaining epochs with it
+    assert ran[0]["switch_s"] > 0
+    decided = [row for row in first["log"] if "choice" in row]
+    assert "plan_s" not in decided[0] and all(row["switch_s"] > 0 and set(row["plan_s"]) for row in decided[1:])
 
 
 def test_a_rank_that_chooses_otherwise_fails_every_rank(reports):

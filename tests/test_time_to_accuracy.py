@@ -104,6 +104,63 @@ def test_switching_needs_a_margin_and_drift_asks_for_calibration():
     assert tta.observe("2dtar", float("nan"), 0.85) is False   # not a measurement
 
 
+def _cheapest_sequences(tta, plan, allowed, switch_s):
+    """plan_seconds by enumeration: every sequence of allowed candidates over plan's epochs, each
+    change (also from the running candidate) costing switch_s, None: no change after the first epoch."""
+    import itertools
+
+    best = {}
+    for seq in itertools.product(allowed, repeat=len(plan)):
+        changes = sum(a != b for a, b in zip(seq, seq[1:]))
+        if switch_s is None and changes:
+            continue
+        total = sum(steps * tta.seconds_per_progress(c, times[c]) for (steps, times), c in zip(plan, seq))
+        total += (switch_s or 0.0) * (changes + (tta.current is not None and seq[0] != tta.current))
+        best[seq[0]] = min(best.get(seq[0], np.inf), total)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_plan_is_the_cheapest_sequence_over_the_horizon_with_a_trace_per_change(seed):
+    """plan_seconds equals the enumeration of every sequence of candidates (random step times,
+    measured ratios and efficiencies, with and without a running candidate)."""
+    rng = np.random.default_rng(seed)
+    tta = TimeToAccuracy(CANDIDATES, LOSSY)
+    tta.observe("hitopk", 1.0, rng.uniform(0.5, 2.0), efficiency=rng.uniform(0.1, 1.0))
+    tta.current = [None, "dense", "hitopk"][seed % 3]
+    plan = [(int(rng.integers(1, 50)), {c: rng.uniform(0.1, 1.0) for c in CANDIDATES}) for _ in range(4)]
+    for switch_s in (None, 0.0, 2.0, 40.0):
+        assert tta.plan_seconds(plan, CANDIDATES, switch_s) == pytest.approx(
+            _cheapest_sequences(tta, plan, CANDIDATES, switch_s), rel=1e-12)
+
+
+def test_a_cheaper_candidate_for_a_few_epochs_runs_only_where_it_saves_more_than_its_traces():
+    """During DGC's warm-up (two epochs) PowerSGD's step is 0.1 s shorter than hitopk's, after it
+    0.04 s longer: over 40 steps an epoch, moving to PowerSGD and back saves 8 s and costs two
+    traces; it is chosen where a trace costs 3 s, not where it costs 10 s (or is not measured yet)."""
+    warm, after = {"dense": 1.0, "2dtar": 0.9, "hitopk": 0.5, "powersgd": 0.4}, \
+                  {"dense": 1.0, "2dtar": 0.9, "hitopk": 0.3, "powersgd": 0.34}
+    plan = [(40, warm), (40, warm)] + [(40, after)] * 6
+    mean = {c: np.mean([t[c] for _, t in plan]) for c in CANDIDATES}
+
+    def running_hitopk():
+        tta = TimeToAccuracy(CANDIDATES, LOSSY, switch=1.0)
+        tta.observe("hitopk", 0.5, 0.5, efficiency=1.0)
+        tta.observe("powersgd", 0.4, 0.4, efficiency=1.0)
+        tta.current = "hitopk"
+        return tta
+
+    assert running_hitopk().choose(mean, plan=plan, switch_s=3.0) == "powersgd"
+    assert running_hitopk().choose(mean, plan=plan, switch_s=10.0) == "hitopk"
+    assert running_hitopk().choose(mean, plan=plan, switch_s=None) == "hitopk"   # 1.6 s less over the run
+    tta = running_hitopk()
+    tta.choose(mean, epoch=0, plan=plan, switch_s=3.0)
+    assert tta.log[-1]["plan_s"]["powersgd"] == pytest.approx(2 * 40 * 0.4 + 3 + 3 + 6 * 40 * 0.3)
+    assert tta.log[-1]["switch_s"] == 3.0
+    with pytest.raises(ValueError, match=r"predicted has no time for \['powersgd'\]"):
+        tta.choose(mean, plan=[(40, {c: t for c, t in after.items() if c != "powersgd"})], switch_s=3.0)
+
+
 def test_efficiency_is_kept_for_lossy_candidates_only_and_bounded():
     tta = TimeToAccuracy(CANDIDATES, LOSSY)
     tta.observe("dense", 1.0, 1.0, efficiency=0.3)
@@ -279,6 +336,17 @@ def test_a_candidate_is_weighed_over_the_fit_with_its_warm_up(monkeypatch):
     assert auto.predictions(0) == pytest.approx({c: np.mean(s) for c, s in step.items()})
     assert auto.choose(0) == "hitopk" and auto.tta.log[-1]["horizon"] == 8   # over the fit: hitopk from the start
     assert auto.settled(0) == pytest.approx({c: s[7] for c, s in step.items()})   # after the warm-up
+    assert "plan_s" not in auto.tta.log[-1]   # no epoch measured yet: by the mean over the fit
+    # measured: 40 steps an epoch; running 2dtar at epoch 1, hitopk is taken where its saving over
+    # epochs 1-7 pays for a new trace of the step, not where the trace costs more
+    auto.steps, auto.tta.current = 40, "2dtar"
+    saving = 40 * sum(step["2dtar"][e] - step["hitopk"][e] for e in range(1, 8))
+    assert saving > 0
+    auto.switch_s = 0.5 * saving
+    assert auto.choose(1) == "hitopk" and auto.tta.log[-1]["plan_s"]["hitopk"] == pytest.approx(
+        40 * sum(step["hitopk"][1:]) + auto.switch_s)
+    auto.tta.current, auto.switch_s = "2dtar", 2 * saving
+    assert auto.choose(1) == "2dtar"
     # where the schedule leaves "auto", its horizon ends there
     scheduled = DistributedOptimizer(keras.optimizers.SGD(0.1), schedule={0: "auto", 5: "2dtar"}, auto=auto_options)
     scheduled.build([keras.Variable(np.zeros((500, 400), np.float32))])

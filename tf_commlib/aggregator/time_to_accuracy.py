@@ -21,6 +21,12 @@ A candidate's time to an accuracy is (the steps it needs) x (its seconds per ste
   progress as exact aggregation does; below it, its time is divided by eta (a compressor that
   keeps most of the sum in its residual, e.g. a density far too low, is not chosen).
 
+A change of candidate traces the step again (seconds of compile time, ``switch_s``, measured as a
+traced epoch's first step less its median): given each epoch of the horizon, ``choose`` takes the
+first candidate of the cheapest sequence over it, each change costing ``switch_s`` (a dynamic
+program over epochs and candidates), so a cheaper candidate for a few epochs (e.g. during DGC's
+warm-up) is run only where it saves more than the traces it costs. Before a trace is measured a
+change is taken to cost more than any saving: the candidate cheapest over the whole horizon.
 ``choose`` keeps the running candidate unless another one is predicted ``switch`` times faster, and
 tries a lossy candidate that has not run yet only where its prediction is at most ``margin`` times
 the fastest exact one's (a wrong try costs an epoch and a new trace of the step), or where it is
@@ -54,11 +60,15 @@ class TimeToAccuracy:
         eta = self.efficiency.get(name, 1.0)
         return predicted_s * ratio / (1.0 if eta >= self.guard else eta)
 
-    def choose(self, predicted, epoch=None, settled=None):
+    def choose(self, predicted, epoch=None, settled=None, plan=None, switch_s=None):
         """The candidate to run next; predicted = {candidate: predicted seconds per step} (over the
         run), settled = the same where the run has settled (its last epochs' density; default
-        predicted)."""
-        missing = [c for c in self.candidates if c not in predicted or (settled is not None and c not in settled)]
+        predicted). plan = [(steps, {candidate: predicted seconds per step}), ...], one per epoch
+        of the horizon, and switch_s = the seconds a change of candidate costs (None: unknown, no
+        change within the horizon): where given, the candidates are weighed by the cheapest
+        sequence over those epochs (plan_seconds) instead of by predicted."""
+        missing = [c for c in self.candidates if c not in predicted or (settled is not None and c not in settled)
+                   or any(c not in times for _, times in plan or ())]
         if missing:
             raise ValueError(f"predicted has no time for {missing}")
         cost = {c: self.seconds_per_progress(c, predicted[c]) for c in self.candidates}
@@ -71,12 +81,30 @@ class TimeToAccuracy:
 
         untried = {c for c in self.lossy if c not in self.ratio and exact and
                    cost[c] > self.margin * now and not tried_later(c)}
-        best = min((c for c in self.candidates if c not in untried), key=lambda c: (cost[c], self.candidates.index(c)))
-        if self.current in cost and cost[best] > self.switch * cost[self.current]:
+        allowed = [c for c in self.candidates if c not in untried]
+        weight = cost if not plan else self.plan_seconds(plan, allowed, switch_s)
+        best = min(allowed, key=lambda c: (weight[c], self.candidates.index(c)))
+        if self.current in weight and weight[best] > self.switch * weight[self.current]:
             best = self.current
         self.current = best
         self.log.append({"epoch": epoch, "choice": best, "seconds_per_progress": cost})
+        if plan:
+            self.log[-1].update(plan_s=weight, switch_s=switch_s)
         return best
+
+    def plan_seconds(self, plan, allowed, switch_s=None):
+        """{candidate: predicted seconds of the horizon's progress where the next epoch runs it}: the
+        cheapest sequence of ``allowed`` candidates over plan's epochs (steps x seconds per progress
+        each), every change costing switch_s, also from the running candidate to another (None: no
+        change after the next epoch, and a change to it costs nothing)."""
+        change = math.inf if switch_s is None else float(switch_s)
+        later = {c: 0.0 for c in allowed}   # the cheapest rest of the horizon after the epoch, running c in it
+        for steps, times in reversed(plan):
+            cheapest = min(later.values())
+            later = {c: steps * self.seconds_per_progress(c, times[c]) + min(later[c], change + cheapest)
+                     for c in allowed}
+        start = 0.0 if switch_s is None or self.current not in self.candidates else change
+        return {c: later[c] + (start if c != self.current else 0.0) for c in allowed}
 
     def observe(self, name, measured_s, predicted_s, efficiency=None, comparable=True):
         """Records an epoch of `name`: its median measured step seconds, the prediction for it and

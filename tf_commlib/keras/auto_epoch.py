@@ -46,6 +46,8 @@ class AutoEpochs:
         self.variables = []
         self.densities = {}   # candidate -> the density of its last measured epoch
         self.last_measured = None   # (candidate, measured step seconds, density) of the last measured epoch
+        self.steps = None      # steps of the last measured epoch
+        self.switch_s = None   # what a new trace of the step cost (a traced epoch's first step less its median)
 
     # -- state, built with the optimizer ----------------------------------------------------
     def build(self, var_list, lossy_indices):
@@ -99,15 +101,16 @@ class AutoEpochs:
         return local
 
     def state(self):
-        """What BackupAndRestore keeps (the measured ratios and efficiencies, the choice, compute)."""
-        return {**self.tta.state(), "compute_s": self.compute_s, "overlapped": self.overlapped}
+        """What BackupAndRestore keeps (the measured ratios and efficiencies, the choice, compute,
+        the steps of an epoch and the cost of a new trace)."""
+        return {**self.tta.state(), "compute_s": self.compute_s, "overlapped": self.overlapped,
+                "steps": self.steps, "switch_s": self.switch_s}
 
     def restore(self, state):
         self.tta.restore(state)
-        if state.get("compute_s") is not None:
-            self.compute_s = float(state["compute_s"])
-        if state.get("overlapped") is not None:
-            self.overlapped = float(state["overlapped"])
+        for name, kind in (("compute_s", float), ("overlapped", float), ("steps", int), ("switch_s", float)):
+            if state.get(name) is not None:
+                setattr(self, name, kind(state[name]))
 
     def agree(self):
         """True where some rank's traced step holds another candidate than the one chosen; ValueError
@@ -180,38 +183,53 @@ class AutoEpochs:
             epochs.append(epochs[-1] + 1)
         return epochs
 
-    def predictions(self, epoch):
-        """{candidate: predicted seconds per step, the mean over the horizon}: each epoch at its
+    def per_epoch(self, epoch):
+        """[{candidate: predicted seconds per step}, ...], one per epoch of the horizon, each at its
         density (a DGC warm-up's near-dense epochs count for what they cost, and so does what the
         candidate saves after them), an untried lossy candidate at most its untried_bound."""
-        epochs = self.horizon(epoch)
-        predicted = {c: 0.0 for c in self.tta.candidates}
-        for e in epochs:
+        out = []
+        for e in self.horizon(epoch):
             density = self.opt.density_at(e)
             bound = self.untried_bound(density)
-            for c in predicted:
-                predicted[c] += min(self.step_s(c, density), bound.get(c, math.inf)) / len(epochs)
-        return predicted
+            out.append({c: min(self.step_s(c, density), bound.get(c, math.inf)) for c in self.tta.candidates})
+        return out
+
+    def predictions(self, epoch):
+        """{candidate: predicted seconds per step, the mean over the horizon's epochs (per_epoch)}."""
+        per = self.per_epoch(epoch)
+        return {c: sum(p[c] for p in per) / len(per) for c in self.tta.candidates}
 
     def settled(self, epoch):
         """{candidate: predicted seconds per step} in the horizon's last epoch, at its density (after
         DGC's warm-up where the fit outlasts it), an untried lossy candidate at most its untried_bound."""
-        density = self.opt.density_at(self.horizon(epoch)[-1])
-        bound = self.untried_bound(density)
-        return {c: min(self.step_s(c, density), bound.get(c, math.inf)) for c in self.tta.candidates}
+        return self.per_epoch(epoch)[-1]
 
     def choose(self, epoch):
-        choice = self.tta.choose(self.predictions(epoch), epoch, settled=self.settled(epoch))
-        self.tta.log[-1].update(density=self.opt.density_at(epoch), horizon=len(self.horizon(epoch)))
+        """Once an epoch was measured, by the cheapest sequence of candidates over the horizon, a
+        change costing a new trace of the step (TimeToAccuracy.plan_seconds); before, by the mean."""
+        per = self.per_epoch(epoch)
+        predicted = {c: sum(p[c] for p in per) / len(per) for c in self.tta.candidates}
+        plan = [(self.steps, p) for p in per] if self.steps else None
+        choice = self.tta.choose(predicted, epoch, settled=per[-1], plan=plan, switch_s=self.switch_s)
+        self.tta.log[-1].update(density=self.opt.density_at(epoch), horizon=len(per))
         return choice
 
-    def end_epoch(self, epoch, measured_s):
-        """An epoch of ``running`` ended; its steps took measured_s seconds each on this rank (median)."""
+    def end_epoch(self, epoch, measured_s, steps=None, traced_s=None):
+        """An epoch of ``running`` ended; its steps took measured_s seconds each on this rank
+        (median), there were ``steps`` of them, and where the epoch began with a new trace of the
+        step, its first step took traced_s seconds more than the median (the same epoch on every rank)."""
         if self.running is None:
             return
-        num, den, measured = _summed(np.append(self._delivered_here(), measured_s))   # one allreduce
+        summed = _summed(np.concatenate([self._delivered_here(),   # one allreduce
+                                         [measured_s, traced_s or 0.0, traced_s is not None]]))
+        num, den, measured, traced, tracing = summed
+        size = current_topology().size
         eta = 1.0 + num / den if den > 0 else 1.0   # over every rank (1 for an exact candidate)
-        measured /= current_topology().size
+        measured /= size
+        if tracing:
+            self.switch_s = max(0.0, float(traced / tracing))
+        if steps:
+            self.steps = int(steps)
         density = self.opt.density_at(epoch)
         comm = self.communication_s(self.running, density)
         if self.compute_s is None:   # first epoch: what the collectives do not explain is compute
@@ -223,7 +241,8 @@ class AutoEpochs:
         if self.tta.observe(self.running, measured, self.step_s(self.running, density), eta, comparable=same):
             self.recalibrate()
         self.last_measured = (self.running, float(measured), density)
-        self.tta.log.append({"epoch": epoch, "ran": self.running, "measured_s": float(measured), "efficiency": float(eta)})
+        self.tta.log.append({"epoch": epoch, "ran": self.running, "measured_s": float(measured), "efficiency": float(eta),
+                             "switch_s": self.switch_s})
         self.running = None
 
     def recalibrate(self):

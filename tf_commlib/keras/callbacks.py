@@ -126,6 +126,9 @@ class CompressionScheduler(keras.callbacks.Callback):
                 top.build(self.model.trainable_variables)
         if isinstance(opt, DistributedOptimizer) and opt.stale_trace():   # "auto" switched collective
             self.model.make_train_function(force=True)
+        # the first epoch with a new train function traces the step (what "auto" weighs a change by)
+        self._traced = self.model.train_function is not getattr(self, "_train_function", None)
+        self._train_function = self.model.train_function
         self._step_seconds, self._batch_start = [], None
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -141,8 +144,11 @@ class CompressionScheduler(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         _synchronize(self.model)
         opt = _distributed_or_none(self.model)
-        if opt is not None and getattr(self, "_step_seconds", None):   # "auto" learns from the epoch's steps
-            opt.end_epoch(epoch, float(np.median(self._step_seconds)))
+        steps = getattr(self, "_step_seconds", None)
+        if opt is not None and steps:   # "auto" learns from the epoch's steps, and what a new trace cost
+            median = float(np.median(steps[1:] if len(steps) > 1 else steps))
+            traced = max(0.0, steps[0] - median) if self._traced and len(steps) > 1 else None
+            opt.end_epoch(epoch, float(np.median(steps)), len(steps), traced)
 
     def on_test_begin(self, logs=None):   # fit's validation runs before on_epoch_end
         _synchronize(self.model)
