@@ -170,6 +170,22 @@ def test_unknown_algorithm_in_the_schedule_exits_2(capsys):
     assert "--schedule: unknown algorithm(s) ['nosuch']" in capsys.readouterr().err
 
 
+def test_the_default_schedule_is_auto_then_the_recipes_2dtar():
+    """Without --schedule the first stage runs DistributedOptimizer's default, "auto", with its DGC
+    warm-up (2 epochs) and the later stages 2dtar; --dgc-warmup and --schedule given win; with
+    --diloco the inner steps average dense gradients (0:dense) unless a one-entry --schedule says otherwise."""
+    from tf_commlib.keras.options import AUTO_WARMUP
+    from tfc_apps.dawnbench import config
+
+    args = config.parse(["--synthetic"])
+    assert (args.schedule_map, args.dgc_warmup) == ({0: "auto", 13: "2dtar"}, AUTO_WARMUP) and AUTO_WARMUP == 2
+    assert config.parse(["--synthetic", "--dgc-warmup", "0"]).dgc_warmup == 0
+    hand = config.parse(["--synthetic", "--schedule", "0:hitopk,13:2dtar"])
+    assert (hand.schedule_map, hand.dgc_warmup) == ({0: "hitopk", 13: "2dtar"}, 0)
+    diloco = config.parse(["--synthetic", "--diloco", "8", "--breakdown-steps", "0"])
+    assert (diloco.schedule_map, diloco.dgc_warmup) == ({0: "dense"}, 0)
+
+
 def test_tfds_path_shards_are_random_samples(tmp_path):
     """The tfds input path cuts the same label-free random shards as datacache.shard_of (it cut
     contiguous even_splits, a few classes per rank for a class-sorted split)."""

@@ -4,6 +4,9 @@ import dataclasses
 import os
 
 DEFAULT_STAGES = "96:13:256,128:11:256,224:3:256,288:1:128"   # shi2021 §5.6, batch per GPU
+# the first stage chooses its collective each epoch (DistributedOptimizer's default, "auto"), the
+# later ones run 2dtar as shi2021's recipe does (its own first stage: 0:hitopk)
+DEFAULT_SCHEDULE = "0:auto,13:2dtar"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +97,8 @@ def parser():
     a("--stages", default=DEFAULT_STAGES, help="resolution:epochs:batch per rank, comma separated")
     a("--epoch-scale", type=float, default=1.0, help="scales every stage's epochs (small runs)")
     a("--steps-per-epoch", type=int, default=None, help="cut epochs short (and synthetic epoch length)")
-    a("--schedule", default="0:hitopk,13:2dtar", help="epoch:algorithm switches")
+    a("--schedule", default=None,
+      help=f"epoch:algorithm switches (default {DEFAULT_SCHEDULE}; shi2021's recipe is 0:hitopk,13:2dtar)")
     a("--density", type=float, default=0.01)
     a("--selector", default="mstopk")
     a("--compression", choices=("none", "fp16", "bf16"), default="none",
@@ -125,7 +129,9 @@ def parser():
       help="with --diloco: the codec of the pseudo-gradients between nodes (default float32)")
     a("--outer-lr", type=float, default=0.7, help="with --diloco: the outer SGD's learning rate")
     a("--outer-momentum", type=float, default=0.9, help="with --diloco: the outer SGD's Nesterov momentum")
-    a("--dgc-warmup", type=int, default=0, help="DGC density warm-up epochs")
+    a("--dgc-warmup", type=int, default=None,
+      help="DGC density warm-up epochs (default: 2 where --schedule runs auto, as DistributedOptimizer without "
+           "dgc=; else 0)")
     masking = p.add_mutually_exclusive_group()
     masking.add_argument("--momentum-masking", action="store_true",
                          help="DGC's momentum factor masking: zero the momentum where a sparse collective sent v "
@@ -179,6 +185,9 @@ def parse(argv=None):
 
 def check(args):
     args.stage_list = parse_stages(args.stages, args.epoch_scale, MIN_RESOLUTION[args.model])
+    schedule_given = args.schedule is not None
+    if not schedule_given:   # DiLoCo's inner steps average dense gradients inside the node
+        args.schedule = "0:dense" if args.diloco else DEFAULT_SCHEDULE
     args.schedule_map = parse_schedule(args.schedule)
     sources = [bool(args.data), bool(args.tfds), args.synthetic]
     if sum(sources) != 1:
@@ -220,8 +229,8 @@ def check(args):
         clashing = [flag for flag, on in (("--shard-optimizer", args.shard_optimizer), ("--calibrate", args.calibrate),
                                           ("--breakdown-steps", args.breakdown_steps > 0)) if on]
         clashing += [flag for flag, on in (("--compression", args.compression != "none"),
-                                           ("--dgc-warmup", args.dgc_warmup > 0),
-                                           ("--schedule", len(args.schedule_map) > 1)) if on]
+                                           ("--dgc-warmup", (args.dgc_warmup or 0) > 0),
+                                           ("--schedule", schedule_given and len(args.schedule_map) > 1)) if on]
         if clashing:
             raise ValueError(f"--diloco does not go with {', '.join(clashing)} (the inner steps average dense "
                              "gradients inside the node; give --breakdown-steps 0)")
@@ -231,3 +240,7 @@ def check(args):
         raise ValueError(f"--outer-lr must be > 0 and --outer-momentum in [0, 1), got {args.outer_lr!r}, "
                          f"{args.outer_momentum!r}")
     check_algorithms(args.schedule_map)
+    if args.dgc_warmup is None:   # DistributedOptimizer's default where the schedule runs "auto"
+        from tf_commlib.keras.options import AUTO_WARMUP
+
+        args.dgc_warmup = AUTO_WARMUP if "auto" in args.schedule_map.values() else 0
