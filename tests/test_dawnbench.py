@@ -172,8 +172,9 @@ def test_unknown_algorithm_in_the_schedule_exits_2(capsys):
 
 def test_the_default_schedule_is_auto_then_the_recipes_2dtar():
     """Without --schedule the first stage runs DistributedOptimizer's default, "auto", with its DGC
-    warm-up (2 epochs) and the later stages 2dtar; --dgc-warmup and --schedule given win; with
-    --diloco the inner steps average dense gradients (0:dense) unless a one-entry --schedule says otherwise."""
+    warm-up (2 epochs) and the later stages 2dtar (wherever the first stage ends); --dgc-warmup and
+    --schedule given win; --diloco alone runs: its inner steps average dense gradients (0:dense),
+    no DGC warm-up, no breakdown."""
     from tf_commlib.keras.options import AUTO_WARMUP
     from tfc_apps.dawnbench import config
 
@@ -182,8 +183,11 @@ def test_the_default_schedule_is_auto_then_the_recipes_2dtar():
     assert config.parse(["--synthetic", "--dgc-warmup", "0"]).dgc_warmup == 0
     hand = config.parse(["--synthetic", "--schedule", "0:hitopk,13:2dtar"])
     assert (hand.schedule_map, hand.dgc_warmup) == ({0: "hitopk", 13: "2dtar"}, 0)
-    diloco = config.parse(["--synthetic", "--diloco", "8", "--breakdown-steps", "0"])
-    assert (diloco.schedule_map, diloco.dgc_warmup) == ({0: "dense"}, 0)
+    assert config.parse(["--synthetic", "--stages", "32:2:8,40:1:8"]).schedule_map == {0: "auto", 2: "2dtar"}
+    assert config.parse(["--synthetic", "--stages", "32:2:8", "--epoch-scale", "2"]).schedule_map == {0: "auto"}
+    assert (args.breakdown_steps, config.parse(["--synthetic", "--breakdown-steps", "0"]).breakdown_steps) == (3, 0)
+    diloco = config.parse(["--synthetic", "--diloco", "8"])
+    assert (diloco.schedule_map, diloco.dgc_warmup, diloco.breakdown_steps) == ({0: "dense"}, 0, 0)
 
 
 def test_tfds_path_shards_are_random_samples(tmp_path):

@@ -161,6 +161,29 @@ def test_a_cheaper_candidate_for_a_few_epochs_runs_only_where_it_saves_more_than
         tta.choose(mean, plan=[(40, {c: t for c, t in after.items() if c != "powersgd"})], switch_s=3.0)
 
 
+def test_with_the_default_margin_a_faster_candidate_is_taken_at_once_and_the_running_one_is_kept():
+    """Auto.switch (0.9) weighs the best sequence, trace included, against staying on the running
+    candidate over the horizon: a candidate 0.8x as slow is moved to at once, for 8 epochs of 40
+    steps and a 10 s trace (256 + 10 s against 0.9 x 320 s), not for 1 epoch left (32 + 10 > 36); a
+    running candidate the margin protects stays even when a recalibration made it untried again."""
+    plan = [(40, {"dense": 1.0, "2dtar": 0.8, "hitopk": 2.0, "powersgd": 2.0})] * 8
+
+    def running_dense():
+        tta = TimeToAccuracy(CANDIDATES, LOSSY)
+        tta.current = "dense"
+        return tta
+
+    mean = plan[0][1]
+    assert running_dense().choose(mean, plan=plan, switch_s=10.0) == "2dtar"
+    assert running_dense().choose(mean, plan=plan[:1], switch_s=10.0) == "dense"
+    tta = TimeToAccuracy(CANDIDATES, LOSSY, margin=0.5)
+    tta.observe("hitopk", 0.5, 0.5, efficiency=1.0)
+    tta.current = "hitopk"
+    tta.recalibrated()   # hitopk has no measured ratio now: untried, but it is the one running
+    times = {"dense": 0.52, "2dtar": 0.52, "hitopk": 0.5, "powersgd": 2.0}
+    assert tta.choose(times, plan=[(40, times)] * 5, switch_s=1.0) == "hitopk"
+
+
 def test_efficiency_is_kept_for_lossy_candidates_only_and_bounded():
     tta = TimeToAccuracy(CANDIDATES, LOSSY)
     tta.observe("dense", 1.0, 1.0, efficiency=0.3)

@@ -27,7 +27,8 @@ first candidate of the cheapest sequence over it, each change costing ``switch_s
 program over epochs and candidates), so a cheaper candidate for a few epochs (e.g. during DGC's
 warm-up) is run only where it saves more than the traces it costs. Before a trace is measured a
 change is taken to cost more than any saving: the candidate cheapest over the whole horizon.
-``choose`` keeps the running candidate unless another one is predicted ``switch`` times faster, and
+``choose`` keeps the running candidate unless another one (its sequence, with the trace) is
+predicted at most ``switch`` times the running one's time over the horizon, and
 tries a lossy candidate that has not run yet only where its prediction is at most ``margin`` times
 the fastest exact one's (a wrong try costs an epoch and a new trace of the step), or where it is
 predicted no slower than the fastest exact one over the run and within ``margin`` once the run has
@@ -81,11 +82,14 @@ class TimeToAccuracy:
 
         untried = {c for c in self.lossy if c not in self.ratio and exact and
                    cost[c] > self.margin * now and not tried_later(c)}
-        allowed = [c for c in self.candidates if c not in untried]
+        allowed = [c for c in self.candidates if c not in untried or c == self.current]
         weight = cost if not plan else self.plan_seconds(plan, allowed, switch_s)
         best = min(allowed, key=lambda c: (weight[c], self.candidates.index(c)))
-        if self.current in weight and weight[best] > self.switch * weight[self.current]:
-            best = self.current
+        if self.current in weight:   # against staying on the running candidate (the whole horizon)
+            stay = cost[self.current] if not plan else sum(
+                steps * self.seconds_per_progress(self.current, times[self.current]) for steps, times in plan)
+            if weight[best] > self.switch * stay:
+                best = self.current
         self.current = best
         self.log.append({"epoch": epoch, "choice": best, "seconds_per_progress": cost})
         if plan:

@@ -47,7 +47,8 @@ class AutoEpochs:
         self.densities = {}   # candidate -> the density of its last measured epoch
         self.last_measured = None   # (candidate, measured step seconds, density) of the last measured epoch
         self.steps = None      # steps of the last measured epoch
-        self.switch_s = None   # what a new trace of the step cost (a traced epoch's first step less its median)
+        self.switch_s = None   # what a new trace of the step costs (first_s of a traced epoch, less an untraced one's)
+        self.first_s = {}      # traced (True/False) -> the last such epoch's first step, less the others' median
 
     # -- state, built with the optimizer ----------------------------------------------------
     def build(self, var_list, lossy_indices):
@@ -104,13 +105,15 @@ class AutoEpochs:
         """What BackupAndRestore keeps (the measured ratios and efficiencies, the choice, compute,
         the steps of an epoch and the cost of a new trace)."""
         return {**self.tta.state(), "compute_s": self.compute_s, "overlapped": self.overlapped,
-                "steps": self.steps, "switch_s": self.switch_s}
+                "steps": self.steps, "switch_s": self.switch_s,
+                "first_s": {"traced" if k else "untraced": v for k, v in self.first_s.items()}}
 
     def restore(self, state):
         self.tta.restore(state)
         for name, kind in (("compute_s", float), ("overlapped", float), ("steps", int), ("switch_s", float)):
             if state.get(name) is not None:
                 setattr(self, name, kind(state[name]))
+        self.first_s = {k == "traced": float(v) for k, v in (state.get("first_s") or {}).items()}
 
     def agree(self):
         """True where some rank's traced step holds another candidate than the one chosen; ValueError
@@ -214,22 +217,26 @@ class AutoEpochs:
         self.tta.log[-1].update(density=self.opt.density_at(epoch), horizon=len(per))
         return choice
 
-    def end_epoch(self, epoch, measured_s, steps=None, traced_s=None):
+    def end_epoch(self, epoch, measured_s, steps=None, first_s=None, traced=False):
         """An epoch of ``running`` ended; its steps took measured_s seconds each on this rank
-        (median), there were ``steps`` of them, and where the epoch began with a new trace of the
-        step, its first step took traced_s seconds more than the median (the same epoch on every rank)."""
+        (median), there were ``steps`` of them, the first first_s seconds more than the others'
+        median (None: one step), and ``traced``: the epoch began with a new trace of the step (the
+        same epochs on every rank). A trace costs what a traced epoch's first step takes more than
+        an untraced one's (which pays the input pipeline's start, say), the means over the ranks."""
         if self.running is None:
             return
         summed = _summed(np.concatenate([self._delivered_here(),   # one allreduce
-                                         [measured_s, traced_s or 0.0, traced_s is not None]]))
-        num, den, measured, traced, tracing = summed
+                                         [measured_s, steps or 0, first_s or 0.0, first_s is not None]]))
+        num, den, measured, steps, first, firsts = summed
         size = current_topology().size
         eta = 1.0 + num / den if den > 0 else 1.0   # over every rank (1 for an exact candidate)
         measured /= size
-        if tracing:
-            self.switch_s = max(0.0, float(traced / tracing))
+        if firsts == size:
+            self.first_s[bool(traced)] = max(0.0, float(first / size))
+            if True in self.first_s:
+                self.switch_s = max(0.0, self.first_s[True] - self.first_s.get(False, 0.0))
         if steps:
-            self.steps = int(steps)
+            self.steps = int(round(steps / size))
         density = self.opt.density_at(epoch)
         comm = self.communication_s(self.running, density)
         if self.compute_s is None:   # first epoch: what the collectives do not explain is compute

@@ -126,9 +126,10 @@ class CompressionScheduler(keras.callbacks.Callback):
                 top.build(self.model.trainable_variables)
         if isinstance(opt, DistributedOptimizer) and opt.stale_trace():   # "auto" switched collective
             self.model.make_train_function(force=True)
-        # the first epoch with a new train function traces the step (what "auto" weighs a change by)
-        self._traced = self.model.train_function is not getattr(self, "_train_function", None)
-        self._train_function = self.model.train_function
+        # the first epoch with a new train function traces the step (what "auto" weighs a change by);
+        # kept on the optimizer: a later fit with new callbacks reuses the model's train function
+        self._traced = self.model.train_function is not getattr(opt, "_traced_function", None)
+        object.__setattr__(opt, "_traced_function", self.model.train_function)   # not tracked by Keras
         self._step_seconds, self._batch_start = [], None
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -146,9 +147,8 @@ class CompressionScheduler(keras.callbacks.Callback):
         opt = _distributed_or_none(self.model)
         steps = getattr(self, "_step_seconds", None)
         if opt is not None and steps:   # "auto" learns from the epoch's steps, and what a new trace cost
-            median = float(np.median(steps[1:] if len(steps) > 1 else steps))
-            traced = max(0.0, steps[0] - median) if self._traced and len(steps) > 1 else None
-            opt.end_epoch(epoch, float(np.median(steps)), len(steps), traced)
+            first = steps[0] - float(np.median(steps[1:])) if len(steps) > 1 else None
+            opt.end_epoch(epoch, float(np.median(steps)), len(steps), first, self._traced)
 
     def on_test_begin(self, logs=None):   # fit's validation runs before on_epoch_end
         _synchronize(self.model)

@@ -210,13 +210,13 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         weighs each candidate over the epochs up to it (AutoEpochs.horizon). None: the next epoch."""
         self.fit_epochs = None if epochs is None else int(epochs)
 
-    def end_epoch(self, epoch, step_s, steps=None, traced_s=None):
+    def end_epoch(self, epoch, step_s, steps=None, first_s=None, traced=False):
         """An epoch ended whose steps took step_s seconds (this rank's median; CompressionScheduler
-        measures it), ``steps`` of them; traced_s: its first step's seconds more than the median,
-        where the epoch began with a new trace of the step. For "auto", what the next choice learns
-        from (a collective on every rank)."""
+        measures it), ``steps`` of them, the first first_s seconds more than the others' median;
+        traced: the epoch began with a new trace of the step. For "auto", what the next choice
+        learns from (a collective on every rank)."""
         if self.auto_epochs is not None and self.built and self.plan.algorithm_at(epoch) == "auto":
-            self.auto_epochs.end_epoch(epoch, step_s, steps, traced_s)
+            self.auto_epochs.end_epoch(epoch, step_s, steps, first_s, traced)
 
     # -- state -----------------------------------------------------------------------------
     timeline = None   # a tf_commlib.overlap.Timeline (set before the first step), or None

@@ -4,9 +4,13 @@ import dataclasses
 import os
 
 DEFAULT_STAGES = "96:13:256,128:11:256,224:3:256,288:1:128"   # shi2021 §5.6, batch per GPU
-# the first stage chooses its collective each epoch (DistributedOptimizer's default, "auto"), the
-# later ones run 2dtar as shi2021's recipe does (its own first stage: 0:hitopk)
-DEFAULT_SCHEDULE = "0:auto,13:2dtar"
+
+
+def default_schedule(stages):
+    """The first stage chooses its collective each epoch (DistributedOptimizer's default, "auto"),
+    the later ones run 2dtar as shi2021's recipe does (its own: 0:hitopk,13:2dtar for the default
+    stages)."""
+    return "0:auto" + (f",{stages[1].first_epoch}:2dtar" if len(stages) > 1 else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +102,8 @@ def parser():
     a("--epoch-scale", type=float, default=1.0, help="scales every stage's epochs (small runs)")
     a("--steps-per-epoch", type=int, default=None, help="cut epochs short (and synthetic epoch length)")
     a("--schedule", default=None,
-      help=f"epoch:algorithm switches (default {DEFAULT_SCHEDULE}; shi2021's recipe is 0:hitopk,13:2dtar)")
+      help="epoch:algorithm switches (default 0:auto, then 2dtar from the second stage on: 0:auto,13:2dtar "
+           "for the default stages; shi2021's recipe is 0:hitopk,13:2dtar)")
     a("--density", type=float, default=0.01)
     a("--selector", default="mstopk")
     a("--compression", choices=("none", "fp16", "bf16"), default="none",
@@ -166,7 +171,8 @@ def parser():
     a("--target-top5", type=float, default=0.93)
     a("--log-dir", default="dawnbench_out")
     a("--ckpt-dir", default=None, help="BackupAndRestore per rank; a restarted run resumes here")
-    a("--breakdown-steps", type=int, default=3, help="steps timed per phase at each stage end (0: off)")
+    a("--breakdown-steps", type=int, default=None,
+      help="steps timed per phase at each stage end (0: off; default 3, 0 with --diloco)")
     a("--topology", default=None)
     a("--seed", type=int, default=0)
     a("--deterministic", action="store_true", help="TF op determinism (bit-reproducible resume)")
@@ -187,7 +193,9 @@ def check(args):
     args.stage_list = parse_stages(args.stages, args.epoch_scale, MIN_RESOLUTION[args.model])
     schedule_given = args.schedule is not None
     if not schedule_given:   # DiLoCo's inner steps average dense gradients inside the node
-        args.schedule = "0:dense" if args.diloco else DEFAULT_SCHEDULE
+        args.schedule = "0:dense" if args.diloco else default_schedule(args.stage_list)
+    if args.breakdown_steps is None:   # DiLoCo has no per-phase breakdown
+        args.breakdown_steps = 0 if args.diloco else 3
     args.schedule_map = parse_schedule(args.schedule)
     sources = [bool(args.data), bool(args.tfds), args.synthetic]
     if sum(sources) != 1:
@@ -243,4 +251,4 @@ def check(args):
     if args.dgc_warmup is None:   # DistributedOptimizer's default where the schedule runs "auto"
         from tf_commlib.keras.options import AUTO_WARMUP
 
-        args.dgc_warmup = AUTO_WARMUP if "auto" in args.schedule_map.values() else 0
+        args.dgc_warmup = AUTO_WARMUP if "auto" in args.schedule_map.values() and not args.diloco else 0
