@@ -121,7 +121,11 @@ FLAGS = {
     "python -m tfc_apps.bench tta --inter-mbit 100 0 --configs dense_fp16 hitopk auto --repeats 3":
         "a benchmark: 18 four-rank trainings (46 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 hitopk powersgd auto":
-        "a benchmark: 12 four-rank trainings on the emulated cluster (19 min)",
+        "a benchmark: 12 four-rank trainings on the emulated cluster (19-32 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 0 --repeats 3 --configs dense_fp16 hitopk powersgd auto":
+        "a benchmark: 12 four-rank trainings on loopback (27 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd auto":
+        "a benchmark: 6 four-rank trainings on the emulated cluster (16 min)",
     "python -m tfc_apps.bench tta --inter-mbit 100 25 --configs dense_fp16 hitopk powersgd auto --repeats 3":
         "a benchmark: 24 four-rank trainings on the emulated cluster (40 min)",
     "python -m tfc_apps.bench e2e --model small --resolutions 32 --inter-mbit 100 --configs dense_fp32 dense_fp16 "
