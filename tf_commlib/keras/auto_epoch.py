@@ -197,9 +197,9 @@ class AutoEpochs:
             out.append({c: min(self.step_s(c, density), bound.get(c, math.inf)) for c in self.tta.candidates})
         return out
 
-    def predictions(self, epoch):
+    def predictions(self, epoch, per=None):
         """{candidate: predicted seconds per step, the mean over the horizon's epochs (per_epoch)}."""
-        per = self.per_epoch(epoch)
+        per = per or self.per_epoch(epoch)
         return {c: sum(p[c] for p in per) / len(per) for c in self.tta.candidates}
 
     def settled(self, epoch):
@@ -211,9 +211,9 @@ class AutoEpochs:
         """Once an epoch was measured, by the cheapest sequence of candidates over the horizon, a
         change costing a new trace of the step (TimeToAccuracy.plan_seconds); before, by the mean."""
         per = self.per_epoch(epoch)
-        predicted = {c: sum(p[c] for p in per) / len(per) for c in self.tta.candidates}
         plan = [(self.steps, p) for p in per] if self.steps else None
-        choice = self.tta.choose(predicted, epoch, settled=per[-1], plan=plan, switch_s=self.switch_s)
+        choice = self.tta.choose(self.predictions(epoch, per), epoch, settled=per[-1], plan=plan,
+                                 switch_s=self.switch_s)
         self.tta.log[-1].update(density=self.opt.density_at(epoch), horizon=len(per))
         return choice
 

@@ -211,10 +211,8 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         self.fit_epochs = None if epochs is None else int(epochs)
 
     def end_epoch(self, epoch, step_s, steps=None, first_s=None, traced=False):
-        """An epoch ended whose steps took step_s seconds (this rank's median; CompressionScheduler
-        measures it), ``steps`` of them, the first first_s seconds more than the others' median;
-        traced: the epoch began with a new trace of the step. For "auto", what the next choice
-        learns from (a collective on every rank)."""
+        """An epoch ended, as CompressionScheduler measured it: for "auto", what the next choice
+        learns from (AutoEpochs.end_epoch; a collective on every rank)."""
         if self.auto_epochs is not None and self.built and self.plan.algorithm_at(epoch) == "auto":
             self.auto_epochs.end_epoch(epoch, step_s, steps, first_s, traced)
 
