@@ -51,6 +51,7 @@ CONFIGS = {
     "diloco_auto_q8": {"schedule": "0:dense", "diloco": "auto", "inter_compression": "qsgd8", **OUTER_AVERAGE},
 }
 LAYOUT = (2, 2)   # nodes x ranks per node
+PATCHES_PER_CLASS = (400, 80)   # training and validation images per class of --dataset patches
 CALIBRATION = "auto_calibration.json"   # in a bandwidth's folder: the seconds auto's calibration took
 
 
@@ -58,7 +59,11 @@ def parser():
     p = argparse.ArgumentParser(prog="python -m tfc_apps.bench tta", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
-    a("--data", default=None, help="DIR with train/ and val/ in ImageNet layout (default: digits written to OUT)")
+    a("--data", default=None, help="DIR with train/ and val/ in ImageNet layout (default: --dataset written to OUT)")
+    a("--dataset", choices=("digits", "patches"), default=None,
+      help="without --data, the real image set written to OUT: digits (sklearn's, 1437 training images) or "
+           "patches (photographs that sklearn and matplotlib ship, 10 regions as classes, "
+           f"{PATCHES_PER_CLASS[0] * 10} training images; tfc_apps.patches)")
     a("--inter-mbit", type=int, nargs="+", default=None, help="inter-node bandwidths, 0 = unshaped (default 5 25 100 0)")
     a("--configs", nargs="+", default=None, choices=list(CONFIGS), help=f"default: all; {BASELINE} is the baseline")
     a("--target", type=float, default=None, help="validation top-1 to reach (default 0.85; --quick 0.15)")
@@ -110,6 +115,9 @@ def resolve(args):
         raise ValueError(f"--fusion-threshold-bytes must be >= 0, got {args.fusion_threshold_bytes!r}")
     if args.resolution < 32:
         raise ValueError(f"--resolution must be >= 32, got {args.resolution!r}")
+    if args.data and args.dataset:
+        raise ValueError(f"--dataset {args.dataset} writes the images that --data {args.data!r} gives: one of them")
+    args.dataset = args.dataset or "digits"
     if args.data and not all(os.path.isdir(os.path.join(args.data, s)) for s in ("train", "val")):
         raise ValueError(f"--data {args.data!r}: needs train/ and val/ (ImageNet layout)")
     return args
@@ -191,14 +199,26 @@ def read_run(run_dir, config):
         return [r for r in (json.loads(line) for line in f if line.strip()) if "epoch" in r]
 
 
-def default_data(out):
-    from tfc_apps import digits
-
-    root = os.path.join(out, "digits32")
+def default_data(out, dataset="digits"):
+    """OUT/<dataset>32: the image set as a 32 px ImageNet-layout folder, written once."""
+    root = os.path.join(out, f"{dataset}32")
     if not os.path.exists(os.path.join(root, ".complete")):
-        digits.write_image_folder(root)
+        DATASETS[dataset](root)
         open(os.path.join(root, ".complete"), "w").close()
     return root
+
+
+def _digits(root):
+    from tfc_apps import digits
+    digits.write_image_folder(root)
+
+
+def _patches(root):
+    from tfc_apps import patches
+    patches.write_patch_folder(root, train_per_class=PATCHES_PER_CLASS[0], val_per_class=PATCHES_PER_CLASS[1])
+
+
+DATASETS = {"digits": _digits, "patches": _patches}
 
 
 def measure(args):
@@ -207,7 +227,7 @@ def measure(args):
     from tfc_apps import emulated, local_run
 
     os.makedirs(args.out, exist_ok=True)
-    args.data = args.data or default_data(args.out)
+    args.data = args.data or default_data(args.out, args.dataset)
     results, failed = [], []
     for mbit in args.inter_mbit:
         run_dir = os.path.join(args.out, f"mbit{mbit}")
