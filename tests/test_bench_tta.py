@@ -88,6 +88,21 @@ def test_each_configuration_is_the_dawnbench_run_it_names(tmp_path):
     assert one["hitopk"].dgc_warmup == 0
 
 
+def test_the_dataset_is_written_once_as_an_image_folder(tmp_path, monkeypatch):
+    """--dataset patches: the photo patches as OUT/patches32 (train/ and val/, 10 class folders), written
+    once and then reused; the digits stay the default."""
+    import datacache
+
+    monkeypatch.setattr(tta, "PATCHES_PER_CLASS", (3, 2))
+    assert tta.resolve(tta.parser().parse_args([])).dataset == "digits"
+    root = tta.default_data(str(tmp_path), "patches")
+    assert root == str(tmp_path / "patches32")
+    train, val = (datacache.ImageFolderSource(f"{root}/{split}") for split in ("train", "val"))
+    assert train.class_names == [f"class_{c:02d}" for c in range(10)] and (len(train), len(val)) == (30, 20)
+    stamp = os.path.getmtime(train.path(0))
+    assert tta.default_data(str(tmp_path), "patches") == root and os.path.getmtime(train.path(0)) == stamp
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--inter-mbit", "-1"], "--inter-mbit must be"),
     (["--target", "1.5"], "--target must be"),
@@ -97,6 +112,8 @@ def test_each_configuration_is_the_dawnbench_run_it_names(tmp_path):
     (["--inter-mbit", "0", "0"], "--inter-mbit: each value once"),
     (["--configs", "nope"], "invalid choice"),
     (["--data", "/nonexistent"], "--data"),
+    (["--data", "/tmp", "--dataset", "patches"], "--dataset patches writes"),
+    (["--dataset", "imagenet"], "invalid choice"),
 ])
 def test_bad_arguments_are_refused_naming_them(argv, message):
     p = subprocess.run([sys.executable, "-m", "tfc_apps.bench", "tta", *argv], capture_output=True, text=True,
