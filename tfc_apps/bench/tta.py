@@ -4,7 +4,7 @@ configuration, at each inter-node bandwidth, and the table says how long each ne
 validation top-1, against the baseline dense_fp16 (fp16 on the wire, buckets overlapped with
 backprop: what a Horovod or PyTorch DDP user runs)::
 
-    python -m tfc_apps.bench tta [--data DIR] [--inter-mbit 5 25 100 0] [--configs ...] [--json]
+    python -m tfc_apps.bench tta [--data DIR | --dataset patches] [--inter-mbit 5 25 100 0] [--configs ...] [--json]
 
 One job per bandwidth: the ranks run every configuration one after the other, sharing the input
 pipeline (DataCache), which is filled before the first one, so no configuration pays for it. Each
@@ -14,7 +14,8 @@ and, for `auto`, reading its calibration: the link, the compute per step and eac
 aggregation are measured once per bandwidth before the first seed's configurations (kept in the
 bandwidth's folder, as on a cluster where they are paid once) and read by every `auto` run; the
 table gives the seconds that took beside auto's rows. Without --data the
-digits of scikit-learn are written as a class-sorted ImageNet-layout folder (32 px). Inter-node
+digits of scikit-learn (or, with --dataset patches, tfc_apps.patches' photo patches) are written as a
+class-sorted ImageNet-layout folder (32 px). Inter-node
 bandwidth 0 is the same layout unshaped (4 ranks on 127.0.0.1). With --repeats K every configuration
 runs K times (seeds --seed .. --seed+K-1: initial weights, data order and augmentation), each seed's
 configurations one after the other, and the table gives medians over the seeds (time to target,
@@ -61,7 +62,7 @@ def parser():
     a = p.add_argument
     a("--data", default=None, help="DIR with train/ and val/ in ImageNet layout (default: --dataset written to OUT)")
     a("--dataset", choices=("digits", "patches"), default=None,
-      help="without --data, the real image set written to OUT: digits (sklearn's, 1437 training images) or "
+      help="without --data, the real image set written to OUT: digits (sklearn's, 1438 training images) or "
            "patches (photographs that sklearn and matplotlib ship, 10 regions as classes, "
            f"{PATCHES_PER_CLASS[0] * 10} training images; tfc_apps.patches)")
     a("--inter-mbit", type=int, nargs="+", default=None, help="inter-node bandwidths, 0 = unshaped (default 5 25 100 0)")
@@ -117,7 +118,7 @@ def resolve(args):
         raise ValueError(f"--resolution must be >= 32, got {args.resolution!r}")
     if args.data and args.dataset:
         raise ValueError(f"--dataset {args.dataset} writes the images that --data {args.data!r} gives: one of them")
-    args.dataset = args.dataset or "digits"
+    args.dataset = args.dataset or (None if args.data else "digits")
     if args.data and not all(os.path.isdir(os.path.join(args.data, s)) for s in ("train", "val")):
         raise ValueError(f"--data {args.data!r}: needs train/ and val/ (ImageNet layout)")
     return args
