@@ -60,7 +60,8 @@ def test_without_link_parameters_the_link_is_measured_once_and_kept(reports, cac
 def test_without_link_parameters_each_candidate_is_timed_once_and_kept(reports, cache):
     """Where the link is measured, fit also times every candidate's aggregation of the model's
     buckets (the same numbers on every rank, kept 0600 beside the calibration, under a key holding
-    the link); an untried lossy candidate then needs only Auto.switch, not Auto.margin."""
+    the link), hitopk also at the DGC warm-up's densities; an untried lossy candidate then needs
+    only Auto.switch, not Auto.margin."""
     import json
     import os
     import stat
@@ -71,6 +72,11 @@ def test_without_link_parameters_each_candidate_is_timed_once_and_kept(reports, 
     (path,) = cache.glob("probe-*.json")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     saved = json.loads(path.read_text())
-    assert saved["params"] == [probed[c] for c in AUTO_CANDIDATES]
+    # hitopk also at the DGC warm-up's densities (its bytes depend on them; PowerSGD's do not)
+    warm = reports[0]["probed_warmup"]
+    assert set(warm) == {"hitopk"} and [d for d, _ in warm["hitopk"]] == [0.0625, 0.25]
+    assert all(s > 0 for _, s in warm["hitopk"]) and all(r["probed_warmup"] == warm for r in reports)
+    assert saved["key"]["calibrate"]["warmup"] == [["hitopk", 0.25], ["hitopk", 0.0625]]
+    assert saved["params"] == [probed[c] for c in AUTO_CANDIDATES] + [s for _, s in reversed(warm["hitopk"])]
     assert reports[0]["calibrated_beta_inter"] in saved["key"]["calibrate"]["link"]   # the link it was timed on
     assert saved["key"]["layout"] == [2, 2]

@@ -375,3 +375,46 @@ def test_a_candidate_is_weighed_over_the_fit_with_its_warm_up(monkeypatch):
     scheduled.build([keras.Variable(np.zeros((500, 400), np.float32))])
     scheduled.set_fit_epochs(8)
     assert scheduled.auto_epochs.horizon(0) == [0, 1, 2, 3, 4] and scheduled.auto_epochs.horizon(3) == [3, 4]
+
+
+def test_a_warm_up_density_is_predicted_from_its_own_timing(monkeypatch):
+    """The probe times hitopk at the target density, where fixed costs per call dominate, and at the
+    DGC warm-up's densities, where the bytes do: one measured/predicted ratio does not carry from
+    one to the other. A warm-up epoch is predicted from its own timing; where the warm-up costs
+    more than the target density's ratio says, "auto" starts on PowerSGD instead of hitopk."""
+    import keras
+
+    from tf_commlib import alphabeta
+    from tf_commlib.keras import DGC, DistributedOptimizer, auto_epoch, optimizer as module
+    from tf_commlib.keras.auto_probe import warmup_densities
+    from tf_commlib.topology import Topology
+
+    two_by_two = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
+    monkeypatch.setattr(module, "current_topology", lambda: two_by_two)
+    monkeypatch.setattr(auto_epoch, "current_topology", lambda: two_by_two)
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
+                               auto=Auto(cost_params=alphabeta.LinkParams(beta_inter=8 / 5e6), compute_s=0.19))
+    assert warmup_densities(opt) == [0.25, 0.0625]
+    assert warmup_densities(DistributedOptimizer(keras.optimizers.SGD(0.1), dgc=DGC(warmup=0))) == []
+    opt.build([keras.Variable(np.zeros(s, np.float32)) for s in [(3, 3, 64, 64), (3, 3, 64, 128), (128, 10)]]
+              + [keras.Variable(np.zeros(64, np.float32))])
+    opt.set_fit_epochs(8)
+    auto, target = opt.auto_epochs, opt.target_density
+    (lossy,) = [g for g in opt._groups if g.lossy]
+    exact_part = {d: auto.communication_s("hitopk", d) - auto._predicted(lossy, "hitopk", d) for d in (0.25, target)}
+    auto.probed = {c: auto._predicted(lossy, c, target) for c in auto.tta.candidates}
+    auto.probed["hitopk"] *= 0.5   # measured at the target: half the formula's time
+    auto._scales = {}
+    single = auto.predictions(0)
+    assert auto.communication_s("hitopk", 0.25) == pytest.approx(
+        exact_part[0.25] + 0.5 * auto._predicted(lossy, "hitopk", 0.25))
+    auto.probed_warmup, auto._scales = {"hitopk": {0.25: auto._predicted(lossy, "hitopk", 0.25)}}, {}
+    own = auto.predictions(0)
+    assert auto.communication_s("hitopk", 0.25) == pytest.approx(exact_part[0.25] + auto.probed_warmup["hitopk"][0.25])
+    assert auto.communication_s("hitopk", target) == pytest.approx(exact_part[target] + auto.probed["hitopk"])
+    assert own["hitopk"] > single["hitopk"] and own["powersgd"] == pytest.approx(single["powersgd"])
+    # PowerSGD timed between the two: the warm-up's own timing decides
+    auto.probed["powersgd"] += (single["hitopk"] + own["hitopk"]) / 2 - own["powersgd"]
+    for warm, choice in (({}, "hitopk"), (auto.probed_warmup, "powersgd")):
+        auto.probed_warmup, auto._scales, auto.tta.current = warm, {}, None
+        assert auto.choose(0) == choice

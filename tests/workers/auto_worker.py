@@ -55,5 +55,6 @@ except Exception as e:   # noqa: BLE001 - the message is what the test checks
     out["error"] = f"{type(e).__name__}: {e}"
 out["calibrated_beta_inter"] = opt.calibrated_link.beta_inter
 out["probed"] = opt.probed
+out["probed_warmup"] = {c: sorted([d, s] for d, s in t.items()) for c, t in opt.probed_warmup.items()}
 out["probe_margin"] = opt.auto_epochs.tta.margin
 report(topo.rank, out)

@@ -42,7 +42,7 @@ class Auto:
     one); another candidate replaces the running one only where it is predicted ``switch`` times
     its time or less; a candidate whose measured / predicted step time moves by more than ``drift``
     between two of its epochs makes the link be calibrated again. ``probe``: when fit starts, each
-    candidate's aggregation of the model's buckets is timed on the link (auto_epoch.probe_candidates,
+    candidate's aggregation of the model's buckets is timed on the link (auto_probe.probe_candidates,
     kept with the calibration) and the predictions are scaled to those times; a lossy candidate that
     has not run yet is then tried where it is predicted ``switch`` times the fastest exact one's or
     less. None (default): probe where the link is measured (no cost_params). Without a probe, such a

@@ -9,7 +9,6 @@ The decision is made from numbers summed over all ranks, so every rank makes it;
 not would fail the aggregators' consistency check at its next step.
 """
 import math
-import os
 
 import numpy as np
 import tensorflow as tf
@@ -17,7 +16,8 @@ import tensorflow as tf
 from tf_commlib import costmodel, fusion, primitives
 from tf_commlib.alphabeta import LinkParams
 from tf_commlib.aggregator.time_to_accuracy import TimeToAccuracy
-from tf_commlib.collectives import ALGORITHMS, bucket_bytes, predict
+from tf_commlib.collectives import ALGORITHMS, predict
+from tf_commlib.keras.auto_probe import probe_candidates, summed
 from tf_commlib.topology import topology as current_topology
 
 
@@ -40,6 +40,7 @@ class AutoEpochs:
         self.running = None                # the candidate of the epoch being measured
         self.recalibrations = 0
         self.probed = getattr(opt, "probed", None)   # {candidate: measured seconds} (probe_candidates)
+        self.probed_warmup = getattr(opt, "probed_warmup", None) or {}   # {candidate: {density: seconds}}
         if self.probed:   # the untried lossy candidates' step times were measured: no prior margin
             self.tta.margin = self.settings.switch
         self._scales = {}
@@ -133,11 +134,12 @@ class AutoEpochs:
     # -- predictions and the choice ---------------------------------------------------------
     def communication_s(self, name, density):
         """Predicted seconds of a step's collectives with `name` on the compressible variables (the
-        cost model's, scaled to the probed time at the target density where probed)."""
+        cost model's, scaled to the probed time where probed: at this density where it was timed there,
+        e.g. a DGC warm-up's, else at the target density)."""
         total = 0.0
         for group in self.opt._groups:
             part = self._predicted(group, name if group.lossy else group.aggregator.candidates[0], density)
-            total += part * (self._scale(group, name) if group.lossy else 1.0)
+            total += part * (self._scale(group, name, density) if group.lossy else 1.0)
         return total
 
     def _predicted(self, group, algorithm, density):
@@ -145,14 +147,21 @@ class AutoEpochs:
         return sum(predict(algorithm, sum(b.sizes), topo.m, topo.n, density, params,
                            agg.algorithm_options.get(algorithm), b.shapes) for b in agg.buckets)
 
-    def _scale(self, group, name):
-        """probed / predicted seconds of `name` on the compressible group at the target density (1 unprobed)."""
-        if not self.probed or name not in self.probed:
+    def _scale(self, group, name, density):
+        """probed / predicted seconds of `name` on the compressible group, at `density` where it was
+        timed there, else at the target density (1 unprobed). One ratio does not carry from one
+        density to another: at the target, fixed costs per call dominate; at a warm-up's 0.25, bytes."""
+        timed = self.probed_warmup.get(name, {})
+        if density in timed:
+            probed, at = timed[density], density
+        elif self.probed and name in self.probed:
+            probed, at = self.probed[name], self.opt.target_density
+        else:
             return 1.0
-        if name not in self._scales:
-            predicted = self._predicted(group, name, self.opt.target_density)
-            self._scales[name] = self.probed[name] / predicted if predicted > 0 else 1.0
-        return self._scales[name]
+        if (name, at) not in self._scales:
+            predicted = self._predicted(group, name, at)
+            self._scales[(name, at)] = probed / predicted if predicted > 0 else 1.0
+        return self._scales[(name, at)]
 
     def step_s(self, name, density):
         """compute + communication, less the overlapped part: ``overlapped`` (measured) of the shorter."""
@@ -225,9 +234,9 @@ class AutoEpochs:
         an untraced one's (which pays the input pipeline's start, say), the means over the ranks."""
         if self.running is None:
             return
-        summed = _summed(np.concatenate([self._delivered_here(),   # one allreduce
+        totals = summed(np.concatenate([self._delivered_here(),   # one allreduce
                                          [measured_s, steps or 0, first_s or 0.0, first_s is not None]]))
-        num, den, measured, steps, first, firsts = summed
+        num, den, measured, steps, first, firsts = totals
         size = current_topology().size
         eta = 1.0 + num / den if den > 0 else 1.0   # over every rank (1 for an exact candidate)
         measured /= size
@@ -258,120 +267,12 @@ class AutoEpochs:
         largest = max(sum(b.sizes) for g in self.opt._groups for b in g.aggregator.buckets)
         self.link = costmodel.calibrate(topo, **costmodel.sizes_for(largest))
         if self.probed:   # timed again on the new link
-            self.probed = probe_candidates(self.opt, self.variables, self.link)
+            self.probed, self.probed_warmup = probe_candidates(self.opt, self.variables, self.link)
             object.__setattr__(self.opt, "probed", self.probed)
+            object.__setattr__(self.opt, "probed_warmup", self.probed_warmup)
             self._scales = {}
         self.tta.recalibrated()
         self.recalibrations += 1
-
-
-def cache_path():
-    """Where "auto" keeps the link it measured without Auto(cost_params=...): calibration.json in
-    $TF_COMMLIB_CACHE, default ~/.cache/tf_commlib (costmodel.cached_calibration: keyed by layout,
-    hosts, TensorFlow and sizes, so measured once per cluster)."""
-    root = os.environ.get("TF_COMMLIB_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tf_commlib")
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    return os.path.join(root, "calibration.json")
-
-
-def calibrate_link(opt, variables):
-    """For a DistributedOptimizer whose schedule runs "auto": without Auto(cost_params=...), the
-    link parameters measured once per cluster at the sizes of these variables' buckets, kept as
-    ``opt.calibrated_link`` for the predictions; where the link is measured (or Auto(probe=True)),
-    each candidate's aggregation timed on it (``probe_candidates``), kept as ``opt.probed``. A
-    collective: CompressionScheduler calls it on every rank when fit starts (before the optimizer
-    is built)."""
-    if "auto" not in opt.schedule.values():
-        return
-    topo = current_topology()
-    if opt.auto.cost_params is None and getattr(opt, "calibrated_link", None) is None:
-        opt.size_buckets(variables)
-        largest = fusion.largest_bucket(variables, opt.fusion_threshold_bytes)
-        link = LinkParams() if topo.size == 1 else costmodel.cached_calibration(
-            topo, cache_path(), **costmodel.sizes_for(largest))[0]
-        object.__setattr__(opt, "calibrated_link", link)   # not tracked by Keras
-    probe = opt.auto.cost_params is None if opt.auto.probe is None else opt.auto.probe
-    if probe and topo.size > 1 and getattr(opt, "probed", None) is None and not opt.selection.qrgc:
-        link = opt.auto.cost_params or getattr(opt, "calibrated_link", None) or LinkParams()
-        probed = probe_candidates(opt, variables, link)
-        cap = lossy_bucket_bytes(opt, probed)
-        if cap is not None:   # the run's buckets are that candidate's: timed again where they differ
-            specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables if not opt.dense_layers(v)]
-            before = [b.sizes for b in fusion.plan(specs, opt.fusion_threshold_bytes)]
-            opt.bucket_cap = cap
-            opt.size_buckets(variables)
-            if [b.sizes for b in fusion.plan(specs, opt.fusion_threshold_bytes)] != before:
-                probed = probe_candidates(opt, variables, link)
-        object.__setattr__(opt, "probed", probed)
-
-
-def lossy_bucket_bytes(opt, probed):
-    """The bucket size "auto" runs with where the user gave none: it starts with the exact
-    collectives' (1 MB, which overlaps backprop); where a lossy candidate's timed aggregation is at
-    most Auto.switch times the fastest exact one's, that candidate's larger size
-    (collectives.bucket_bytes: a lossy collective's fixed costs per bucket; the optimizer's
-    bucket_cap, fitted to the model by size_buckets), else None. Decided from the timings kept in the
-    cache, so a resumed run on the cluster builds the same buckets."""
-    if opt.fusion_arg is not None:
-        return None
-    exact = [t for c, t in probed.items() if not ALGORITHMS[c].lossy]
-    lossy = {c: t for c, t in probed.items() if ALGORITHMS[c].lossy}
-    if not exact or not lossy:
-        return None
-    best = min(lossy, key=lossy.get)
-    size = bucket_bytes([best])
-    return size if lossy[best] <= opt.auto.switch * min(exact) and size > opt.bucket_cap else None
-
-
-def probe_candidates(opt, variables, link, repeats=3):
-    """{candidate: seconds} of one aggregation of the compressible variables' gradients (random
-    normal) with each of opt.auto.candidates, as opt runs it (its buckets, target density, selector
-    and options; the exact ones in 16 bits unless compression says otherwise), in a tf.function:
-    the median of ``repeats`` calls after one warm-up call, averaged over the ranks. Kept in the
-    cache folder (cache_path) under a key that holds ``link`` (the LinkParams of the predictions:
-    calibration_key), so it is measured again when they are. A collective."""
-    import hashlib
-    import json
-    import time
-
-    from tf_commlib.aggregator import GradientAggregator
-    from tf_commlib.collectives import with_compression
-    from tf_commlib.timing import ready
-
-    topo, names = current_topology(), list(opt.auto.candidates)
-    lossy = [v for v in variables if not opt.dense_layers(v)]
-    compression = "fp16" if opt.compression == "none" else opt.compression
-    key = costmodel.calibration_key(topo, {
-        "probe": names, "shapes": [[list(v.shape), str(v.dtype)] for v in lossy], "density": opt.target_density,
-        "selector": opt.selection.selector, "compression": compression, "link": link.as_list(),
-        "fusion_threshold_bytes": opt.fusion_threshold_bytes,
-        "options": json.dumps(opt.algorithm_options, sort_keys=True, default=repr)})
-    name = "probe-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".json"
-
-    def measure():
-        grads = [tf.random.stateless_normal(v.shape, [i, topo.rank], dtype=v.dtype) * 1e-3
-                 for i, v in enumerate(lossy)]
-        seconds = []
-        for candidate in names:
-            agg = GradientAggregator(candidate, opt.target_density, opt.selection.selector, topology=topo,
-                                     fusion_threshold_bytes=opt.fusion_threshold_bytes, seed=opt.selection.seed,
-                                     algorithm_options=with_compression(opt.algorithm_options, compression))
-            step = tf.function(agg.__call__)
-            ready(step(grads))
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                ready(step(grads))
-                times.append(time.perf_counter() - start)
-            seconds.append(float(np.median(times)))
-        return (_summed(np.array(seconds, np.float64)) / topo.size).tolist()
-
-    def check(values):
-        if len(values) != len(names):
-            raise ValueError(f"a probe must hold {len(names)} numbers, got {len(values)}")
-
-    values, _ = costmodel.cached_values(topo, os.path.join(os.path.dirname(cache_path()), name), key, measure, check)
-    return dict(zip(names, values))
 
 
 def delivered(r_start, r_end, sum_u):
@@ -380,9 +281,3 @@ def delivered(r_start, r_end, sum_u):
     s = tf.cast(sum_u, tf.float32)
     num = tf.reduce_sum((tf.cast(r_start, tf.float32) - tf.cast(r_end, tf.float32)) * s)
     return np.array([float(num.numpy()), float(tf.reduce_sum(s * s).numpy())], np.float64)
-
-
-def _summed(values):
-    topo = current_topology()
-    x = tf.constant(values, tf.float64)
-    return (primitives.allreduce(x, topo.world) if topo.size > 1 else x).numpy()

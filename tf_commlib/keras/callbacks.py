@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_commlib import internals, primitives
-from tf_commlib.keras.auto_epoch import calibrate_link
+from tf_commlib.keras.auto_probe import calibrate_link
 from tf_commlib.keras.loss_scale import global_loss_scale
 from tf_commlib.keras.diloco import DiLoCo
 from tf_commlib.keras.optimizer import DistributedOptimizer, distributed_optimizer
@@ -97,7 +97,7 @@ class CompressionScheduler(keras.callbacks.Callback):
     For algorithm="auto" it times every batch and hands each epoch's median step to the optimizer,
     which chooses the next epoch's collective (and traces the step again when it changed); without
     Auto(cost_params=...) it has the link measured
-    when fit starts (once per cluster: tf_commlib.keras.auto_epoch.calibrate_link)."""
+    when fit starts (once per cluster: tf_commlib.keras.auto_probe.calibrate_link)."""
 
     def on_train_begin(self, logs=None):
         if getattr(self.model, "jit_compile", False) is True:

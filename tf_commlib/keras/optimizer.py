@@ -54,7 +54,7 @@ def _option(value, cls, name):
 def default_fusion_threshold(algorithms):
     """The bucket size of the compressible variables where fusion_threshold_bytes is None: the largest
     that the collectives `algorithms` (a schedule's names) ask for (tf_commlib.collectives.bucket_bytes);
-    "auto" starts with the exact collectives' (auto_epoch.lossy_bucket_bytes may raise it)."""
+    "auto" starts with the exact collectives' (auto_probe.lossy_bucket_bytes may raise it)."""
     named = [a for a in algorithms if a != "auto"]
     return bucket_bytes(named) if named else fusion.DEFAULT_THRESHOLD_BYTES
 

@@ -1,0 +1,149 @@
+"""What DistributedOptimizer(algorithm="auto") measures before it decides, once per cluster: the
+link's parameters (costmodel.cached_calibration) and each candidate's aggregation of the model's
+buckets on it, at the target density and at the DGC warm-up's (probe_candidates), kept in a cache
+folder, and the bucket size that follows from them (lossy_bucket_bytes). AutoEpochs
+(tf_commlib.keras.auto_epoch) predicts from them.
+"""
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from tf_commlib import costmodel, fusion, primitives
+from tf_commlib.alphabeta import LinkParams
+from tf_commlib.collectives import ALGORITHMS, bucket_bytes, predict
+from tf_commlib.topology import topology as current_topology
+
+
+def cache_path():
+    """Where "auto" keeps the link it measured without Auto(cost_params=...): calibration.json in
+    $TF_COMMLIB_CACHE, default ~/.cache/tf_commlib (costmodel.cached_calibration: keyed by layout,
+    hosts, TensorFlow and sizes, so measured once per cluster)."""
+    root = os.environ.get("TF_COMMLIB_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tf_commlib")
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    return os.path.join(root, "calibration.json")
+
+
+def calibrate_link(opt, variables):
+    """For a DistributedOptimizer whose schedule runs "auto": without Auto(cost_params=...), the
+    link parameters measured once per cluster at the sizes of these variables' buckets, kept as
+    ``opt.calibrated_link`` for the predictions; where the link is measured (or Auto(probe=True)),
+    each candidate's aggregation timed on it (``probe_candidates``), kept as ``opt.probed`` (and at
+    the DGC warm-up's densities, ``opt.probed_warmup``). A
+    collective: CompressionScheduler calls it on every rank when fit starts (before the optimizer
+    is built)."""
+    if "auto" not in opt.schedule.values():
+        return
+    topo = current_topology()
+    if opt.auto.cost_params is None and getattr(opt, "calibrated_link", None) is None:
+        opt.size_buckets(variables)
+        largest = fusion.largest_bucket(variables, opt.fusion_threshold_bytes)
+        link = LinkParams() if topo.size == 1 else costmodel.cached_calibration(
+            topo, cache_path(), **costmodel.sizes_for(largest))[0]
+        object.__setattr__(opt, "calibrated_link", link)   # not tracked by Keras
+    probe = opt.auto.cost_params is None if opt.auto.probe is None else opt.auto.probe
+    if probe and topo.size > 1 and getattr(opt, "probed", None) is None and not opt.selection.qrgc:
+        link = opt.auto.cost_params or getattr(opt, "calibrated_link", None) or LinkParams()
+        probed, warm = probe_candidates(opt, variables, link)
+        cap = lossy_bucket_bytes(opt, probed)
+        if cap is not None:   # the run's buckets are that candidate's: timed again where they differ
+            specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables if not opt.dense_layers(v)]
+            before = [b.sizes for b in fusion.plan(specs, opt.fusion_threshold_bytes)]
+            opt.bucket_cap = cap
+            opt.size_buckets(variables)
+            if [b.sizes for b in fusion.plan(specs, opt.fusion_threshold_bytes)] != before:
+                probed, warm = probe_candidates(opt, variables, link)
+        object.__setattr__(opt, "probed", probed)
+        object.__setattr__(opt, "probed_warmup", warm)
+
+
+def lossy_bucket_bytes(opt, probed):
+    """The bucket size "auto" runs with where the user gave none: it starts with the exact
+    collectives' (1 MB, which overlaps backprop); where a lossy candidate's timed aggregation is at
+    most Auto.switch times the fastest exact one's, that candidate's larger size
+    (collectives.bucket_bytes: a lossy collective's fixed costs per bucket; the optimizer's
+    bucket_cap, fitted to the model by size_buckets), else None. Decided from the timings kept in the
+    cache, so a resumed run on the cluster builds the same buckets."""
+    if opt.fusion_arg is not None:
+        return None
+    exact = [t for c, t in probed.items() if not ALGORITHMS[c].lossy]
+    lossy = {c: t for c, t in probed.items() if ALGORITHMS[c].lossy}
+    if not exact or not lossy:
+        return None
+    best = min(lossy, key=lossy.get)
+    size = bucket_bytes([best])
+    return size if lossy[best] <= opt.auto.switch * min(exact) and size > opt.bucket_cap else None
+
+
+def warmup_densities(opt):
+    """The densities other than the target that opt's DGC warm-up runs, largest first."""
+    return sorted({opt.density_at(e) for e in range(opt.plan.warmup)} - {opt.target_density}, reverse=True)
+
+
+def probe_candidates(opt, variables, link, repeats=3):
+    """({candidate: seconds}, {candidate: {density: seconds}}): one aggregation of the compressible
+    variables' gradients (random normal) with each of opt.auto.candidates, as opt runs it (its
+    buckets, target density, selector and options; the exact ones in 16 bits unless compression
+    says otherwise), in a tf.function: the median of ``repeats`` calls after one warm-up call,
+    averaged over the ranks; the second dict: each lossy candidate whose predicted time depends on
+    the density, at each of the DGC warm-up's densities (warmup_densities), which the fit pays for.
+    Kept in the cache folder (cache_path) under a key that holds ``link`` (the LinkParams of the
+    predictions: calibration_key), so it is measured again when they are. A collective."""
+    import hashlib
+    import json
+    import time
+
+    from tf_commlib.aggregator import GradientAggregator
+    from tf_commlib.collectives import with_compression
+    from tf_commlib.timing import ready
+
+    topo, names = current_topology(), list(opt.auto.candidates)
+    lossy = [v for v in variables if not opt.dense_layers(v)]
+    compression = "fp16" if opt.compression == "none" else opt.compression
+    options = with_compression(opt.algorithm_options, compression)
+    d = sum(int(np.prod(v.shape)) for v in lossy)
+    runs = [(c, opt.target_density) for c in names] + [
+        (c, density) for c in names if ALGORITHMS[c].lossy for density in warmup_densities(opt)
+        if predict(c, d, topo.m, topo.n, density, link, options.get(c))
+        != predict(c, d, topo.m, topo.n, opt.target_density, link, options.get(c))]
+    key = costmodel.calibration_key(topo, {
+        "probe": names, "shapes": [[list(v.shape), str(v.dtype)] for v in lossy], "density": opt.target_density,
+        "selector": opt.selection.selector, "compression": compression, "link": link.as_list(),
+        "fusion_threshold_bytes": opt.fusion_threshold_bytes, "warmup": [list(r) for r in runs[len(names):]],
+        "options": json.dumps(opt.algorithm_options, sort_keys=True, default=repr)})
+    name = "probe-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".json"
+
+    def measure():
+        grads = [tf.random.stateless_normal(v.shape, [i, topo.rank], dtype=v.dtype) * 1e-3
+                 for i, v in enumerate(lossy)]
+        seconds = []
+        for candidate, density in runs:
+            agg = GradientAggregator(candidate, density, opt.selection.selector, topology=topo,
+                                     fusion_threshold_bytes=opt.fusion_threshold_bytes, seed=opt.selection.seed,
+                                     algorithm_options=options)
+            step = tf.function(agg.__call__)
+            ready(step(grads))
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                ready(step(grads))
+                times.append(time.perf_counter() - start)
+            seconds.append(float(np.median(times)))
+        return (summed(np.array(seconds, np.float64)) / topo.size).tolist()
+
+    def check(values):
+        if len(values) != len(runs):
+            raise ValueError(f"a probe must hold {len(runs)} numbers, got {len(values)}")
+
+    values, _ = costmodel.cached_values(topo, os.path.join(os.path.dirname(cache_path()), name), key, measure, check)
+    warm = {}
+    for (candidate, density), seconds in zip(runs[len(names):], values[len(names):]):
+        warm.setdefault(candidate, {})[density] = seconds
+    return dict(zip(names, values)), warm
+
+
+def summed(values):
+    """values (float64) summed over every rank (one allreduce; as they are on one rank)."""
+    topo = current_topology()
+    x = tf.constant(values, tf.float64)
+    return (primitives.allreduce(x, topo.world) if topo.size > 1 else x).numpy()
