@@ -29,9 +29,8 @@ def calibrate_link(opt, variables):
     link parameters measured once per cluster at the sizes of these variables' buckets, kept as
     ``opt.calibrated_link`` for the predictions; where the link is measured (or Auto(probe=True)),
     each candidate's aggregation timed on it (``probe_candidates``), kept as ``opt.probed`` (and at
-    the DGC warm-up's densities, ``opt.probed_warmup``). A
-    collective: CompressionScheduler calls it on every rank when fit starts (before the optimizer
-    is built)."""
+    the DGC warm-up's densities, ``opt.probed_warmup``). A collective: CompressionScheduler calls
+    it on every rank when fit starts (before the optimizer is built)."""
     if "auto" not in opt.schedule.values():
         return
     topo = current_topology()
