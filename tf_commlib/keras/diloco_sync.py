@@ -1,11 +1,12 @@
 """The syncs of DiLoCo across nodes (tf_commlib.keras.diloco): what a node sends, the exchange between
 nodes, the outer step on the mean, and where every rank goes on from.
 
-``Syncs`` is mixed into the DiLoCo optimizer and works on the state its ``build`` creates: ``starts``
-(the start weights, which the outer optimizer steps), ``anchors`` (with overlap: where a node's progress
-is counted from; else the start weights), ``residual`` (a lossy codec's error feedback), ``wire`` (the
-codec), ``_tracked`` (the weights and the statistics averaged at a sync) and ``_window`` (the
-measurements sync_every="auto" chooses from).
+``Syncs`` is mixed into the DiLoCo optimizer and works on the state its ``__init__`` and ``build``
+create, among others: ``starts`` (the start weights, which ``outer_optimizer`` steps), ``anchors`` (with
+overlap: where a node's progress is counted from; else the start weights), ``residual`` (a lossy
+codec's error feedback), ``wire`` (the codec), ``_tracked`` (the weights and the statistics averaged at
+a sync), ``_exchanges`` and ``_pending`` (the background exchange), ``_window`` (the measurements
+sync_every="auto" chooses from) and ``timeline``.
 
 * ``_sync_now``: send the node's progress, wait for the inter-node mean, outer step, every rank from the
   new start weights.
