@@ -140,6 +140,8 @@ FLAGS = {
         "a benchmark: 15 four-rank trainings on the emulated cluster (36 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs dense_fp16 hitopk powersgd auto diloco_h8_q8":
         "a benchmark: 15 four-rank trainings on the emulated cluster, dense fp16 10 min each (56 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd hitopk auto diloco_h8_q8":
+        "a benchmark: 12 four-rank trainings on the emulated cluster (19 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd auto":
         "a benchmark: 6 four-rank trainings on the emulated cluster (12 min)",
     "python -m tfc_apps.bench tta --inter-mbit 100 25 --configs dense_fp16 hitopk powersgd auto --repeats 3":
