@@ -99,6 +99,9 @@ FLAGS = {
     "python -m tfc_apps.bench tta --dataset patches --inter-mbit 5 --epochs 5 --target 0.95 --repeats 3 --configs "
     "powersgd hitopk auto diloco_h8_q8":
         "a benchmark: 12 four-rank trainings on the second image set, on the emulated cluster (33 min)",
+    "python -m tfc_apps.bench tta --dataset patches --inter-mbit 5 --epochs 5 --target 0.95 --repeats 3 --configs "
+    "dense_fp16":
+        "a benchmark: dense fp16 on the second image set at 5 Mbit/s, 17 min a seed",
     "python -m tfc_apps.bench tta --inter-mbit 100 --repeats 3 --configs dense_fp16 hitopk powersgd auto diloco_h8_q8":
         "a benchmark: 15 four-rank trainings on the emulated cluster (36 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs dense_fp16 hitopk powersgd auto diloco_h8_q8":
