@@ -1,4 +1,5 @@
-"""The images and the uncached reference of the DataCache tests (its fixtures are in conftest.py)."""
+"""The images, the uncached reference and the Redis key listing of the DataCache tests (its fixtures
+are in conftest.py)."""
 import hashlib
 import os
 
@@ -27,6 +28,10 @@ def write_folder(root, n_classes=N_CLASSES, per_class=PER_CLASS, size=32, extra=
 
 def digest(array):
     return hashlib.sha1(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+def keys_of(client):
+    return sorted(client.scan_iter(match=b"dc:*"))
 
 
 class Reference:

@@ -137,7 +137,7 @@ FLAGS = {
     "python -m tfc_apps.bench faults": "a benchmark: 2 runs of 4 faults, each with its resumed run (10-15 min); "
                                        "tests/test_faults.py runs --quick",
     "python -m datacache warm ROOT --size 224 --redis-url URL --node I/M --ranks-per-node N --seed S":
-        "a template (ROOT, URL, I/M, N, S); tests/test_datacache.py runs warm --node on 2x4 and 3x2",
+        "a template (ROOT, URL, I/M, N, S); tests/test_datacache_shards.py runs warm --node on 2x4 and 3x2",
     "python -m datacache warm ROOT/val --labels FILE --classes ROOT/train --size 224 --redis-url URL --node I/M "
     "--ranks-per-node N --seed S": "a template; tests/test_flat_folder.py warms a flat folder so",
     "python -m tfc_apps.cluster_launch --local 1 --np-per-node 4 -- python -m tfc_apps.train ...": "a template",
