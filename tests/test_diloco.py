@@ -170,6 +170,8 @@ def _sgd():
     (lambda D: D(_sgd(), sync_every=4, outer_optimizer="sgd"), "outer_optimizer"),
     (lambda D: D(_sgd(), sync_every=4, inter_compression="int3"), "inter_compression"),
     (lambda D: D(_sgd(), sync_every=4, inter_compression="mean"), "inter_compression"),
+    (lambda D: D(_sgd(), sync_every=4, inter_compression="qsgd4"), "inter_compression 'qsgd4': its error is not bounded"),
+    (lambda D: D(_sgd(), sync_every=4, inter_compression="qsgd2"), "inter_compression 'qsgd2'"),
     (lambda D: D(_sgd(), sync_every=4, overlap="yes"), "overlap"),
     (lambda D: D("sgd", sync_every=4), "inner_optimizer"),
     (lambda D: D(keras.optimizers.SGD(0.1, use_ema=True), sync_every=4), "inner_optimizer"),

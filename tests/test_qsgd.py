@@ -1,5 +1,7 @@
 """QSGD codec (tf_commlib/collectives/qsgd.py) against a numpy reference: unbiased over seeds,
-deterministic for a seed, levels in range, bad bits rejected."""
+deterministic for a seed, levels in range, bad bits rejected; its "max" scale (the int<bits> codecs)
+rounded to the nearest level and a contraction, where QSGD's error can exceed the value, and what
+that does to error feedback."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -65,14 +67,57 @@ def test_pack_round_trips_in_wire_bytes(bits):
     assert first == levels.numpy().ravel()[0]
 
 
-@pytest.mark.parametrize("bits", [2, 4, 8])
-def test_qsgd_codec_bytes_and_round_trip(bits):
-    """The QSGD Codec (codec.py, "qsgd<bits>", dsar_split_ag's dense slices): to_bytes sends
-    exactly bytes(n) bytes, from_bytes decodes what qsgd.decode does."""
+@pytest.mark.parametrize("bits,scale", [(2, "l2"), (4, "l2"), (8, "l2"), (4, "max"), (8, "max")])
+def test_qsgd_codec_bytes_and_round_trip(bits, scale):
+    """The QSGD Codecs (codec.py, "qsgd<bits>", dsar_split_ag's dense slices; "int<bits>"): to_bytes
+    sends exactly bytes(n) bytes, from_bytes decodes what qsgd.decode does."""
     from tf_commlib.collectives import codec
-    c = codec.get(f"qsgd{bits}")
+    c = codec.get(f"qsgd{bits}" if scale == "l2" else f"int{bits}")
     x = tf.constant(np.random.default_rng(bits).standard_normal(1500).astype(np.float32))
     data = c.to_bytes(x, seed=9)
     assert data.dtype == tf.uint8 and data.shape[0] == c.bytes(1500) == qsgd.wire_bytes(1500, bits)
     np.testing.assert_array_equal(c.from_bytes(data, 1500).numpy(),
-                                  qsgd.decode(*qsgd.encode(x, bits, seed=9), 1500, bits).numpy())
+                                  qsgd.decode(*qsgd.encode(x, bits, seed=9, scale=scale), 1500, bits).numpy())
+
+
+def _spiky(rng, s):
+    """Buckets of one large entry and the rest at a quarter of a level: what rounding hurts most."""
+    x = np.full((4, 1024), 1.0 / (4 * s), np.float32) * rng.choice([-1, 1], (4, 1024))
+    x[:, 0] = 1.0
+    return x.ravel().astype(np.float32)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_max_scale_rounds_to_nearest_and_contracts(bits):
+    """scale "max": the scale is the bucket's largest magnitude, each level the nearest to x/scale*s
+    (numpy), and per bucket ||round(x) - x||^2 <= ||x||^2 - max^2 and <= error_bound ||x||^2, on
+    Gaussian and on spiky buckets."""
+    rng, s = np.random.default_rng(bits), 2 ** (bits - 1) - 1
+    for x in (rng.standard_normal(4096).astype(np.float32), _spiky(rng, s)):
+        levels, norms = qsgd.encode(tf.constant(x), bits, seed=0, scale="max")
+        rows = x.reshape(4, 1024)
+        np.testing.assert_array_equal(norms.numpy(), np.abs(rows).max(axis=1))
+        expected = np.sign(rows) * np.round(np.abs(rows) / norms.numpy()[:, None] * s)
+        np.testing.assert_array_equal(levels.numpy(), expected)
+        error = (qsgd.decode(levels, norms, 4096, bits).numpy() - x).reshape(4, 1024)
+        sq, norm2 = (error ** 2).sum(axis=1), (rows.astype(np.float64) ** 2).sum(axis=1)
+        assert np.all(sq <= norm2 - np.abs(rows).max(axis=1) ** 2 + 1e-6)
+        assert np.all(sq <= qsgd.error_bound(bits, "max") * norm2 + 1e-6)
+    assert qsgd.error_bound(8, "max") < 0.02 and qsgd.error_bound(4, "max") < 1 <= qsgd.error_bound(4)
+
+
+def test_error_feedback_grows_with_qsgd4_and_stays_bounded_with_int4():
+    """Error feedback sends x plus what earlier rounds left: with QSGD at 4 bits, whose error on a spiky
+    bucket exceeds the value (mean over seeds), the residual grows without bound; with int4 it stays
+    within twice the value sent each round. Why DiLoCo refuses qsgd4 and qsgd2 as inter_compression."""
+    from tf_commlib.collectives import codec
+    x = tf.constant(_spiky(np.random.default_rng(0), 7))
+    draws = [qsgd.decode(*qsgd.encode(x, 4, seed=k), 4096, 4) for k in range(20)]
+    assert np.mean([np.sum((d.numpy() - x.numpy()) ** 2) for d in draws]) > np.sum(x.numpy() ** 2)
+    for name, grows in (("qsgd4", True), ("int4", False)):
+        c, residual, ratios = codec.get(name), tf.zeros_like(x), []
+        for k in range(60):
+            send = x + residual
+            residual = send - c.decode(c.encode(send, seed=k), 4096)
+            ratios.append(float(tf.norm(residual) / tf.norm(x)))
+        assert (ratios[-1] > 1000) if grows else (max(ratios) < 2), (name, ratios)

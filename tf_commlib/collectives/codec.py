@@ -11,11 +11,14 @@ A Codec has
   that mix codecs and headers (dsar_split_ag's slices);
 * ``value_bytes`` (per value, without headers), ``header_bytes`` (per message part), ``summable``
   (Horovod's allreduce sums the wire type: dense's and 2dtar's allreduce), ``exact`` (encode is the
-  identity: nothing to scale, cast or round).
+  identity: nothing to scale, cast or round), ``error_bound`` (an upper bound of
+  E||round(x) - x||^2 / ||x||^2; error feedback, which sends x plus what earlier rounds left, stays
+  bounded only below 1).
 
 The instances: NONE (float32, the input's own type), FP16, BF16 (casts), MEAN (one mean per
-message part: value_codec.py), QSGD(bits) (qsgd.py). The sparse index/value messages that carry a
-codec's values are value_codec.SparseCodec. ``register`` adds one.
+message part: value_codec.py), QSGD(bits) ("qsgd<bits>", qsgd.py) and QSGD(bits, "max") ("int<bits>":
+8 or 4 bits scaled by each bucket's largest magnitude, rounded to the nearest level). The sparse
+index/value messages that carry a codec's values are value_codec.SparseCodec. ``register`` adds one.
 """
 import tensorflow as tf
 
@@ -31,6 +34,7 @@ class Codec:
     header_bytes = 0
     summable = True
     exact = False
+    error_bound = 1.0         # no bound below the value's own norm
     wire_dtype = tf.float32   # of encode's result
 
     def bytes(self, n, parts=1):
@@ -65,6 +69,9 @@ class Cast(Codec):
         self.name, self.dtype, self.summable = name, dtype, summable
         self.exact = dtype is None
         self.wire_dtype = dtype or tf.float32
+        # a cast rounds each value to its type's significand: a relative error of at most 2^-11
+        # (float16) or 2^-8 (bfloat16), within the type's normal range
+        self.error_bound = 0.0 if dtype is None else {tf.float16: 2.0 ** -22, tf.bfloat16: 2.0 ** -16}[dtype]
         self.value_bytes = self.wire_dtype.size
 
     def encode(self, x, seed=None):
@@ -79,19 +86,21 @@ class Cast(Codec):
 
 class QSGD(Codec):
     """QSGD (qsgd.py): per bucket of qsgd.BUCKET entries its float32 L2 norm, then `bits`-bit
-    stochastically rounded levels (seeded: the same seed gives the same bits on every rank)."""
+    stochastically rounded levels (seeded: the same seed gives the same bits on every rank); with
+    scale "max", its largest magnitude and levels rounded to the nearest."""
     wire_dtype = tf.uint8
 
-    def __init__(self, bits):
-        self.bits = qsgd.check_bits(bits)
-        self.name = f"qsgd{bits}"
+    def __init__(self, bits, scale="l2"):
+        self.bits, self.scale = qsgd.check_bits(bits), scale
+        self.name = f"qsgd{bits}" if scale == "l2" else f"int{bits}"
+        self.error_bound = qsgd.error_bound(bits, scale)
 
     def bytes(self, n, parts=1):
         return qsgd.wire_bytes(n, self.bits)
 
     def encode(self, x, seed=None):
         """Flat uint8: the norms (float32), then the packed levels."""
-        levels, norms = qsgd.encode(x, self.bits, seed)
+        levels, norms = qsgd.encode(x, self.bits, seed, scale=self.scale)
         return tf.concat([tf.reshape(tf.bitcast(norms, tf.uint8), [-1]), qsgd.pack(levels, self.bits)], 0)
 
     def decode(self, wire, n, dtype=tf.float32):
@@ -126,3 +135,5 @@ FP16 = register(Cast("fp16", tf.float16))
 BF16 = register(Cast("bf16", tf.bfloat16, summable=False))   # Horovod 0.28 has no bfloat16 allreduce
 for _bits in qsgd.BITS:
     register(QSGD(_bits))
+for _bits in (4, 8):
+    register(QSGD(_bits, "max"))

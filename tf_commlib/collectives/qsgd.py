@@ -3,7 +3,15 @@ collective. Each bucket of BUCKET entries is sent as its L2 norm and, per entry,
 in [-s, s] with s = 2^(bits-1) - 1, rounded stochastically so that E[decode(encode(x))] = x.
 The randomness comes from a stateless generator seeded by (seed, bucket index): the same seed gives
 the same bits on every rank, so a rank that quantises a shared dense vector gets the same result
-as every other rank."""
+as every other rank.
+
+``scale="max"`` is the other way of scaling a bucket (the "int<bits>" codecs, e.g. for DiLoCo's
+pseudo-gradients between nodes): by its largest magnitude, each entry rounded to the nearest level.
+Biased, but a contraction: an entry's error is at most its own magnitude and the largest entry is
+exact, so ||decode(encode(x)) - x||^2 <= ||x||^2 - max|x|^2 per bucket, and error feedback stays
+bounded. QSGD's own scaling is unbiased, and its error can be larger than x (``error_bound``)."""
+import math
+
 import tensorflow as tf
 
 BUCKET = 1024
@@ -16,16 +24,35 @@ def check_bits(bits):
     return bits
 
 
-def encode(x, bits, seed, bucket=BUCKET):
+SCALES = ("l2", "max")
+
+
+def error_bound(bits, scale="l2", bucket=BUCKET):
+    """An upper bound of E||decode(encode(x)) - x||^2 / ||x||^2: QSGD's min(d/s^2, sqrt(d)/s) for d =
+    bucket (Alistarh et al., Lemma 3.1). For "max": an entry's error is at most its magnitude and at
+    most half a level, max|x|/(2s), and the largest entry is exact, so min(1 - 1/d, (d-1)/(4s^2)).
+    Error feedback needs it below 1."""
+    s = 2 ** (check_bits(bits) - 1) - 1
+    if scale == "max":
+        return min(1.0 - 1.0 / bucket, (bucket - 1) / (4.0 * s ** 2))
+    return min(bucket / s ** 2, math.sqrt(bucket) / s)
+
+
+def encode(x, bits, seed, bucket=BUCKET, scale="l2"):
     """Flat float32 x -> (levels int8 [buckets, bucket], norms float32 [buckets]); x is padded
     with zeros to whole buckets. seed: an int (or int64 tensor), identical on the ranks that must
-    agree."""
+    agree. scale "l2" (QSGD: the L2 norm, stochastic rounding) or "max" (the largest magnitude,
+    rounded to the nearest level; seed unused): the "norms" are the scales."""
     s = float(2 ** (check_bits(bits) - 1) - 1)
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     d = tf.shape(x)[0]
     padded = tf.pad(x, [[0, (-d) % bucket]])
     rows = tf.reshape(padded, [-1, bucket])
-    norms = tf.norm(rows, axis=1)
+    norms = tf.norm(rows, axis=1) if scale == "l2" else tf.reduce_max(tf.abs(rows), axis=1)
     scaled = tf.math.divide_no_nan(tf.abs(rows), norms[:, None]) * s     # in [0, s]
+    if scale == "max":
+        return tf.cast(tf.sign(rows) * tf.minimum(tf.round(scaled), s), tf.int8), norms
     lower = tf.floor(scaled)
     u = tf.random.stateless_uniform(tf.shape(rows), seed=tf.stack([tf.cast(seed, tf.int64),
                                                                    tf.constant(0x5153, tf.int64)]))

@@ -50,10 +50,16 @@ from tf_commlib.topology import topology as current_topology
 
 
 def _codec(name):
-    """The codec of inter_compression (None: float32); ValueError naming the argument otherwise."""
-    accepted = sorted(c for c in codecs.REGISTRY if c != "mean")
+    """The codec of inter_compression (None: float32): one whose error stays below the value (error
+    feedback, which resends what a sync's rounding left, grows without bound otherwise); ValueError
+    naming the argument otherwise."""
+    accepted = sorted(c for c, codec in codecs.REGISTRY.items() if codec.error_bound < 1)
     if name is None:
         return codecs.get("none")
+    if isinstance(name, str) and name in codecs.REGISTRY and name not in accepted:
+        raise ValueError(f"inter_compression {name!r}: its error is not bounded below the value it sends "
+                         f"(E||error||^2 up to {codecs.get(name).error_bound:.3g} x ||x||^2), so the error feedback of the pseudo-gradients "
+                         f"would grow without bound; give None or one of {accepted} (e.g. 'int4' for 4 bits)")
     if not isinstance(name, str) or name not in accepted:
         raise ValueError(f"inter_compression must be None or one of {accepted}, got {name!r}")
     return codecs.get(name)
@@ -94,8 +100,10 @@ class DiLoCo(InnerSteps, Syncs, keras.optimizers.Optimizer):
       outer_optimizer: the Keras 3 optimizer that applies the mean pseudo-gradient to the start
         weights; default SGD(learning_rate=0.7, momentum=0.9, nesterov=True).
       inter_compression: None (float32) or a codec of tf_commlib.collectives.codec for the
-        pseudo-gradient between nodes: "fp16", "bf16", "qsgd8" (8 bits, a scale per 1024 values),
-        "qsgd4", "qsgd2"; a lossy one keeps what it did not send in a residual (error feedback).
+        pseudo-gradient between nodes: "fp16", "bf16", "int8" and "int4" (8 or 4 bits, per 1024 values
+        the largest magnitude as scale, rounded to the nearest level), "qsgd8" (8 bits, the L2 norm,
+        stochastic rounding); a lossy one keeps what it did not send in a residual (error feedback),
+        so a codec whose error can exceed its value (qsgd4, qsgd2) is refused.
       overlap: the exchange runs while the next interval's inner steps go on (its update applied at
         the next sync); False waits for it.
     """

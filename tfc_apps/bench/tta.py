@@ -48,6 +48,8 @@ CONFIGS = {
     "diloco_h8": {"schedule": "0:dense", "diloco": 8, **OUTER_AVERAGE},
     "diloco_h32": {"schedule": "0:dense", "diloco": 32, **OUTER_AVERAGE},
     "diloco_h8_q8": {"schedule": "0:dense", "diloco": 8, "inter_compression": "qsgd8", **OUTER_AVERAGE},
+    # 4 bits, each 1024 values scaled by their largest magnitude: half diloco_h8_q8's bytes between nodes
+    "diloco_h8_int4": {"schedule": "0:dense", "diloco": 8, "inter_compression": "int4", **OUTER_AVERAGE},
     # H chosen by the run from its measured step and exchange times (DiLoCo(sync_every="auto"))
     "diloco_auto_q8": {"schedule": "0:dense", "diloco": "auto", "inter_compression": "qsgd8", **OUTER_AVERAGE},
 }

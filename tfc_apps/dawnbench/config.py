@@ -130,7 +130,7 @@ def parser():
            "the node) and the nodes average their pseudo-gradients every H steps and at each epoch end, through an "
            "outer Nesterov SGD; 'auto': H chosen at each epoch end from the measured step and exchange times; "
            "--schedule, --density and the DGC options do not apply (default 0: off)")
-    a("--inter-compression", default=None, choices=("fp16", "bf16", "qsgd8", "qsgd4", "qsgd2"),
+    a("--inter-compression", default=None, choices=("fp16", "bf16", "int8", "int4", "qsgd8"),
       help="with --diloco: the codec of the pseudo-gradients between nodes (default float32)")
     a("--outer-lr", type=float, default=0.7, help="with --diloco: the outer SGD's learning rate")
     a("--outer-momentum", type=float, default=0.9, help="with --diloco: the outer SGD's Nesterov momentum")
