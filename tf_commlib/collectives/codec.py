@@ -1,6 +1,7 @@
 """Value codecs: how values travel on the wire, one object each behind one interface (Codec), found
 by name in one registry (the strings the options take: ``compression`` "none", "fp16", "bf16";
-``value_codec`` "none", "fp16", "mean"; dsar_split_ag's ``qsgd_bits`` b as "qsgd<b>").
+``value_codec`` "none", "fp16", "mean"; dsar_split_ag's ``qsgd_bits`` b as "qsgd<b>"; DiLoCo's
+``inter_compression``: any with an ``error_bound`` below 1).
 
 A Codec has
 * ``bytes(n, parts=1)``: the bytes of n values on the wire (in ``parts`` messages, for codecs
@@ -12,8 +13,9 @@ A Codec has
 * ``value_bytes`` (per value, without headers), ``header_bytes`` (per message part), ``summable``
   (Horovod's allreduce sums the wire type: dense's and 2dtar's allreduce), ``exact`` (encode is the
   identity: nothing to scale, cast or round), ``error_bound`` (an upper bound of
-  E||round(x) - x||^2 / ||x||^2; error feedback, which sends x plus what earlier rounds left, stays
-  bounded only below 1).
+  E||round(x) - x||^2 / ||x||^2, for values in the wire type's normal range; error feedback, which
+  sends x plus what earlier rounds left, stays bounded where it is below 1; 1 where nothing smaller is
+  known, so a registered codec that leaves it is not one DiLoCo sends).
 
 The instances: NONE (float32, the input's own type), FP16, BF16 (casts), MEAN (one mean per
 message part: value_codec.py), QSGD(bits) ("qsgd<bits>", qsgd.py) and QSGD(bits, "max") ("int<bits>":
@@ -71,7 +73,8 @@ class Cast(Codec):
         self.wire_dtype = dtype or tf.float32
         # a cast rounds each value to its type's significand: a relative error of at most 2^-11
         # (float16) or 2^-8 (bfloat16), within the type's normal range
-        self.error_bound = 0.0 if dtype is None else {tf.float16: 2.0 ** -22, tf.bfloat16: 2.0 ** -16}[dtype]
+        self.error_bound = 0.0 if dtype is None else {tf.float16: 2.0 ** -22,
+                                                                 tf.bfloat16: 2.0 ** -16}.get(dtype, 1.0)
         self.value_bytes = self.wire_dtype.size
 
     def encode(self, x, seed=None):

@@ -7,9 +7,10 @@ as every other rank.
 
 ``scale="max"`` is the other way of scaling a bucket (the "int<bits>" codecs, e.g. for DiLoCo's
 pseudo-gradients between nodes): by its largest magnitude, each entry rounded to the nearest level.
-Biased, but a contraction: an entry's error is at most its own magnitude and the largest entry is
-exact, so ||decode(encode(x)) - x||^2 <= ||x||^2 - max|x|^2 per bucket, and error feedback stays
-bounded. QSGD's own scaling is unbiased, and its error can be larger than x (``error_bound``)."""
+Biased, but a contraction: an entry's error is at most its own magnitude and at most half a level,
+and the largest entry is exact (up to float32 rounding), so ||decode(encode(x)) - x||^2 <=
+||x||^2 - max|x|^2 per bucket, and error feedback stays bounded. QSGD's own scaling is unbiased, and
+its error can be larger than x (``error_bound``)."""
 import math
 
 import tensorflow as tf
@@ -30,11 +31,14 @@ SCALES = ("l2", "max")
 def error_bound(bits, scale="l2", bucket=BUCKET):
     """An upper bound of E||decode(encode(x)) - x||^2 / ||x||^2: QSGD's min(d/s^2, sqrt(d)/s) for d =
     bucket (Alistarh et al., Lemma 3.1). For "max": an entry's error is at most its magnitude and at
-    most half a level, max|x|/(2s), and the largest entry is exact, so min(1 - 1/d, (d-1)/(4s^2)).
-    Error feedback needs it below 1."""
+    most half a level, max|x|/(2s), and the largest entry is exact, so (d-1)/(4s^2 + d-1), reached
+    where the other d-1 entries are all just under half a level. Error feedback stays bounded where it
+    is below 1."""
     s = 2 ** (check_bits(bits) - 1) - 1
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     if scale == "max":
-        return min(1.0 - 1.0 / bucket, (bucket - 1) / (4.0 * s ** 2))
+        return (bucket - 1) / (4.0 * s ** 2 + bucket - 1)
     return min(bucket / s ** 2, math.sqrt(bucket) / s)
 
 
@@ -63,7 +67,7 @@ def encode(x, bits, seed, bucket=BUCKET, scale="l2"):
 def decode(levels, norms, d, bits):
     """The inverse of encode, in expectation: flat float32 of length d."""
     s = float(2 ** (check_bits(bits) - 1) - 1)
-    rows = tf.cast(levels, tf.float32) * (norms[:, None] / s)
+    rows = tf.cast(levels, tf.float32) / s * norms[:, None]   # the top level is the scale itself
     return tf.reshape(rows, [-1])[:d]
 
 
@@ -73,6 +77,7 @@ def pack(levels, bits):
     are)."""
     s, per = 2 ** (check_bits(bits) - 1) - 1, 8 // bits
     codes = tf.reshape(tf.cast(tf.cast(levels, tf.int32) + s, tf.int32), [-1, per])
+    codes = codes & ((1 << bits) - 1)   # a non-finite input's level stays in its own bits
     return tf.cast(tf.reduce_sum(tf.bitwise.left_shift(codes, bits * tf.range(per)), axis=1), tf.uint8)
 
 
