@@ -108,6 +108,15 @@ FLAGS = {
         "a benchmark: 15 four-rank trainings on the emulated cluster, dense fp16 10 min each (56 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd hitopk auto diloco_h8_q8":
         "a benchmark: 12 four-rank trainings on the emulated cluster (19 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd auto diloco_h8_q8 diloco_h8_int4":
+        "a benchmark: 12 four-rank trainings on the emulated cluster (15 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 powersgd auto diloco_h8_q8 "
+    "diloco_h8_int4": "a benchmark: 15 four-rank trainings on the emulated cluster (35 min)",
+    "python -m tfc_apps.bench tta --dataset patches --inter-mbit 5 --epochs 5 --target 0.95 --repeats 3 --configs "
+    "powersgd diloco_h8_q8 diloco_h8_int4":
+        "a benchmark: 9 four-rank trainings on the second image set, on the emulated cluster (25 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 0 --repeats 3 --configs dense_fp16 diloco_h8_int4":
+        "a benchmark: 6 four-rank trainings on loopback (8 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd auto":
         "a benchmark: 6 four-rank trainings on the emulated cluster (12 min)",
     "python -m tfc_apps.bench tta --inter-mbit 100 25 --configs dense_fp16 hitopk powersgd auto --repeats 3":

@@ -47,16 +47,27 @@ def test_every_rank_holds_the_same_weights_after_each_sync(two_by_two):
     assert _same(two_by_two, "bn_mean") and np.abs(two_by_two[0]["bn_mean"]).max() > 0
 
 
-@pytest.mark.parametrize("compression", ["None", "qsgd8"])
+@pytest.mark.parametrize("compression", ["None", "qsgd8", "int4"])
 def test_bytes_of_one_interval_are_the_formula(two_by_two, compression):
     """H inner steps and one sync, counted by the primitives, equal interval_bytes() on both links; the
-    8-bit codec sends about a quarter of float32 between nodes."""
+    8-bit codec sends about a quarter of float32 between nodes, the 4-bit one an eighth."""
     for r in two_by_two:
         assert r[f"synced_{compression}"] == 3
         for link in ("intra", "inter"):
             assert r[f"counted_{compression}"][link] == pytest.approx(r[f"formula_{compression}"][link], rel=1e-9)
     ratio = two_by_two[0]["counted_qsgd8"]["inter"] / two_by_two[0]["counted_None"]["inter"]
     assert 0.24 < ratio < 0.27
+    ratio = two_by_two[0]["counted_int4"]["inter"] / two_by_two[0]["counted_None"]["inter"]
+    assert 0.12 < ratio < 0.14
+
+
+def test_int4_mean_between_nodes_is_the_mean_of_what_each_node_sends(two_by_two):
+    """inter_mean in int4 on every rank: the mean over the nodes of each node's slice as int4 decodes it
+    (numpy over every node's slice), and this rank's own message, which error feedback keeps the rest of;
+    the rounding itself is not nothing."""
+    for r in two_by_two:
+        assert r["int4_mean_error"] <= 1e-6 and r["int4_own_error"] <= 1e-6
+        assert r["int4_rounding"] > 1e-3
 
 
 def test_overlapped_exchange_runs_while_the_next_steps_go_on(two_by_two):

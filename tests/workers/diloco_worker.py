@@ -94,7 +94,7 @@ def step_fn(model, opt):
 
 def interval_bytes():
     """One interval of a custom loop counted by the primitives against interval_bytes()."""
-    for compression in (None, "qsgd8"):
+    for compression in (None, "qsgd8", "int4"):
         model = digits.small_cnn(seed=1)
         opt = DiLoCo(keras.optimizers.SGD(0.05), sync_every=3, inter_compression=compression, overlap=False)
         step = step_fn(model, opt)
@@ -105,6 +105,20 @@ def interval_bytes():
             out[f"counted_{compression}"] = counter.result()
         out[f"formula_{compression}"] = opt.interval_bytes()
         out[f"synced_{compression}"] = int(opt.synced_at.numpy())
+    # the inter-node mean in int4 (rounding without randomness): the mean over the nodes of what each
+    # node's slice decodes to, computed here from every node's slice; this rank's own message besides
+    from tf_commlib.collectives import codec
+    from tf_commlib.inter_mean import inter_mean
+
+    def shard(node):
+        return np.random.default_rng([node, topo.local]).standard_normal(3000).astype(np.float32)
+
+    wire = codec.get("int4")
+    mean, own = inter_mean(tf.constant(shard(topo.node)), topo, wire, seed=0, name="diloco_int4_check")
+    rounded = [wire.decode(wire.encode(tf.constant(shard(j))), 3000).numpy() for j in range(topo.m)]
+    out["int4_mean_error"] = float(np.abs(mean.numpy() - np.mean(rounded, axis=0)).max())
+    out["int4_own_error"] = float(np.abs(own.numpy() - rounded[topo.node]).max())
+    out["int4_rounding"] = float(np.abs(rounded[topo.node] - shard(topo.node)).max())
 
 
 def overlap():
