@@ -73,8 +73,8 @@ class Cast(Codec):
         self.wire_dtype = dtype or tf.float32
         # a cast rounds each value to its type's significand: a relative error of at most 2^-11
         # (float16) or 2^-8 (bfloat16), within the type's normal range
-        self.error_bound = 0.0 if dtype is None else {tf.float16: 2.0 ** -22,
-                                                                 tf.bfloat16: 2.0 ** -16}.get(dtype, 1.0)
+        rounding = {tf.float16: 2.0 ** -22, tf.bfloat16: 2.0 ** -16}
+        self.error_bound = 0.0 if dtype is None else rounding.get(dtype, 1.0)
         self.value_bytes = self.wire_dtype.size
 
     def encode(self, x, seed=None):

@@ -57,9 +57,11 @@ def _codec(name):
     if name is None:
         return codecs.get("none")
     if isinstance(name, str) and name in codecs.REGISTRY and name not in accepted:
+        bound = codecs.get(name).error_bound
         raise ValueError(f"inter_compression {name!r}: its error is not bounded below the value it sends "
-                         f"(E||error||^2 up to {codecs.get(name).error_bound:.3g} x ||x||^2), so the error feedback of the pseudo-gradients "
-                         f"would grow without bound; give None or one of {accepted} (e.g. 'int4' for 4 bits)")
+                         f"(E||error||^2 up to {bound:.3g} x ||x||^2), so the error feedback of the "
+                         f"pseudo-gradients would grow without bound; give None or one of {accepted} "
+                         "(e.g. 'int4' for 4 bits)")
     if not isinstance(name, str) or name not in accepted:
         raise ValueError(f"inter_compression must be None or one of {accepted}, got {name!r}")
     return codecs.get(name)
