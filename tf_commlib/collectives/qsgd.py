@@ -28,6 +28,12 @@ def check_bits(bits):
 SCALES = ("l2", "max")
 
 
+def check_scale(scale):
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    return scale
+
+
 def error_bound(bits, scale="l2", bucket=BUCKET):
     """An upper bound of E||decode(encode(x)) - x||^2 / ||x||^2: QSGD's min(d/s^2, sqrt(d)/s) for d =
     bucket (Alistarh et al., Lemma 3.1). For "max": an entry's error is at most its magnitude and at
@@ -35,9 +41,7 @@ def error_bound(bits, scale="l2", bucket=BUCKET):
     where the other d-1 entries are all just under half a level. Error feedback stays bounded where it
     is below 1."""
     s = 2 ** (check_bits(bits) - 1) - 1
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-    if scale == "max":
+    if check_scale(scale) == "max":
         return (bucket - 1) / (4.0 * s ** 2 + bucket - 1)
     return min(bucket / s ** 2, math.sqrt(bucket) / s)
 
@@ -48,8 +52,7 @@ def encode(x, bits, seed, bucket=BUCKET, scale="l2"):
     agree. scale "l2" (QSGD: the L2 norm, stochastic rounding) or "max" (the largest magnitude,
     rounded to the nearest level; seed unused): the "norms" are the scales."""
     s = float(2 ** (check_bits(bits) - 1) - 1)
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    check_scale(scale)
     d = tf.shape(x)[0]
     padded = tf.pad(x, [[0, (-d) % bucket]])
     rows = tf.reshape(padded, [-1, bucket])
