@@ -117,6 +117,12 @@ FLAGS = {
         "a benchmark: 9 four-rank trainings on the second image set, on the emulated cluster (25 min)",
     "python -m tfc_apps.bench tta --inter-mbit 0 --repeats 3 --configs dense_fp16 diloco_h8_int4":
         "a benchmark: 6 four-rank trainings on loopback (8 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 0 --repeats 9 --configs dense_fp16 diloco_h8_int4 "
+    "diloco_h8_int4_no_overlap": "a benchmark: 27 four-rank trainings on loopback (30 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd diloco_h8_int4 "
+    "diloco_h8_int4_no_overlap": "a benchmark: 9 four-rank trainings on the emulated cluster (12 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 powersgd diloco_h8_int4 "
+    "diloco_h8_int4_no_overlap": "a benchmark: 12 four-rank trainings on the emulated cluster (17 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd auto":
         "a benchmark: 6 four-rank trainings on the emulated cluster (12 min)",
     "python -m tfc_apps.bench tta --inter-mbit 100 25 --configs dense_fp16 hitopk powersgd auto --repeats 3":
