@@ -11,12 +11,13 @@ from tf_commlib.aggregator import Auto
 @pytest.fixture
 def two_by_two(monkeypatch):
     """The optimizer and AutoEpochs see rank 0 of 2 nodes of 2 ranks."""
-    from tf_commlib.keras import auto_epoch, optimizer as module
+    from tf_commlib.keras import auto_epoch, diloco_sync, optimizer as module
     from tf_commlib.topology import Topology
 
     topo = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
     monkeypatch.setattr(module, "current_topology", lambda: topo)
     monkeypatch.setattr(auto_epoch, "current_topology", lambda: topo)
+    monkeypatch.setattr(diloco_sync, "current_topology", lambda: topo)
     return topo
 
 
@@ -117,7 +118,8 @@ def test_a_warm_up_density_is_predicted_from_its_own_timing(two_by_two):
     from tf_commlib.keras.auto_probe import warmup_densities
 
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
-                               auto=Auto(cost_params=alphabeta.LinkParams(beta_inter=8 / 5e6), compute_s=0.19))
+                               auto=Auto(cost_params=alphabeta.LinkParams(beta_inter=8 / 5e6), compute_s=0.19,
+                                         diloco=False))   # the per-step candidates alone (DiLoCo: below)
     assert warmup_densities(opt) == [0.25, 0.0625]
     assert warmup_densities(DistributedOptimizer(keras.optimizers.SGD(0.1), dgc=DGC(warmup=0))) == []
     opt.build([keras.Variable(np.zeros(s, np.float32)) for s in [(3, 3, 64, 64), (3, 3, 64, 128), (128, 10)]]
@@ -127,7 +129,7 @@ def test_a_warm_up_density_is_predicted_from_its_own_timing(two_by_two):
     auto.overlapped = 0.0   # a step is compute plus its collectives (as on CPU cores), on any machine
     (lossy,) = [g for g in opt._groups if g.lossy]
     exact_part = {d: auto.communication_s("hitopk", d) - auto._predicted(lossy, "hitopk", d) for d in (0.25, target)}
-    auto.probed = {c: auto._predicted(lossy, c, target) for c in auto.tta.candidates}
+    auto.probed = {c: auto._predicted(lossy, c, target) for c in auto.settings.candidates}
     auto.probed["hitopk"] *= 0.5   # measured at the target: half the formula's time
     auto._scales = {}
     single = auto.predictions(0)

@@ -98,7 +98,7 @@ def test_auto_chooses_by_time_to_accuracy_at_build(monkeypatch):
     def built(**kwargs):
         compute_s, overlap = kwargs.get("compute_s"), kwargs.get("overlap", True)
         opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), algorithm="auto", overlap=overlap,
-                                   auto=Auto(cost_params=slow, compute_s=compute_s))
+                                   auto=Auto(cost_params=slow, compute_s=compute_s, diloco=False))   # per step
         opt.build([keras.Variable(np.zeros((500, 400), np.float32)), keras.Variable(np.zeros(64, np.float32))])
         (agg,) = opt.lossy_aggregators()
         assert agg.candidates == list(AUTO_CANDIDATES)

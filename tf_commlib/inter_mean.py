@@ -21,7 +21,7 @@ def node_mean(flat, process_set, n):
     return primitives.reducescatter(flat, process_set) / float(n)
 
 
-def _summable(wire):
+def by_allreduce(wire):
     """Horovod's allreduce can sum the wire type (a float cast; not QSGD's bytes, nor bfloat16)."""
     return wire.summable and wire.wire_dtype.is_floating
 
@@ -43,7 +43,7 @@ def inter_mean(shard, topo, wire, seed, coded=None, name="diloco"):
     means, own = [], []
     for k, (a, b, lossy) in enumerate(_pieces(s, s if coded is None else coded)):
         part, codec = shard[a:b], wire if lossy else codecs.NONE
-        if _summable(codec):
+        if by_allreduce(codec):
             sent = codec.encode(part / float(m))
             total = primitives.allreduce(sent, topo.inter, name=f"{name}_{k}")
             means.append(codec.decode(total, None, tf.float32))
@@ -64,7 +64,7 @@ def inter_bytes(s, wire, m, n, coded=None):
     counts = []
     for a, b, lossy in _pieces(s, s if coded is None else coded):
         codec = wire if lossy else codecs.NONE
-        counts.append(link_bytes.per_rank("allreduce" if _summable(codec) else "allgather", codec.bytes(b - a),
+        counts.append(link_bytes.per_rank("allreduce" if by_allreduce(codec) else "allgather", codec.bytes(b - a),
                                           "inter", m, n))
     return link_bytes.add(*counts)
 

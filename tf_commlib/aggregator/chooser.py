@@ -47,7 +47,10 @@ class Auto:
     has not run yet is then tried where it is predicted ``switch`` times the fastest exact one's or
     less. None (default): probe where the link is measured (no cost_params). Without a probe, such a
     candidate is tried only at ``margin`` times or less (``margin`` is also
-    GradientAggregator(algorithm="auto")'s per-bucket rule).
+    GradientAggregator(algorithm="auto")'s per-bucket rule). ``diloco``: True: where there are
+    several nodes, "auto" may also run an epoch as DiLoCo rounds (local steps inside the nodes, a sync
+    across them every H steps: tf_commlib.keras.auto_diloco) where predicted well below every
+    candidate's time; None (default): so where ``candidates`` is the default; False: never.
     """
     cost_params: LinkParams = None
     margin: float = AUTO_MARGIN
@@ -56,6 +59,7 @@ class Auto:
     switch: float = 0.9
     drift: float = 1.5
     probe: bool = None
+    diloco: bool = None
 
     def __post_init__(self):
         check_cost_params(self.cost_params, "Auto.cost_params")
@@ -68,6 +72,8 @@ class Auto:
         object.__setattr__(self, "drift", float(drift))
         if self.probe not in (None, True, False):
             raise ValueError(f"Auto.probe must be None, True or False, got {self.probe!r}")
+        if self.diloco not in (None, True, False):
+            raise ValueError(f"Auto.diloco must be None, True or False, got {self.diloco!r}")
         candidates = AUTO_CANDIDATES if self.candidates is None else self.candidates
         if isinstance(candidates, str) or not all(isinstance(c, str) and c in ALGORITHMS for c in candidates) \
                 or not candidates or len(set(candidates)) != len(candidates):
@@ -78,7 +84,7 @@ class Auto:
     def to_config(self):
         return {"cost_params": None if self.cost_params is None else dataclasses.asdict(self.cost_params),
                 "margin": self.margin, "compute_s": self.compute_s, "candidates": list(self.candidates),
-                "switch": self.switch, "drift": self.drift, "probe": self.probe}
+                "switch": self.switch, "drift": self.drift, "probe": self.probe, "diloco": self.diloco}
 
     @classmethod
     def from_config(cls, config):

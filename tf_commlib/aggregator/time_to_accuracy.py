@@ -43,14 +43,18 @@ import math
 
 class TimeToAccuracy:
     """The choice among ``candidates`` (collective names, ties going to the earlier one), of which
-    ``lossy`` are lossy; all ranks make it from the same (allreduced) measurements."""
+    ``lossy`` are lossy; all ranks make it from the same (allreduced) measurements. ``handicap``:
+    {candidate: factor} its time counts at, for a cost to accuracy that no epoch measures (e.g. the
+    drift of local SGD)."""
 
-    def __init__(self, candidates, lossy, switch=0.9, drift=1.5, min_efficiency=0.05, guard=0.3, margin=1.0):
+    def __init__(self, candidates, lossy, switch=0.9, drift=1.5, min_efficiency=0.05, guard=0.3, margin=1.0,
+                 handicap=None):
         if not candidates:
             raise ValueError("candidates must name at least one collective")
         self.candidates, self.lossy = tuple(candidates), frozenset(lossy)
         self.switch, self.drift, self.min_efficiency = float(switch), float(drift), float(min_efficiency)
         self.guard, self.margin = float(guard), float(margin)
+        self.handicap = dict(handicap or {})
         self.ratio, self.efficiency = {}, {}   # name -> measured/predicted step, name -> eta
         self.current = self.last = None   # the running candidate, the last one measured
         self.log = []   # one dict per decision: epoch, choice, predicted time per step of progress
@@ -59,7 +63,7 @@ class TimeToAccuracy:
         """Predicted seconds per step of exact aggregation's progress (time to accuracy / steps of exact)."""
         ratio = self.ratio.get(name, self.ratio.get(self.last, 1.0))
         eta = self.efficiency.get(name, 1.0)
-        return predicted_s * ratio / (1.0 if eta >= self.guard else eta)
+        return predicted_s * ratio * self.handicap.get(name, 1.0) / (1.0 if eta >= self.guard else eta)
 
     def choose(self, predicted, epoch=None, settled=None, plan=None, switch_s=None):
         """The candidate to run next; predicted = {candidate: predicted seconds per step} (over the

@@ -6,7 +6,8 @@ optimizer's buckets, keeps per compressible variable the sum of what entered the
 the epoch and the residuals at its start (the efficiency of a lossy candidate), and turns an epoch's
 measured step time (tf_commlib.keras.CompressionScheduler times the batches) into the next choice.
 The decision is made from numbers summed over all ranks, so every rank makes it; a rank that did
-not would fail the aggregators' consistency check at its next step.
+not would fail the aggregators' consistency check at its next step. With several nodes it may also run
+an epoch as DiLoCo rounds (tf_commlib.keras.auto_diloco: the candidate "diloco", its own H).
 """
 import math
 
@@ -17,7 +18,8 @@ from tf_commlib import costmodel, fusion, primitives
 from tf_commlib.alphabeta import LinkParams
 from tf_commlib.aggregator.time_to_accuracy import TimeToAccuracy
 from tf_commlib.collectives import ALGORITHMS, predict
-from tf_commlib.keras.auto_probe import probe_candidates, summed
+from tf_commlib.keras import auto_diloco
+from tf_commlib.keras.auto_probe import probe_candidates, probe_local, summed
 from tf_commlib.topology import topology as current_topology
 
 
@@ -26,9 +28,12 @@ class AutoEpochs:
 
     def __init__(self, opt):
         self.opt, self.settings = opt, opt.auto
-        self.tta = TimeToAccuracy(self.settings.candidates,
+        local = auto_diloco.enabled(self.settings, current_topology(), opt)
+        self.tta = TimeToAccuracy(self.settings.candidates + ((auto_diloco.NAME,) if local else ()),
                                   [c for c in self.settings.candidates if ALGORITHMS[c].lossy],
-                                  switch=self.settings.switch, drift=self.settings.drift, margin=self.settings.margin)
+                                  switch=self.settings.switch, drift=self.settings.drift, margin=self.settings.margin,
+                                  handicap={auto_diloco.NAME: 1 / auto_diloco.MARGIN})
+        self.local = None   # the LocalRounds of candidate "diloco" (built with the optimizer where it is one)
         self.link = self.settings.cost_params or getattr(opt, "calibrated_link", None)
         self.compute_s = self.settings.compute_s
         # the part of the shorter of compute and communication that a step hides, until an epoch is
@@ -55,11 +60,29 @@ class AutoEpochs:
     def build(self, var_list, lossy_indices):
         self.variables = list(var_list)
         self.sums = {i: self.opt.add_variable_from_reference(var_list[i], "auto_progress") for i in lossy_indices}
+        if auto_diloco.NAME in self.tta.candidates:
+            self.local = auto_diloco.LocalRounds(self.opt, var_list)
+
+    def local_variables(self):
+        """The outer optimizer's variables of candidate "diloco" (the rest are the optimizer's own)."""
+        return [] if self.local is None else self.local.outer_optimizer.variables
+
+    def running_local(self):
+        """Whether this epoch runs "diloco"."""
+        return self.local is not None and self.local.running
+
+    def end_step(self):
+        if self.local is not None:
+            self.local.end_step()
+
+    def synchronize(self):
+        if self.local is not None:
+            self.local.synchronize()
 
     def accumulate(self, send):
         """The step's additions to the sums (inside the step's commit), for a lossy candidate only: the
         step is traced for the running one, and an exact one's efficiency is 1 without them."""
-        if self.running is None or not ALGORITHMS[self.running].lossy:
+        if self.running not in self.tta.lossy:
             return
         for i, var in self.sums.items():
             if send[i] is not None:
@@ -84,7 +107,11 @@ class AutoEpochs:
         """The start of an epoch that runs `running`: for a lossy one, sums zeroed and residuals
         noted (eagerly; an exact one adds nothing to them)."""
         self.running, self.start = running, None
-        if ALGORITHMS[running].lossy:
+        if self.local is not None and running == auto_diloco.NAME:
+            self.local.start(self.local_interval())
+        elif self.local is not None:
+            self.local.stop()
+        if running in self.tta.lossy:
             for var in self.sums.values():
                 var.assign(tf.zeros(var.shape, var.dtype))
             self.start = self._residual_inputs()
@@ -104,9 +131,10 @@ class AutoEpochs:
 
     def state(self):
         """What BackupAndRestore keeps (the measured ratios and efficiencies, the choice, compute,
-        the steps of an epoch and the cost of a new trace)."""
+        the steps of an epoch, the cost of a new trace and a link measured again during the run)."""
         return {**self.tta.state(), "compute_s": self.compute_s, "overlapped": self.overlapped,
                 "steps": self.steps, "switch_s": self.switch_s,
+                "link": self.link.as_list() if self.recalibrations and self.link is not None else None,
                 "first_s": {"traced" if k else "untraced": v for k, v in self.first_s.items()}}
 
     def restore(self, state):
@@ -115,6 +143,8 @@ class AutoEpochs:
             if state.get(name) is not None:
                 setattr(self, name, kind(state[name]))
         self.first_s = {k == "traced": float(v) for k, v in (state.get("first_s") or {}).items()}
+        if state.get("link") is not None:   # measured again during the run (recalibrate)
+            self.link, self.recalibrations = LinkParams.from_list(state["link"]), max(1, self.recalibrations)
 
     def agree(self):
         """True where some rank's traced step holds another candidate than the one chosen; ValueError
@@ -123,11 +153,15 @@ class AutoEpochs:
         mine = [int(a.active.numpy()) for a in aggs]
         stale = int(any(a.traced is not None and a.traced != i for a, i in zip(aggs, mine)))
         topo = current_topology()
+        if self.local is not None:   # whether the step runs the node average of "diloco"
+            stale = int(stale or (self.local.traced is not None and self.local.traced != self.local.running))
+            mine.append(int(self.local.running))
         rows = np.array([mine + [stale]], np.int64)
         if topo.size > 1:
             rows = primitives.allgather(tf.constant(rows), topo.world, name="auto_agree").numpy()
         if any((row[:-1] != rows[0][:-1]).any() for row in rows):
-            names = {r: [a.candidates[i] for a, i in zip(aggs, row[:-1])] for r, row in enumerate(rows.tolist())}
+            names = {r: [a.candidates[i] for a, i in zip(aggs, row)] + row[len(aggs):-1]
+                     for r, row in enumerate(rows.tolist())}
             raise ValueError(f"algorithm 'auto': the ranks chose different collectives, by rank: {names}")
         return bool(rows[:, -1].any())
 
@@ -135,7 +169,9 @@ class AutoEpochs:
     def communication_s(self, name, density):
         """Predicted seconds of a step's collectives with `name` on the compressible variables (the
         cost model's, scaled to the probed time where probed: at this density where it was timed there,
-        e.g. a DGC warm-up's, else at the target density)."""
+        e.g. a DGC warm-up's, else at the target density); for "diloco" auto_diloco's, every variable."""
+        if name == auto_diloco.NAME:
+            return self._local()[0]
         total = 0.0
         for group in self.opt._groups:
             part = self._predicted(group, name if group.lossy else group.aggregator.candidates[0], density)
@@ -163,10 +199,22 @@ class AutoEpochs:
             self._scales[(name, at)] = probed / predicted if predicted > 0 else 1.0
         return self._scales[(name, at)]
 
+    def _local(self):
+        """(communication seconds per step, H) of "diloco" (auto_diloco.communication_s)."""
+        topo = current_topology()
+        return auto_diloco.communication_s(self.local.size, topo.m, topo.n, self.link or LinkParams(),
+                                           self.compute_s or 0.0, getattr(self.opt, "probed_local", None))
+
+    def local_interval(self):
+        """The H that "diloco" runs with, from the predicted times."""
+        return self._local()[1]
+
     def step_s(self, name, density):
-        """compute + communication, less the overlapped part: ``overlapped`` (measured) of the shorter."""
+        """compute + communication, less the overlapped part: ``overlapped`` (measured) of the shorter
+        (none for "diloco", whose node average waits for the whole of backprop)."""
         comm, compute = self.communication_s(name, density), self.compute_s or 0.0
-        return compute + comm - self.overlapped * min(compute, comm)
+        hidden = 0.0 if name == auto_diloco.NAME else self.overlapped * min(compute, comm)
+        return compute + comm - hidden
 
     def untried_bound(self, density):
         """Per lossy candidate not yet run: its step should communication hide none of the compute,
@@ -234,6 +282,8 @@ class AutoEpochs:
         an untraced one's (which pays the input pipeline's start, say), the means over the ranks."""
         if self.running is None:
             return
+        if self.running == auto_diloco.NAME and steps:   # its syncs run after the batches' ends
+            measured_s += self.local.sync_s / steps
         totals = summed(np.concatenate([self._delivered_here(),   # one allreduce
                                          [measured_s, steps or 0, first_s or 0.0, first_s is not None]]))
         num, den, measured, steps, first, firsts = totals
@@ -250,7 +300,7 @@ class AutoEpochs:
         comm = self.communication_s(self.running, density)
         if self.compute_s is None:   # first epoch: what the collectives do not explain is compute
             self.compute_s = max(0.0, measured - comm)
-        elif self.opt.overlap and min(comm, self.compute_s) > 0:   # how much of the shorter one the step hid
+        elif self.opt.overlap and self.running != auto_diloco.NAME and min(comm, self.compute_s) > 0:   # how much of the shorter one the step hid
             self.overlapped = float(np.clip((self.compute_s + comm - measured) / min(comm, self.compute_s), 0, 1))
         same = self.densities.get(self.running) == density   # a warm-up density moves the ratio by itself
         self.densities[self.running] = density
@@ -259,6 +309,8 @@ class AutoEpochs:
         self.last_measured = (self.running, float(measured), density)
         self.tta.log.append({"epoch": epoch, "ran": self.running, "measured_s": float(measured), "efficiency": float(eta),
                              "switch_s": self.switch_s})
+        if self.running == auto_diloco.NAME:
+            self.tta.log[-1]["sync_every"] = self.local.interval
         self.running = None
 
     def recalibrate(self):
@@ -270,6 +322,7 @@ class AutoEpochs:
             self.probed, self.probed_warmup = probe_candidates(self.opt, self.variables, self.link)
             object.__setattr__(self.opt, "probed", self.probed)
             object.__setattr__(self.opt, "probed_warmup", self.probed_warmup)
+            object.__setattr__(self.opt, "probed_local", probe_local(self.opt, self.variables, self.link))
             self._scales = {}
         self.tta.recalibrated()
         self.recalibrations += 1

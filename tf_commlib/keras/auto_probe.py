@@ -54,6 +54,7 @@ def calibrate_link(opt, variables):
                 probed, warm = probe_candidates(opt, variables, link)
         object.__setattr__(opt, "probed", probed)
         object.__setattr__(opt, "probed_warmup", warm)
+        object.__setattr__(opt, "probed_local", probe_local(opt, variables, link))
 
 
 def lossy_bucket_bytes(opt, probed):
@@ -139,6 +140,32 @@ def probe_candidates(opt, variables, link, repeats=3):
     for (candidate, density), seconds in zip(runs[len(names):], values[len(names):]):
         warm.setdefault(candidate, {})[density] = seconds
     return dict(zip(names, values)), warm
+
+
+def probe_local(opt, variables, link):
+    """auto_diloco.probe for the model's variables where "auto" of opt has the candidate "diloco" (else
+    None), kept in the cache folder beside probe_candidates' timings (under a key that holds ``link``).
+    A collective."""
+    import hashlib
+    import json
+
+    from tf_commlib.keras import auto_diloco
+
+    topo = current_topology()
+    if not auto_diloco.enabled(opt.auto, topo, opt):
+        return None
+    d = sum(int(np.prod(v.shape)) for v in variables)
+    key = costmodel.calibration_key(topo, {"probe": auto_diloco.NAME, "d": d, "codec": auto_diloco.CODEC,
+                                           "link": link.as_list()})
+    name = "probe-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".json"
+
+    def check(values):
+        if len(values) != 3:
+            raise ValueError(f"a probe of diloco must hold 3 numbers, got {len(values)}")
+
+    values, _ = costmodel.cached_values(topo, os.path.join(os.path.dirname(cache_path()), name), key,
+                                        lambda: auto_diloco.probe(d, topo), check)
+    return tuple(values)
 
 
 def summed(values):

@@ -93,7 +93,8 @@ class CompressionScheduler(keras.callbacks.Callback):
     makes the finite check of the LossScaleOptimizer that compile adds under mixed_float16 global
     (global_loss_scale). It refuses a model compiled with XLA (jit_compile=True, also what Keras'
     default "auto" means on a GPU) before the first step, on every rank. A DiLoCo gets the model's
-    batch-norm statistics to average, each batch's end (its step count) and each epoch's end (a sync).
+    batch-norm statistics to average, each batch's end (its step count) and each epoch's end (a sync);
+    so does a DistributedOptimizer, for auto's candidate "diloco".
     For algorithm="auto" it times every batch and hands each epoch's median step to the optimizer,
     which chooses the next epoch's collective (and traces the step again when it changed); without
     Auto(cost_params=...) it has the link measured
@@ -138,7 +139,7 @@ class CompressionScheduler(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if getattr(self, "_batch_start", None) is not None:
             self._step_seconds.append(time.perf_counter() - self._batch_start)
-        opt = _of_kind(self.model, DiLoCo)
+        opt = _of_kind(self.model, (DiLoCo, DistributedOptimizer))   # DiLoCo's, or auto's "diloco" steps
         if opt is not None:
             opt.end_step()
 
@@ -155,8 +156,9 @@ class CompressionScheduler(keras.callbacks.Callback):
 
 
 def _synchronize(model):
-    """A DiLoCo's sync of every rank's weights (nothing for other optimizers, or when already in sync)."""
-    opt = _of_kind(model, DiLoCo)
+    """The sync of every rank's weights of a DiLoCo or of auto's "diloco" candidate (nothing for other
+    optimizers, or when already in sync)."""
+    opt = _of_kind(model, (DiLoCo, DistributedOptimizer))
     if opt is not None:
         opt.synchronize()
 

@@ -37,11 +37,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_commlib import internals, link_bytes, primitives
+from tf_commlib import internals, primitives
 from tf_commlib.collectives import codec as codecs
 from tf_commlib.collectives.interface import plain_python
-from tf_commlib.inter_mean import Exchanges, inter_bytes, node_mean, shard_len
-from tf_commlib.keras.diloco_sync import Syncs, flat, unflat
+from tf_commlib.inter_mean import Exchanges
+from tf_commlib.keras.diloco_sync import Syncs, node_average
 from tf_commlib.keras.interval import (AUTO_INTERVALS, AUTO_START, EXPOSED, HIDDEN, SYNC_WORK,  # noqa: F401
                                        Window, choose_interval, measured_times)
 from tf_commlib.keras.optimizer import DistributedOptimizer
@@ -184,38 +184,15 @@ class DiLoCo(InnerSteps, Syncs, keras.optimizers.Optimizer):
     def build(self, var_list):
         if self.built:
             return
-        topo = current_topology()
-        self._tracked = list(var_list) + list(self._statistics)
-        d = sum(int(np.prod(v.shape, dtype=np.int64)) for v in self._tracked)
-        self._d, self._s = d, shard_len(d, topo.n)
-        trainable = sum(int(np.prod(v.shape, dtype=np.int64)) for v in var_list)
-        # this rank's slice: its pseudo-gradient entries go in the codec, statistics in float32 (a lossy
-        # codec could make a variance negative)
-        self._coded = int(np.clip(trainable - topo.local * self._s, 0, self._s))
-        self.starts = [self.add_variable_from_reference(v, "diloco_start") for v in self._tracked]
-        self.anchors = [self.add_variable_from_reference(v, "diloco_anchor") for v in self._tracked] \
-            if self.overlap else self.starts
-        self.residual = self.add_variable((self._s,), initializer="zeros", name="diloco_residual") \
-            if not self.wire.exact else None
-        self.steps_done = self.add_variable((), dtype="int64", initializer="zeros", name="diloco_steps")
-        self.synced_at = self.add_variable((), dtype="int64", initializer="zeros", name="diloco_synced_at")
+        self._build_syncs(self, var_list, self._statistics)
         # sync_every="auto": the H chosen (a fixed H's optimizer keeps the variables it always had)
         self.interval = self.add_variable((), dtype="int64", initializer="zeros", name="diloco_interval") \
             if self.auto_interval else None
-        with tf.init_scope():   # eagerly, also when build runs while the first step is traced
-            primitives.prepare()
-            if self.interval is not None:
+        if self.interval is not None:
+            with tf.init_scope():
                 self.interval.assign(self.sync_every)
-            for v, s in zip(self._tracked, self.starts):
-                s.assign(tf.cast(v, s.dtype))
-            if self.overlap:
-                for v, a in zip(self._tracked, self.anchors):
-                    a.assign(tf.cast(v, a.dtype))
         self.inner_optimizer.build(var_list)
-        self.outer_optimizer.build(self.starts[:len(var_list)])
         super().build(var_list)
-        self._n_trainable = len(var_list)
-        self._fns = {}
 
     # -- the inner step -------------------------------------------------------------------------
     @plain_python
@@ -232,15 +209,7 @@ class DiLoCo(InnerSteps, Syncs, keras.optimizers.Optimizer):
                 self.build(trainable_variables)
             self.built = True
         tvs = trainable_variables or internals.trainable_variables(self)
-        grads = [tf.zeros(v.shape, v.dtype) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, tvs)]
-        topo = current_topology()
-        if topo.n > 1:
-            flat_grads = flat(grads)
-            d = int(flat_grads.shape[0])
-            s = shard_len(d, topo.n)
-            shard = node_mean(tf.pad(flat_grads, [[0, topo.n * s - d]]), topo.intra, topo.n)
-            grads = unflat(primitives.allgather(shard, topo.intra)[:d], tvs)
-        self.inner_optimizer.apply(grads, tvs)
+        self.inner_optimizer.apply(node_average(grads, tvs), tvs)
 
     def end_step(self):
         """Counts one inner step; syncs across nodes every sync_every steps. Call it after every step
@@ -297,19 +266,7 @@ class DiLoCo(InnerSteps, Syncs, keras.optimizers.Optimizer):
     def interval_bytes(self, h=None):
         """{"intra": B, "inter": B} this rank sends in h (default: the current H) inner steps and one sync
         (after build)."""
-        h = self._current_interval() if h is None else h
-        topo = current_topology()
-        m, n = topo.m, topo.n
-        if n > 1:
-            g = shard_len(sum(int(np.prod(v.shape, dtype=np.int64)) for v in self._tracked[:self._n_trainable]), n)
-            step = link_bytes.add(link_bytes.per_rank("reducescatter", 4 * n * g, "intra", m, n),
-                                  link_bytes.per_rank("allgather", 4 * g, "intra", m, n))
-            sync = link_bytes.add(link_bytes.per_rank("reducescatter", 4 * n * self._s, "intra", m, n),
-                                  link_bytes.per_rank("allgather", 4 * self._s, "intra", m, n))
-        else:
-            step = sync = link_bytes.add()
-        steps = link_bytes.add(*([step] * h))
-        return link_bytes.add(steps, sync, inter_bytes(self._s, self.wire, m, n, self._coded))
+        return self._bytes_of_interval(self._current_interval() if h is None else h)
 
     def sent_bytes_at(self, epoch):
         """{"intra": B, "inter": B} per step, averaged over an interval (after build)."""

@@ -19,9 +19,9 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tf_commlib import primitives
+from tf_commlib import link_bytes, primitives
 from tf_commlib.collectives.interface import plain_python
-from tf_commlib.inter_mean import inter_mean, node_mean
+from tf_commlib.inter_mean import inter_bytes, inter_mean, node_mean, shard_len
 from tf_commlib.topology import topology as current_topology
 
 
@@ -36,8 +36,72 @@ def unflat(values, like):
     return [tf.cast(tf.reshape(p, v.shape), v.dtype) for p, v in zip(tf.split(values, sizes), like)]
 
 
+def node_average(grads, like):
+    """The gradients (None: zero) averaged over the node's ranks: one reduce-scatter and one all-gather of
+    them packed flat (a node of one rank: as they are)."""
+    grads = [tf.zeros(v.shape, v.dtype) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, like)]
+    topo = current_topology()
+    if topo.n == 1:
+        return grads
+    flat_grads = flat(grads)
+    d = int(flat_grads.shape[0])
+    s = shard_len(d, topo.n)
+    shard = node_mean(tf.pad(flat_grads, [[0, topo.n * s - d]]), topo.intra, topo.n)
+    return unflat(primitives.allgather(shard, topo.intra)[:d], like)
+
+
 class Syncs:
     """The sync methods of DiLoCo (module doc)."""
+
+    def _build_syncs(self, owner, var_list, statistics):
+        """The state of the syncs, as variables of ``owner`` (a Keras optimizer, so that checkpoints hold
+        them): the start weights (and with ``self.overlap`` the anchors), a lossy codec's residual, the step
+        count and the step of the last sync, for var_list and the statistics averaged at a sync; builds
+        ``self.outer_optimizer`` on the start weights."""
+        topo = current_topology()
+        self._tracked = list(var_list) + list(statistics)
+        d = sum(int(np.prod(v.shape, dtype=np.int64)) for v in self._tracked)
+        self._d, self._s = d, shard_len(d, topo.n)
+        trainable = sum(int(np.prod(v.shape, dtype=np.int64)) for v in var_list)
+        # this rank's slice: its pseudo-gradient entries go in the codec, statistics in float32 (a lossy
+        # codec could make a variance negative)
+        self._coded = int(np.clip(trainable - topo.local * self._s, 0, self._s))
+        self.starts = [owner.add_variable_from_reference(v, "diloco_start") for v in self._tracked]
+        self.anchors = [owner.add_variable_from_reference(v, "diloco_anchor") for v in self._tracked] \
+            if self.overlap else self.starts
+        self.residual = owner.add_variable((self._s,), initializer="zeros", name="diloco_residual") \
+            if not self.wire.exact else None
+        self.steps_done = owner.add_variable((), dtype="int64", initializer="zeros", name="diloco_steps")
+        self.synced_at = owner.add_variable((), dtype="int64", initializer="zeros", name="diloco_synced_at")
+        with tf.init_scope():   # eagerly, also when build runs while the first step is traced
+            primitives.prepare()
+            self._restart_from_weights()
+        self.outer_optimizer.build(self.starts[:len(var_list)])
+        self._n_trainable = len(var_list)
+        self._fns = {}
+
+    def _restart_from_weights(self):
+        """The start weights (and anchors) set to the tracked variables' values (eagerly)."""
+        for v, s in zip(self._tracked, self.starts):
+            s.assign(tf.cast(v, s.dtype))
+        if self.overlap:
+            for v, a in zip(self._tracked, self.anchors):
+                a.assign(tf.cast(v, a.dtype))
+
+    def _bytes_of_interval(self, h):
+        """{"intra": B, "inter": B} this rank sends in h inner steps (their node averages) and one sync."""
+        topo = current_topology()
+        m, n = topo.m, topo.n
+        if n > 1:
+            g = shard_len(sum(int(np.prod(v.shape, dtype=np.int64)) for v in self._tracked[:self._n_trainable]), n)
+            step = link_bytes.add(link_bytes.per_rank("reducescatter", 4 * n * g, "intra", m, n),
+                                  link_bytes.per_rank("allgather", 4 * g, "intra", m, n))
+            sync = link_bytes.add(link_bytes.per_rank("reducescatter", 4 * n * self._s, "intra", m, n),
+                                  link_bytes.per_rank("allgather", 4 * self._s, "intra", m, n))
+        else:
+            step = sync = link_bytes.add()
+        steps = link_bytes.add(*([step] * h))
+        return link_bytes.add(steps, sync, inter_bytes(self._s, self.wire, m, n, self._coded))
 
     def _fn(self, key, fn):
         if key not in self._fns:

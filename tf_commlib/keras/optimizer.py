@@ -29,35 +29,13 @@ from tf_commlib.collectives.interface import plain_python
 from tf_commlib.keras.auto_epoch import AutoEpochs
 from tf_commlib.keras import step
 from tf_commlib.keras.groups import Group
-from tf_commlib.keras.options import (DGC, MOVED, Selection, as_schedule, check_density, default_dgc, grouped,
-                                      groups_from_config, groups_to_config, moved_error)
-from tf_commlib.keras.policy import EpochPlan, default_dense_layers, qrgc_options
+from tf_commlib.keras.options import (DGC, MOVED, Selection, as_schedule, check_density, check_flags, default_dgc,
+                                      given, grouped, groups_from_config, groups_to_config, moved_error)
+from tf_commlib.keras.policy import EpochPlan, default_dense_layers, default_fusion_threshold, qrgc_options  # noqa: F401
 from tf_commlib.keras.sharded import ShardedUpdate, check_shardable
 from tf_commlib.keras.wrapping import (WRAPPED, WRAPPERS, InnerSteps, check_optimizer,  # noqa: F401 (re-exported)
                                        distributed_optimizer, momentum_handover)
 from tf_commlib.topology import topology as current_topology
-
-def _check_flags(**values):
-    for arg, value in values.items():
-        if not isinstance(value, bool):
-            raise ValueError(f"{arg} must be True or False, got {value!r}")
-
-
-def _option(value, cls, name):
-    if value is None:
-        return cls()
-    if not isinstance(value, cls):
-        raise ValueError(f"{name} must be None or a tf_commlib.keras.{cls.__name__}, got {value!r}")
-    return value
-
-
-def default_fusion_threshold(algorithms):
-    """The bucket size of the compressible variables where fusion_threshold_bytes is None: the largest
-    that the collectives `algorithms` (a schedule's names) ask for (tf_commlib.collectives.bucket_bytes);
-    "auto" starts with the exact collectives' (auto_probe.lossy_bucket_bytes may raise it)."""
-    named = [a for a in algorithms if a != "auto"]
-    return bucket_bytes(named) if named else fusion.DEFAULT_THRESHOLD_BYTES
-
 
 @keras.saving.register_keras_serializable(package="tf_commlib")
 class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
@@ -107,13 +85,13 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         if not isinstance(algorithm, str):
             raise ValueError(f"algorithm must be the name of a collective or 'auto' (a schedule switches between "
                              f"several: schedule={{epoch: algorithm}}), got {algorithm!r}")
-        auto, schedule = _option(auto, Auto, "auto"), as_schedule(schedule)
-        dgc = default_dgc(schedule.resolve(algorithm)) if dgc is None else _option(dgc, DGC, "dgc")
-        selection = _option(selection, Selection, "selection")
+        auto, schedule = given(auto, Auto, "auto"), as_schedule(schedule)
+        dgc = default_dgc(schedule.resolve(algorithm)) if dgc is None else given(dgc, DGC, "dgc")
+        selection = given(selection, Selection, "selection")
         target, candidates = check_density(density)
         check_config(algorithm, target, selection.selector, algorithm_options=algorithm_options)
         with_compression(algorithm_options, compression)   # ValueError naming a bad compression
-        _check_flags(overlap=overlap, shard_optimizer=shard_optimizer)
+        check_flags(overlap=overlap, shard_optimizer=shard_optimizer)
         if fusion_threshold_bytes is not None and (isinstance(fusion_threshold_bytes, bool)
                                                    or not isinstance(fusion_threshold_bytes, int)
                                                    or fusion_threshold_bytes < 0):
@@ -173,7 +151,7 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
     def set_target_density(self, density):
         """The density after warm-up (AdaptiveDensity's choice); takes effect without retracing (the
         aggregators' density is a variable that feeds k)."""
-        check_config(self.algorithm_at(0), density, self.selection.selector)
+        check_config(self.plan.algorithm_at(0), density, self.selection.selector)
         self.plan.target_density = float(density)
 
     def set_epoch(self, epoch):
@@ -194,7 +172,8 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
             for group in self._groups:
                 if group.lossy:
                     group.aggregator.set_density(self.density_at(epoch))
-                    group.aggregator.set_algorithm(name)
+                    if name in group.aggregator.candidates:   # not "diloco" (no collective: AutoEpochs runs it)
+                        group.aggregator.set_algorithm(name)
 
     def stale_trace(self):
         """True where a traced step holds another collective than the one set (algorithm "auto"
@@ -215,6 +194,21 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         learns from (AutoEpochs.end_epoch; a collective on every rank)."""
         if self.auto_epochs is not None and self.built and self.plan.algorithm_at(epoch) == "auto":
             self.auto_epochs.end_epoch(epoch, step_s, steps, first_s, traced)
+
+    @property
+    def state_differs_by_node(self):
+        """In an epoch of auto's "diloco": the wrapped optimizer's state is the node's (not broadcast)."""
+        return self.auto_epochs is not None and self.auto_epochs.running_local()
+
+    def end_step(self):
+        """A step ended (CompressionScheduler calls it after every batch): auto's "diloco" counts it."""
+        if self.auto_epochs is not None and self.built:
+            self.auto_epochs.end_step()
+
+    def synchronize(self):
+        """Every rank's weights made the same where auto's "diloco" runs (at an epoch's end). A collective."""
+        if self.auto_epochs is not None and self.built:
+            self.auto_epochs.synchronize()
 
     # -- state -----------------------------------------------------------------------------
     timeline = None   # a tf_commlib.overlap.Timeline (set before the first step), or None
@@ -296,8 +290,8 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
 
     @property
     def variables(self):
-        return internals.optimizer_variables(self) + self.inner_optimizer.variables
-
+        outer = self.auto_epochs.local_variables() if self.auto_epochs is not None else []
+        return internals.optimizer_variables(self) + self.inner_optimizer.variables + outer
 
     # keras.optimizers.LossScaleOptimizer sets its inner optimizer's loss_scale_factor to None: the
     # one sign that a LossScaleOptimizer wraps this one (apply() refuses one whose check is per rank)
@@ -319,6 +313,8 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         """{"intra": B, "inter": B} a step sends per rank at this epoch (the collectives' formulas)."""
         if self._sharded is not None:   # reduce-scatter + all-gather, and the norm exchange
             return self._sharded.sent_bytes(self.algorithm_at(epoch), self.density_at(epoch))
+        if self.algorithm_at(epoch) == "diloco":   # auto's DiLoCo rounds
+            return self.auto_epochs.local.sent_bytes()
         return link_bytes.add(*(g.aggregator.sent_bytes(self.algorithm_at(epoch), self.density_at(epoch))
                                 if g.lossy else g.aggregator.sent_bytes() for g in self._groups))
 

@@ -258,3 +258,19 @@ def groups_from_config(config):
     if config.get("auto") is not None:
         config["auto"] = Auto.from_config(config["auto"])
     return config
+
+
+def check_flags(**values):
+    """ValueError naming the first argument that is not True or False."""
+    for arg, value in values.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{arg} must be True or False, got {value!r}")
+
+
+def given(value, cls, name):
+    """An options object: cls() for None, the value where it is a cls, else ValueError naming `name`."""
+    if value is None:
+        return cls()
+    if not isinstance(value, cls):
+        raise ValueError(f"{name} must be None or a tf_commlib.keras.{cls.__name__}, got {value!r}")
+    return value

@@ -1,5 +1,8 @@
 """The epoch-level plan of DistributedOptimizer (DGC warm-up, schedule, adaptive density's target),
-RedSync's dense-layer policy and the qRGC group's options (the adaptive choosing is keras/adaptive.py)."""
+RedSync's dense-layer policy, the qRGC group's options and the default bucket size (the adaptive choosing
+is keras/adaptive.py)."""
+from tf_commlib import fusion
+from tf_commlib.collectives import bucket_bytes
 from tf_commlib.keras.options import CANDIDATES, WARMUP_DENSITIES  # noqa: F401  (re-exported)
 
 DENSE_SIZE_THRESHOLD = 1024  # entries; RedSync sends small layers dense
@@ -51,3 +54,11 @@ def qrgc_options(algorithm_options):
                 continue
             out.setdefault(name, {})["value_codec"] = "mean"
     return out
+
+
+def default_fusion_threshold(algorithms):
+    """The bucket size of the compressible variables where fusion_threshold_bytes is None: the largest
+    that the collectives `algorithms` (a schedule's names) ask for (tf_commlib.collectives.bucket_bytes);
+    "auto" starts with the exact collectives' (auto_probe.lossy_bucket_bytes may raise it)."""
+    named = [a for a in algorithms if a != "auto"]
+    return bucket_bytes(named) if named else fusion.DEFAULT_THRESHOLD_BYTES

@@ -1,5 +1,6 @@
 """One step's aggregation in a DistributedOptimizer: DGC's local clipping and momentum
-correction, each variable group through its aggregator's collectives, and the commit that writes
+correction, each variable group through its aggregator's collectives (or, in an epoch of auto's
+"diloco", every variable averaged inside the node: tf_commlib.keras.auto_diloco), and the commit that writes
 what the step changed (DGC momentum, the residuals, momentum masking, auto's sums) only once every
 rank's step is known to be applied."""
 import math
@@ -43,6 +44,15 @@ def aggregate(opt, grads):
             if g is not None:
                 velocities[i] = opt.m * tf.convert_to_tensor(opt.velocities[i]) + g
                 send[i] = opt.m * velocities[i] + g if opt.nesterov else velocities[i]
+    local = opt.auto_epochs.local if opt.auto_epochs is not None else None
+    if local is not None:
+        local.traced = local.running
+    if local is not None and local.running:   # auto's "diloco": the node's mean, no collective between nodes
+
+        def commit():
+            for i, u in velocities.items():
+                opt.velocities[i].assign(u)
+        return local.average(send), commit
     if opt._sharded is not None:   # update: this rank's slice of every bucket
         update, reduced, sent = opt._sharded.reduce_scatter(send)
 

@@ -1,0 +1,140 @@
+"""DistributedOptimizer(algorithm="auto")'s candidate "diloco" (tf_commlib.keras.auto_diloco): local SGD
+inside the nodes, DiLoCo's sync across them every H steps, chosen where predicted well below every
+per-step candidate."""
+import numpy as np
+import pytest
+
+from tests import hvdrun
+from tf_commlib import alphabeta
+from tf_commlib.aggregator import Auto
+from tf_commlib.aggregator.time_to_accuracy import TimeToAccuracy
+from tf_commlib.keras import auto_diloco
+
+SHAPES = [(3, 3, 64, 64), (3, 3, 64, 128), (128, 10), (64,)]
+
+
+def test_times_are_the_alpha_beta_formulas():
+    """A step's node average: reduce-scatter and all-gather inside the node; a sync's exchange: an
+    all-gather of each rank's slice in 4 bits over the nodes, the node's ranks sharing its link."""
+    link = alphabeta.LinkParams(alpha_intra=1e-5, beta_intra=1e-9, alpha_inter=1e-3, beta_inter=8 / 5e6)
+    d, m, n = 1000, 2, 2
+    node, exchange, sync = auto_diloco.times(d, m, n, link)
+    assert node == pytest.approx(1e-5 + 0.5 * 4000 * 1e-9 + 1e-5 + 4 * 500 * 1e-9)
+    from tf_commlib.collectives import codec
+
+    assert exchange == pytest.approx(1e-3 + codec.get("int4").bytes(500) * 2 * 8 / 5e6)
+    assert sync == node
+
+
+@pytest.mark.parametrize("exchange, step, h", [(0.001, 0.1, 1), (0.05, 0.1, 4), (10.0, 0.1, 8)])
+def test_h_is_the_smallest_whose_sync_stays_within_a_fifth_of_its_steps(exchange, step, h):
+    assert auto_diloco.interval(exchange, 0.0, step) == h
+
+
+def test_its_time_counts_at_one_over_the_margin():
+    """Predicted at 0.85 of the best per-step candidate, "diloco" is not chosen; at 0.75 it is."""
+    for share, choice in ((0.85, "powersgd"), (0.75, "diloco")):
+        tta = TimeToAccuracy(("dense", "powersgd", "diloco"), ["powersgd"],
+                             handicap={"diloco": 1 / auto_diloco.MARGIN})
+        assert tta.choose({"dense": 2.0, "powersgd": 1.0, "diloco": share}) == choice
+
+
+@pytest.fixture
+def two_by_two(monkeypatch):
+    from tf_commlib.keras import auto_epoch, diloco_sync, optimizer as module
+    from tf_commlib.topology import Topology
+
+    topo = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
+    for mod in (module, auto_epoch, diloco_sync):
+        monkeypatch.setattr(mod, "current_topology", lambda: topo)
+    return topo
+
+
+def _built(**auto):
+    import keras
+
+    from tf_commlib.keras import DistributedOptimizer
+
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), auto=Auto(**auto))
+    opt.build([keras.Variable(np.zeros(s, np.float32)) for s in SHAPES])
+    opt.set_fit_epochs(8)
+    return opt
+
+
+def test_chosen_on_a_slow_link_and_not_on_a_fast_one(two_by_two):
+    """A small model (112K weights, compute 0.19 s a step), the link's formulas: at 1 Mbit/s between nodes
+    "diloco" at H = 8 is predicted below 0.8x every per-step candidate and runs; at 10 Gbit/s a
+    per-step collective runs."""
+    slow = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
+    auto = slow.auto_epochs
+    assert auto.tta.candidates[-1] == "diloco" and auto.local is not None
+    predicted = auto.predictions(0)
+    best = min(t for c, t in predicted.items() if c != "diloco")
+    assert predicted["diloco"] < auto_diloco.MARGIN * best
+    assert slow.algorithm_at(0) == "diloco" and auto.local.running and auto.local.interval == 8
+    assert slow.sent_bytes_at(0)["inter"] == pytest.approx(auto.local.sent_bytes()["inter"])
+    fast = _built(cost_params=alphabeta.LinkParams(), compute_s=0.19, probe=False)
+    assert fast.algorithm_at(0) != "diloco" and not fast.auto_epochs.local.running
+
+
+def test_only_where_asked_or_by_default(two_by_two):
+    """Auto(diloco=False), or candidates named without diloco=True: the per-step candidates alone."""
+    slow = alphabeta.LinkParams(beta_inter=8 / 5e6)
+    for auto, has in (({}, True), ({"diloco": False}, False), ({"candidates": ("2dtar", "hitopk")}, False),
+                      ({"candidates": ("2dtar", "hitopk"), "diloco": True}, True)):
+        opt = _built(cost_params=slow, compute_s=0.19, probe=False, **auto)
+        assert ("diloco" in opt.auto_epochs.tta.candidates) == has and (opt.auto_epochs.local is not None) == has
+    with pytest.raises(ValueError, match="Auto.diloco"):
+        Auto(diloco="yes")
+
+
+def test_a_link_measured_again_is_kept_in_the_state(two_by_two):
+    """A resumed run predicts (and so chooses H) from the link its run measured again, not the given one."""
+    opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
+    assert opt.auto_epochs.state()["link"] is None
+    opt.auto_epochs.link, opt.auto_epochs.recalibrations = alphabeta.LinkParams(), 1
+    again = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
+    again.auto_epochs.restore(opt.auto_epochs.state())
+    assert again.auto_epochs.link == alphabeta.LinkParams()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("auto_diloco")
+    return hvdrun.run("auto_diloco_worker.py", 4, path, args=[str(path / "backup")], topology="2x2", timeout=600,
+                      env={"HOROVOD_FUSION_THRESHOLD": "0"})
+
+
+@pytest.mark.multiprocess
+def test_it_trains_as_diloco_does(run):
+    """On a 1 Mbit/s link (given) every epoch runs "diloco"; the weights equal those of
+    DiLoCo(SGD, sync_every=H, inter_compression="int4", overlap=False) to 1e-6, and training moved them;
+    after each epoch every rank holds the same weights."""
+    for r in run:
+        assert r["ran"] == ["diloco", "diloco"] and r["h"] in (1, 2, 4, 8)
+        assert r["syncs"] == 32 and r["diff"] <= 1e-6 and r["moved"] > 1e-3
+        assert r["outer_saved"]
+    for epoch in range(2):
+        assert len({r["digests"][epoch] for r in run}) == 1
+
+
+@pytest.mark.multiprocess
+def test_bytes_of_h_steps_and_a_sync_are_the_formula(run):
+    """H steps and one sync of epoch 1, counted by the primitives, are H x sent_bytes() on both links;
+    between nodes only the sync's int4 slice."""
+    for r in run:
+        for link in ("intra", "inter"):
+            assert r["counted"][link] == pytest.approx(r["formula"][link], rel=1e-9)
+        assert 0 < r["counted"]["inter"] < r["counted"]["intra"]
+
+
+@pytest.mark.multiprocess
+def test_a_resumed_run_ends_as_an_uninterrupted_one(run):
+    for r in run:
+        assert r["resumed_ran"] == ["diloco"] * 3 and r["resume_diff"] <= 1e-6
+
+
+@pytest.mark.multiprocess
+def test_a_fast_link_runs_a_collective_every_step(run):
+    assert {r["fast_ran"] for r in run} <= {"dense", "2dtar", "hitopk", "powersgd"}
+    assert len({r["fast_digest"] for r in run}) == 1

@@ -1,0 +1,158 @@
+"""DistributedOptimizer(algorithm="auto")'s candidate "diloco": for an epoch, local SGD inside the nodes
+and a DiLoCo sync across them every H steps, where the link between nodes is so slow that talking every
+H steps beats every per-step collective by a margin.
+
+* Every step: what the collectives would aggregate (the gradients, or DGC's momentum-corrected update)
+  is averaged over the node's ranks only (diloco_sync.node_average), and the wrapped optimizer steps.
+* Every H steps and at the epoch's end: the sync of tf_commlib.keras.DiLoCo without overlap
+  (diloco_sync.Syncs): each node's pseudo-gradient between nodes in 4 bits (CODEC) with error feedback,
+  the outer Nesterov step (SGD lr 0.7, momentum 0.9) on the start weights, every rank from the result.
+  An epoch ends with the same weights on every rank, and the next may run a per-step collective.
+  These are bench tta's ``diloco_h8_int4_no_overlap`` settings: without overlap its final top-1 was
+  dense fp16's within a point (docs/diloco.md), with overlap a point lower.
+* H: the smallest of interval.AUTO_INTERVALS up to MAX_INTERVAL whose sync (exchange included) adds at
+  most interval.EXPOSED of H steps' time (interval.choose_interval without overlap, on the predicted
+  times; bench tta measured H = 8 within a point of dense fp16 and H = 16 and more below).
+* Time: per step the node average, per sync the exchange between nodes and the sync's work inside the
+  node (its reduce-scatter and all-gather): timed on the link when fit starts (``probe``, where "auto"
+  times its candidates: the same footing as theirs), else the alpha-beta model of the link (``times``).
+  What an epoch of it takes is measured (its steps, and the syncs, which run after a batch's end).
+* Accuracy: what drift between nodes costs is not measured within an epoch (its pseudo-gradient is all
+  delivered at each sync, so error feedback's efficiency would call it exact). ``auto`` counts its time
+  at 1 / MARGIN: it is chosen only where predicted at most MARGIN times the best per-step candidate.
+"""
+import time
+
+import keras
+import numpy as np
+
+from tf_commlib import alphabeta
+from tf_commlib.aggregator.chooser import AUTO_CANDIDATES
+from tf_commlib.collectives import codec as codecs
+from tf_commlib.inter_mean import Exchanges, by_allreduce, shard_len
+from tf_commlib.keras.diloco_sync import Syncs, node_average
+from tf_commlib.keras.interval import AUTO_INTERVALS, Window, choose_interval
+
+NAME = "diloco"     # its name among auto's candidates
+CODEC = "int4"      # the pseudo-gradients' codec between nodes
+MAX_INTERVAL = 8    # the largest H it runs
+MARGIN = 0.8        # chosen only where predicted at most this part of the best per-step candidate's time
+
+
+def times(d, m, n, params):
+    """(node_s, exchange_s, sync_s): seconds of a step's node average of d float32 values, of a sync's
+    exchange between nodes (this rank's slice in CODEC, as inter_mean sends it: an all-gather over the m
+    nodes, or an allreduce of a float wire; a node's n ranks share its link) and of the sync's work
+    inside the node."""
+    s, wire = shard_len(d, n), codecs.get(CODEC)
+    node = alphabeta.reducescatter(4 * n * s, n, params.alpha_intra, params.beta_intra) + \
+        alphabeta.allgather(4 * s, n, params.alpha_intra, params.beta_intra)
+    inter = alphabeta.ring_allreduce if by_allreduce(wire) else alphabeta.allgather
+    exchange = inter(wire.bytes(s), m, params.alpha_inter, n * params.beta_inter)
+    return node, exchange, node
+
+
+def probe(d, topo, repeats=3):
+    """(node_s, exchange_s, sync_s) measured on the link, the means over the ranks: a step's node average
+    of d float32 values (in a tf.function) and a sync's exchange of this rank's slice between nodes
+    (eagerly, as a sync runs it), each the median of ``repeats`` calls after one warm-up call; a sync's
+    work inside the node taken as one node average. A collective."""
+    import tensorflow as tf
+
+    from tf_commlib.inter_mean import inter_mean
+    from tf_commlib.keras.auto_probe import summed
+    from tf_commlib.timing import ready
+
+    s, wire = shard_len(d, topo.n), codecs.get(CODEC)
+    x = tf.random.stateless_normal([d], [0, topo.rank]) * 1e-3
+    average = tf.function(lambda g: node_average([g], [g])[0])
+    calls = (lambda: average(x), lambda: inter_mean(x[:s], topo, wire, 0, name="auto_diloco_probe")[0])
+    seconds = []
+    for call in calls:
+        ready(call())
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            ready(call())
+            times.append(time.perf_counter() - start)
+        seconds.append(float(np.median(times)))
+    node, exchange = (summed(np.array(seconds, np.float64)) / topo.size).tolist()
+    return node, exchange, node
+
+
+def interval(exchange_s, sync_s, step_s):
+    """H for these predicted seconds: choose_interval without overlap, at most MAX_INTERVAL."""
+    return min(choose_interval(exchange_s, sync_s, step_s, overlap=False), MAX_INTERVAL)
+
+
+def communication_s(d, m, n, params, compute_s, probed=None):
+    """(predicted seconds of communication per step over an interval, its H): the node average, and a
+    sync's exchange and work spread over the interval's H steps of compute_s + the node average; from
+    probed (probe's measured times) where given, else the formulas (times)."""
+    node, exchange, sync = probed or times(d, m, n, params)
+    h = interval(exchange, sync, compute_s + node)
+    return node + (exchange + sync) / h, h
+
+
+class LocalRounds(Syncs):
+    """The state and steps of the "diloco" candidate of ``owner`` (a DistributedOptimizer), its variables
+    (start weights, residual, step counts) created on owner by build and the outer optimizer's
+    added to owner's variables: checkpoints hold them."""
+    overlap = False
+
+    def __init__(self, owner, var_list):
+        self.wire = codecs.get(CODEC)
+        self.outer_optimizer = keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
+        self.timeline, self._pending, self._exchanges, self._window = None, None, Exchanges(), Window(False)
+        self.interval = MAX_INTERVAL
+        self.running = False   # this epoch runs it
+        self.traced = None     # whether the traced step ran it (None: not traced yet)
+        self.sync_s = 0.0      # seconds of this epoch's syncs, which run after a batch's end
+        self._build_syncs(owner, var_list, [])
+        self.size = sum(int(np.prod(v.shape, dtype=np.int64)) for v in var_list)
+
+    def start(self, h):
+        """Begins an epoch of it, every H = h steps a sync, from the weights (the same on every rank)."""
+        if h not in AUTO_INTERVALS:
+            raise ValueError(f"h must be one of {AUTO_INTERVALS}, got {h!r}")
+        self._restart_from_weights()
+        self.synced_at.assign(self.steps_done)
+        self.interval, self.running, self.sync_s = int(h), True, 0.0
+
+    def stop(self):
+        self.running = False
+
+    def average(self, updates):
+        """The step's updates averaged over the node (inside the traced step)."""
+        return node_average(updates, self._tracked[:self._n_trainable])
+
+    def end_step(self):
+        """Counts a step of an epoch that runs it; a sync every H steps."""
+        if not self.running:
+            return
+        start = time.perf_counter()
+        steps = int(self.steps_done.assign_add(1).numpy())
+        if steps % self.interval == 0:
+            self._sync_now(steps // self.interval)
+            self.synced_at.assign(steps)
+        self.sync_s += time.perf_counter() - start
+
+    def synchronize(self):
+        """Syncs the steps since the last sync (every rank then holds the same weights). A collective."""
+        steps = int(self.steps_done.numpy())
+        if steps > int(self.synced_at.numpy()):
+            start = time.perf_counter()
+            self._sync_now(-steps)   # a negative index: no interval's seed
+            self.synced_at.assign(steps)
+            self.sync_s += time.perf_counter() - start
+
+    def sent_bytes(self):
+        """{"intra": B, "inter": B} per step, over an interval of the current H."""
+        return {k: v / self.interval for k, v in self._bytes_of_interval(self.interval).items()}
+
+
+def enabled(settings, topo, opt):
+    """Whether "auto" of opt (a DistributedOptimizer) has the candidate: Auto.diloco (None: where the
+    candidates are the default ones), several nodes, and an optimizer that is not sharded."""
+    wanted = settings.candidates == AUTO_CANDIDATES if settings.diloco is None else settings.diloco
+    return wanted and topo.m > 1 and not opt.shard_optimizer
