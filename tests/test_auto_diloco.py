@@ -108,7 +108,7 @@ def run(tmp_path_factory):
 @pytest.mark.multiprocess
 def test_it_trains_as_diloco_does(run):
     """On a 1 Mbit/s link (given) every epoch runs "diloco"; the weights equal those of
-    DiLoCo(SGD, sync_every=H, inter_compression="int4", overlap=False) to 1e-6, and training moved them;
+    DiLoCo(SGD, sync_every=H, outer_optimizer=SGD(1.0), inter_compression="int4", overlap=False) to 1e-6, and training moved them;
     after each epoch every rank holds the same weights."""
     for r in run:
         assert r["ran"] == ["diloco", "diloco"] and r["h"] in (1, 2, 4, 8)

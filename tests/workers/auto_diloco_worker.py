@@ -77,7 +77,8 @@ def against_diloco():
         any(v is w for w in opt.variables) for v in local.outer_optimizer.variables)
     reference = digits.small_cnn(seed=1)
     reference.compile(DiLoCo(keras.optimizers.SGD(0.05, momentum=0.9), sync_every=local.interval,
-                             inter_compression=auto_diloco.CODEC, overlap=False), LOSS, jit_compile=False)
+                             outer_optimizer=keras.optimizers.SGD(1.0), inter_compression=auto_diloco.CODEC,
+                             overlap=False), LOSS, jit_compile=False)
     reference.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=default_callbacks())
     out["diff"] = float(np.abs(flat(model) - flat(reference)).max())
     out["moved"] = float(np.abs(flat(model) - flat(digits.small_cnn(seed=1))).max())

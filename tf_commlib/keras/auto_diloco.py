@@ -6,10 +6,12 @@ H steps beats every per-step collective by a margin.
   is averaged over the node's ranks only (diloco_sync.node_average), and the wrapped optimizer steps.
 * Every H steps and at the epoch's end: the sync of tf_commlib.keras.DiLoCo without overlap
   (diloco_sync.Syncs): each node's pseudo-gradient between nodes in 4 bits (CODEC) with error feedback,
-  the outer Nesterov step (SGD lr 0.7, momentum 0.9) on the start weights, every rank from the result.
-  An epoch ends with the same weights on every rank, and the next may run a per-step collective.
-  These are bench tta's ``diloco_h8_int4_no_overlap`` settings: without overlap its final top-1 was
-  dense fp16's within a point (docs/diloco.md), with overlap a point lower.
+  and every rank goes on from the start weights minus its mean, the nodes' average (an outer SGD of
+  lr 1 without momentum: Lin et al.'s hierarchical local SGD). An epoch ends with the same weights on
+  every rank, and the next may run a per-step collective. These are bench tta's
+  ``diloco_h8_int4_no_overlap`` settings: its final top-1 was dense fp16's within a point (docs/diloco.md;
+  with overlap a point lower; with DiLoCo's Nesterov outer step, lr 0.7 and momentum 0.9, 0.825
+  against 0.911 in 8 epochs).
 * H: the smallest of interval.AUTO_INTERVALS up to MAX_INTERVAL whose sync (exchange included) adds at
   most interval.EXPOSED of H steps' time (interval.choose_interval without overlap, on the predicted
   times; bench tta measured H = 8 within a point of dense fp16 and H = 16 and more below).
@@ -102,7 +104,7 @@ class LocalRounds(Syncs):
 
     def __init__(self, owner, var_list):
         self.wire = codecs.get(CODEC)
-        self.outer_optimizer = keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
+        self.outer_optimizer = keras.optimizers.SGD(1.0)   # the nodes' mean
         self.timeline, self._pending, self._exchanges, self._window = None, None, Exchanges(), Window(False)
         self.interval = MAX_INTERVAL
         self.running = False   # this epoch runs it
