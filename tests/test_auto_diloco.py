@@ -50,14 +50,16 @@ def two_by_two(monkeypatch):
     return topo
 
 
-def _built(**auto):
+def _built(fit=True, **auto):
+    """fit: as in model.fit, where CompressionScheduler counts the steps (set_fit_epochs before the build)."""
     import keras
 
     from tf_commlib.keras import DistributedOptimizer
 
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), auto=Auto(**auto))
+    if fit:
+        opt.set_fit_epochs(8)
     opt.build([keras.Variable(np.zeros(s, np.float32)) for s in SHAPES])
-    opt.set_fit_epochs(8)
     return opt
 
 
@@ -75,6 +77,9 @@ def test_chosen_on_a_slow_link_and_not_on_a_fast_one(two_by_two):
     assert slow.sent_bytes_at(0)["inter"] == pytest.approx(auto.local.sent_bytes()["inter"])
     fast = _built(cost_params=alphabeta.LinkParams(), compute_s=0.19, probe=False)
     assert fast.algorithm_at(0) != "diloco" and not fast.auto_epochs.local.running
+    # a custom loop that does not say it counts the steps (set_fit_epochs): nothing would sync the nodes
+    loop = _built(fit=False, cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
+    assert loop.algorithm_at(0) != "diloco" and not loop.auto_epochs.local.running
 
 
 def test_only_where_asked_or_by_default(two_by_two):
@@ -105,10 +110,10 @@ def run(tmp_path_factory):
                       env={"HOROVOD_FUSION_THRESHOLD": "0"})
 
 
-@pytest.mark.multiprocess
 def test_it_trains_as_diloco_does(run):
     """On a 1 Mbit/s link (given) every epoch runs "diloco"; the weights equal those of
-    DiLoCo(SGD, sync_every=H, outer_optimizer=SGD(1.0), inter_compression="int4", overlap=False) to 1e-6, and training moved them;
+    DiLoCo(SGD, sync_every=H, outer_optimizer=SGD(1.0), inter_compression="int4", overlap=False)
+    to 1e-6, and training moved them;
     after each epoch every rank holds the same weights."""
     for r in run:
         assert r["ran"] == ["diloco", "diloco"] and r["h"] in (1, 2, 4, 8)
@@ -118,7 +123,6 @@ def test_it_trains_as_diloco_does(run):
         assert len({r["digests"][epoch] for r in run}) == 1
 
 
-@pytest.mark.multiprocess
 def test_bytes_of_h_steps_and_a_sync_are_the_formula(run):
     """H steps and one sync of epoch 1, counted by the primitives, are H x sent_bytes() on both links;
     between nodes only the sync's int4 slice."""
@@ -128,13 +132,11 @@ def test_bytes_of_h_steps_and_a_sync_are_the_formula(run):
         assert 0 < r["counted"]["inter"] < r["counted"]["intra"]
 
 
-@pytest.mark.multiprocess
 def test_a_resumed_run_ends_as_an_uninterrupted_one(run):
     for r in run:
         assert r["resumed_ran"] == ["diloco"] * 3 and r["resume_diff"] <= 1e-6
 
 
-@pytest.mark.multiprocess
 def test_a_fast_link_runs_a_collective_every_step(run):
     assert {r["fast_ran"] for r in run} <= {"dense", "2dtar", "hitopk", "powersgd"}
     assert len({r["fast_digest"] for r in run}) == 1

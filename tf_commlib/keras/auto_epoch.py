@@ -211,7 +211,10 @@ class AutoEpochs:
 
     def step_s(self, name, density):
         """compute + communication, less the overlapped part: ``overlapped`` (measured) of the shorter
-        (none for "diloco", whose node average waits for the whole of backprop)."""
+        (none for "diloco", whose node average waits for the whole of backprop; "diloco" infinite where
+        nothing counts the steps: a loop without CompressionScheduler that did not call set_fit_epochs)."""
+        if name == auto_diloco.NAME and not self.opt.steps_counted:   # nothing would sync the nodes
+            return math.inf
         comm, compute = self.communication_s(name, density), self.compute_s or 0.0
         hidden = 0.0 if name == auto_diloco.NAME else self.overlapped * min(compute, comm)
         return compute + comm - hidden
@@ -300,7 +303,8 @@ class AutoEpochs:
         comm = self.communication_s(self.running, density)
         if self.compute_s is None:   # first epoch: what the collectives do not explain is compute
             self.compute_s = max(0.0, measured - comm)
-        elif self.opt.overlap and self.running != auto_diloco.NAME and min(comm, self.compute_s) > 0:   # how much of the shorter one the step hid
+        elif self.opt.overlap and self.running != auto_diloco.NAME and min(comm, self.compute_s) > 0:
+            # how much of the shorter one the step hid (a "diloco" step hides nothing)
             self.overlapped = float(np.clip((self.compute_s + comm - measured) / min(comm, self.compute_s), 0, 1))
         same = self.densities.get(self.running) == density   # a warm-up density moves the ratio by itself
         self.densities[self.running] = density

@@ -31,7 +31,8 @@ from tf_commlib.keras import step
 from tf_commlib.keras.groups import Group
 from tf_commlib.keras.options import (DGC, MOVED, Selection, as_schedule, check_density, check_flags, default_dgc,
                                       given, grouped, groups_from_config, groups_to_config, moved_error)
-from tf_commlib.keras.policy import EpochPlan, default_dense_layers, default_fusion_threshold, qrgc_options  # noqa: F401
+from tf_commlib.keras.policy import (EpochPlan, default_dense_layers, default_fusion_threshold,  # noqa: F401
+                                     qrgc_options)
 from tf_commlib.keras.sharded import ShardedUpdate, check_shardable
 from tf_commlib.keras.wrapping import (WRAPPED, WRAPPERS, InnerSteps, check_optimizer,  # noqa: F401 (re-exported)
                                        distributed_optimizer, momentum_handover)
@@ -186,8 +187,9 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
 
     def set_fit_epochs(self, epochs):
         """The epoch at which the running fit ends (CompressionScheduler: fit's ``epochs``); "auto"
-        weighs each candidate over the epochs up to it (AutoEpochs.horizon). None: the next epoch."""
-        self.fit_epochs = None if epochs is None else int(epochs)
+        weighs each candidate over the epochs up to it (AutoEpochs.horizon). None: the next epoch. Also
+        the sign that the steps are counted (end_step) and the epochs synchronized, as "diloco" needs."""
+        self.fit_epochs, self.steps_counted = None if epochs is None else int(epochs), True
 
     def end_epoch(self, epoch, step_s, steps=None, first_s=None, traced=False):
         """An epoch ended, as CompressionScheduler measured it: for "auto", what the next choice
@@ -212,7 +214,7 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
 
     # -- state -----------------------------------------------------------------------------
     timeline = None   # a tf_commlib.overlap.Timeline (set before the first step), or None
-    fit_epochs = None   # set_fit_epochs
+    fit_epochs, steps_counted = None, False   # set_fit_epochs
 
     def size_buckets(self, variables):
         """Where no fusion_threshold_bytes was given: the compressible variables' bucket size for
