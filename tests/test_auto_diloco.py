@@ -58,7 +58,7 @@ def _built(fit=True, **auto):
 
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), auto=Auto(**auto))
     if fit:
-        opt.set_fit_epochs(8)
+        opt.set_fit_epochs(8, steps_counted=fit is True)
     opt.build([keras.Variable(np.zeros(s, np.float32)) for s in SHAPES])
     return opt
 
@@ -77,9 +77,19 @@ def test_chosen_on_a_slow_link_and_not_on_a_fast_one(two_by_two):
     assert slow.sent_bytes_at(0)["inter"] == pytest.approx(auto.local.sent_bytes()["inter"])
     fast = _built(cost_params=alphabeta.LinkParams(), compute_s=0.19, probe=False)
     assert fast.algorithm_at(0) != "diloco" and not fast.auto_epochs.local.running
-    # a custom loop that does not say it counts the steps (set_fit_epochs): nothing would sync the nodes
-    loop = _built(fit=False, cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
-    assert loop.algorithm_at(0) != "diloco" and not loop.auto_epochs.local.running
+    # a custom loop that does not say it counts the steps (set_fit_epochs), or steps_per_execution > 1:
+    # nothing would sync the nodes every H steps
+    for fit in (False, "uncounted"):
+        loop = _built(fit=fit, cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
+        assert loop.algorithm_at(0) != "diloco" and not loop.auto_epochs.local.running
+
+
+def test_a_rank_state_reset_zeroes_its_residual(two_by_two):
+    opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
+    residual = opt.auto_epochs.local.residual
+    residual.assign(np.ones(residual.shape, np.float32))
+    opt.reset_rank_state()
+    assert not residual.numpy().any()
 
 
 def test_only_where_asked_or_by_default(two_by_two):
@@ -135,6 +145,14 @@ def test_bytes_of_h_steps_and_a_sync_are_the_formula(run):
 def test_a_resumed_run_ends_as_an_uninterrupted_one(run):
     for r in run:
         assert r["resumed_ran"] == ["diloco"] * 3 and r["resume_diff"] <= 1e-6
+
+
+def test_a_schedule_that_leaves_auto_ends_its_rounds(run):
+    """After an epoch of "diloco", a scheduled 2dtar epoch runs every step's collective from the same
+    weights and the same state of the wrapped optimizer on every rank."""
+    for r in run:
+        assert r["leave_ran"] == ["diloco", "2dtar"] and not r["leave_running"]
+    assert len({r["leave_digest"] for r in run}) == 1
 
 
 def test_a_fast_link_runs_a_collective_every_step(run):

@@ -120,7 +120,7 @@ class EpochReport(keras.callbacks.Callback):
         acc = np.mean(np.argmax(self.model.predict(x, verbose=0, batch_size=512), axis=-1) == y)
         opt = distributed_optimizer(self.model)
         algo = opt.algorithm_at(epoch)
-        density = opt.density_at(epoch) if algo == "auto" or ALGORITHMS[algo].lossy else 1.0
+        density = opt.density_at(epoch) if algo == "auto" or algo in ALGORITHMS and ALGORITHMS[algo].lossy else 1.0
         sent = opt.sent_bytes_at(epoch)
         row = {"epoch": epoch + 1, "algorithm": algo, "density": density,
                "train_loss": float(logs.get("loss", np.nan)), "test_accuracy": float(acc),

@@ -107,6 +107,20 @@ def distributed(model):
     return distributed_optimizer(model)
 
 
+def leave():
+    """A schedule that leaves "auto" after epoch 0, which ran "diloco": epoch 1 runs 2dtar, and every rank
+    ends with the same weights and the same momentum of the wrapped SGD (which stepped per node before)."""
+    model = digits.small_cnn(seed=4)
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), dgc=DGC(momentum_correction=False),
+                               schedule={0: "auto", 1: "2dtar"},
+                               auto=Auto(cost_params=SLOW, compute_s=0.01, probe=False, drift=1e9, diloco=True))
+    model.compile(opt, LOSS, jit_compile=False)
+    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=default_callbacks())
+    out["leave_ran"] = [opt.algorithm_at(e) for e in range(2)]
+    out["leave_running"] = opt.auto_epochs.local.running
+    out["leave_digest"] = digest(model.trainable_weights + opt.inner_optimizer.variables)
+
+
 def fast_link():
     """A 10 Gbit/s link: a per-step collective runs; every rank's weights are the same after the epoch."""
     model = digits.small_cnn(seed=3)
@@ -119,5 +133,6 @@ def fast_link():
 
 against_diloco()
 resume(sys.argv[1])
+leave()
 fast_link()
 report(topo.rank, out)

@@ -28,12 +28,15 @@ import time
 import keras
 import numpy as np
 
-from tf_commlib import alphabeta
+import tensorflow as tf
+
+from tf_commlib import alphabeta, primitives
 from tf_commlib.aggregator.chooser import AUTO_CANDIDATES
 from tf_commlib.collectives import codec as codecs
 from tf_commlib.inter_mean import Exchanges, by_allreduce, shard_len
-from tf_commlib.keras.diloco_sync import Syncs, node_average
+from tf_commlib.keras.diloco_sync import Syncs, flat, node_average, unflat
 from tf_commlib.keras.interval import AUTO_INTERVALS, Window, choose_interval
+from tf_commlib.topology import topology as current_topology
 
 NAME = "diloco"     # its name among auto's candidates
 CODEC = "int4"      # the pseudo-gradients' codec between nodes
@@ -59,8 +62,6 @@ def probe(d, topo, repeats=3):
     of d float32 values (in a tf.function) and a sync's exchange of this rank's slice between nodes
     (eagerly, as a sync runs it), each the median of ``repeats`` calls after one warm-up call; a sync's
     work inside the node taken as one node average. A collective."""
-    import tensorflow as tf
-
     from tf_commlib.inter_mean import inter_mean
     from tf_commlib.keras.auto_probe import summed
     from tf_commlib.timing import ready
@@ -87,12 +88,12 @@ def interval(exchange_s, sync_s, step_s):
     return min(choose_interval(exchange_s, sync_s, step_s, overlap=False), MAX_INTERVAL)
 
 
-def communication_s(d, m, n, params, compute_s, probed=None):
+def communication_s(d, m, n, params, compute_s, probed=None, h=None):
     """(predicted seconds of communication per step over an interval, its H): the node average, and a
     sync's exchange and work spread over the interval's H steps of compute_s + the node average; from
-    probed (probe's measured times) where given, else the formulas (times)."""
+    probed (probe's measured times) where given, else the formulas (times); H chosen unless given."""
     node, exchange, sync = probed or times(d, m, n, params)
-    h = interval(exchange, sync, compute_s + node)
+    h = h or interval(exchange, sync, compute_s + node)
     return node + (exchange + sync) / h, h
 
 
@@ -121,32 +122,49 @@ class LocalRounds(Syncs):
         self.synced_at.assign(self.steps_done)
         self.interval, self.running, self.sync_s = int(h), True, 0.0
 
-    def stop(self):
+    def stop(self, states):
+        """Ends its epochs: the float variables ``states`` (the wrapped optimizer's, which stepped per node)
+        averaged over every rank, where it ran. A collective."""
+        if self.running:
+            floats = [v for v in states if tf.as_dtype(v.dtype).is_floating]
+            if floats:
+                world = current_topology().world
+                mean = primitives.allreduce(flat(floats), world, average=True)
+                for v, value in zip(floats, unflat(mean, floats)):
+                    v.assign(value)
         self.running = False
 
     def average(self, updates):
-        """The step's updates averaged over the node (inside the traced step)."""
-        return node_average(updates, self._tracked[:self._n_trainable])
+        """The step's updates averaged over the node (inside the traced step); None stays None."""
+        present = [i for i, u in enumerate(updates) if u is not None]
+        like = self._tracked[:self._n_trainable]
+        averaged = node_average([updates[i] for i in present], [like[i] for i in present])
+        out = [None] * len(updates)
+        for i, u in zip(present, averaged):
+            out[i] = u
+        return out
 
     def end_step(self):
         """Counts a step of an epoch that runs it; a sync every H steps."""
         if not self.running:
             return
-        start = time.perf_counter()
+        start, traced = time.perf_counter(), len(self._fns)
         steps = int(self.steps_done.assign_add(1).numpy())
-        if steps % self.interval == 0:
+        if steps - int(self.synced_at.numpy()) >= self.interval:   # H steps after the last sync (an epoch's end's too)
             self._sync_now(steps // self.interval)
             self.synced_at.assign(steps)
-        self.sync_s += time.perf_counter() - start
+        if len(self._fns) == traced:   # a sync that traced its functions is no measure of one
+            self.sync_s += time.perf_counter() - start
 
     def synchronize(self):
         """Syncs the steps since the last sync (every rank then holds the same weights). A collective."""
         steps = int(self.steps_done.numpy())
         if steps > int(self.synced_at.numpy()):
-            start = time.perf_counter()
+            start, traced = time.perf_counter(), len(self._fns)
             self._sync_now(-steps)   # a negative index: no interval's seed
             self.synced_at.assign(steps)
-            self.sync_s += time.perf_counter() - start
+            if len(self._fns) == traced:
+                self.sync_s += time.perf_counter() - start
 
     def sent_bytes(self):
         """{"intra": B, "inter": B} per step, over an interval of the current H."""

@@ -67,6 +67,10 @@ class AutoEpochs:
         """The outer optimizer's variables of candidate "diloco" (the rest are the optimizer's own)."""
         return [] if self.local is None else self.local.outer_optimizer.variables
 
+    def reset_rank_state(self):
+        if self.local is not None:
+            self.local.residual.assign(tf.zeros_like(self.local.residual))
+
     def running_local(self):
         """Whether this epoch runs "diloco"."""
         return self.local is not None and self.local.running
@@ -104,13 +108,14 @@ class AutoEpochs:
         return out
 
     def begin_window(self, running):
-        """The start of an epoch that runs `running`: for a lossy one, sums zeroed and residuals
-        noted (eagerly; an exact one adds nothing to them)."""
-        self.running, self.start = running, None
+        """The start of an epoch that runs `running` (None: the schedule left "auto"): for a lossy one,
+        sums zeroed and residuals noted (eagerly; an exact one adds nothing to them); "diloco" started
+        or, where it ran, stopped."""
         if self.local is not None and running == auto_diloco.NAME:
             self.local.start(self.local_interval())
-        elif self.local is not None:
-            self.local.stop()
+        elif self.local is not None:   # the wrapped optimizer's state made the same on every rank again
+            self.local.stop(self.opt.inner_optimizer.variables)
+        self.running, self.start = running, None
         if running in self.tta.lossy:
             for var in self.sums.values():
                 var.assign(tf.zeros(var.shape, var.dtype))
@@ -200,10 +205,12 @@ class AutoEpochs:
         return self._scales[(name, at)]
 
     def _local(self):
-        """(communication seconds per step, H) of "diloco" (auto_diloco.communication_s)."""
+        """(communication seconds per step, H) of "diloco" (auto_diloco.communication_s; in the epoch that
+        runs it, at the H it runs)."""
         topo = current_topology()
+        h = self.local.interval if self.running == auto_diloco.NAME else None
         return auto_diloco.communication_s(self.local.size, topo.m, topo.n, self.link or LinkParams(),
-                                           self.compute_s or 0.0, getattr(self.opt, "probed_local", None))
+                                           self.compute_s or 0.0, getattr(self.opt, "probed_local", None), h)
 
     def local_interval(self):
         """The H that "diloco" runs with, from the predicted times."""

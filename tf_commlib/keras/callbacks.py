@@ -109,8 +109,9 @@ class CompressionScheduler(keras.callbacks.Callback):
         dist = _distributed_or_none(self.model)
         if dist is not None and not dist.built:   # "auto" without link parameters: measured once per cluster
             calibrate_link(dist, self.model.trainable_variables)
-        if dist is not None:   # "auto" weighs a candidate over the epochs this fit runs
-            dist.set_fit_epochs(self.params.get("epochs"))
+        if dist is not None:   # "auto" weighs a candidate over the epochs this fit runs (and counts its steps)
+            dist.set_fit_epochs(self.params.get("epochs"),
+                                steps_counted=getattr(self.model, "steps_per_execution", 1) in (1, None))
         opt = _of_kind(self.model, DiLoCo)
         if opt is not None and not opt.built:
             opt.track_statistics(self.model.non_trainable_variables)

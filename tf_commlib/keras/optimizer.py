@@ -167,9 +167,10 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         # be recorded in that graph (and never run)
         with tf.init_scope():
             name = self.plan.algorithm_at(epoch)
-            if name == "auto":
-                name = self.auto_epochs.choose(epoch)
-                self.auto_epochs.begin_window(name)
+            if self.auto_epochs is not None:   # None: the schedule left "auto" (its DiLoCo rounds end)
+                chosen = self.auto_epochs.choose(epoch) if name == "auto" else None
+                self.auto_epochs.begin_window(chosen)
+                name = chosen or name
             for group in self._groups:
                 if group.lossy:
                     group.aggregator.set_density(self.density_at(epoch))
@@ -185,11 +186,11 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
             return False
         return self.auto_epochs.agree()
 
-    def set_fit_epochs(self, epochs):
+    def set_fit_epochs(self, epochs, steps_counted=True):
         """The epoch at which the running fit ends (CompressionScheduler: fit's ``epochs``); "auto"
-        weighs each candidate over the epochs up to it (AutoEpochs.horizon). None: the next epoch. Also
-        the sign that the steps are counted (end_step) and the epochs synchronized, as "diloco" needs."""
-        self.fit_epochs, self.steps_counted = None if epochs is None else int(epochs), True
+        weighs each candidate over the epochs up to it (AutoEpochs.horizon). None: the next epoch.
+        steps_counted: end_step follows every step and synchronize every epoch, as "diloco" needs."""
+        self.fit_epochs, self.steps_counted = None if epochs is None else int(epochs), bool(steps_counted)
 
     def end_epoch(self, epoch, step_s, steps=None, first_s=None, traced=False):
         """An epoch ended, as CompressionScheduler measured it: for "auto", what the next choice
@@ -198,8 +199,7 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
             self.auto_epochs.end_epoch(epoch, step_s, steps, first_s, traced)
 
     @property
-    def state_differs_by_node(self):
-        """In an epoch of auto's "diloco": the wrapped optimizer's state is the node's (not broadcast)."""
+    def state_differs_by_node(self):   # the wrapped optimizer's, in auto's "diloco" (not broadcast)
         return self.auto_epochs is not None and self.auto_epochs.running_local()
 
     def end_step(self):
@@ -285,6 +285,8 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
             return
         for group in self._groups:
             group.aggregator.reset_rank_state()
+        if self.auto_epochs is not None:   # the residual of its DiLoCo rounds
+            self.auto_epochs.reset_rank_state()
         for u in self.velocities:
             u.assign(tf.zeros(u.shape, u.dtype))
         if self._sharded is not None:   # the rank's slices of the optimizer state

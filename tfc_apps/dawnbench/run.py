@@ -194,7 +194,10 @@ def train(args, topo, data):
                 callbacks.append(BackupAndRestore(args.ckpt_dir, delete_checkpoint=False))
             model.fit(data.train(stage, first, end - first), initial_epoch=first, epochs=end,
                       steps_per_epoch=data.steps(stage), verbose=0, shuffle=False, callbacks=callbacks)
-            if args.breakdown_steps:
+            if args.breakdown_steps and opt.algorithm_at(end - 1) == "diloco":   # no collective to time apart
+                if topo.rank == 0:
+                    print("breakdown: not measured, the last epoch ran auto's DiLoCo rounds", flush=True)
+            elif args.breakdown_steps:
                 algorithm = opt.algorithm_at(end - 1)
                 phases = breakdown.measure(model, opt, data.train(stage, stage.first_epoch), loss, algorithm,
                                            opt.density_at(end - 1), args.selector, topo, args.breakdown_steps)
