@@ -84,6 +84,15 @@ def test_chosen_on_a_slow_link_and_not_on_a_fast_one(two_by_two):
         assert loop.algorithm_at(0) != "diloco" and not loop.auto_epochs.local.running
 
 
+def test_not_before_the_compute_per_step_is_known(two_by_two):
+    """Without Auto(compute_s=...), the first epoch runs a per-step candidate: DiLoCo's margin is on whole
+    steps. Once the compute is known (the first epoch's measured step less its collectives), it runs."""
+    opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), probe=False)
+    assert opt.algorithm_at(0) != "diloco"
+    opt.auto_epochs.compute_s = 0.19
+    assert opt.auto_epochs.choose(1) == "diloco"
+
+
 def test_a_rank_state_reset_zeroes_its_residual(two_by_two):
     opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
     residual = opt.auto_epochs.local.residual

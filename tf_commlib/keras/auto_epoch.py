@@ -218,10 +218,13 @@ class AutoEpochs:
 
     def step_s(self, name, density):
         """compute + communication, less the overlapped part: ``overlapped`` (measured) of the shorter
-        (none for "diloco", whose node average waits for the whole of backprop; "diloco" infinite where
-        nothing counts the steps: a loop without CompressionScheduler that did not call set_fit_epochs)."""
-        if name == auto_diloco.NAME and not self.opt.steps_counted:   # nothing would sync the nodes
-            return math.inf
+        (none for "diloco", whose node average waits for the whole of backprop). "diloco" is infinite where
+        nothing counts the steps (a loop without CompressionScheduler that did not call set_fit_epochs),
+        and until the compute per step is known (Auto(compute_s=...) or an epoch measured): its margin
+        is on whole steps, and with the compute taken as 0 it would weigh the link alone (ResNet-50 at
+        500 Mbit/s chose it at epoch 0 so, and ran 1.5 s steps where PowerSGD's took 1.2-1.3 s)."""
+        if name == auto_diloco.NAME and (not self.opt.steps_counted or self.compute_s is None):
+            return math.inf   # nothing would sync the nodes; or its margin, on whole steps, cannot be judged
         comm, compute = self.communication_s(name, density), self.compute_s or 0.0
         hidden = 0.0 if name == auto_diloco.NAME else self.overlapped * min(compute, comm)
         return compute + comm - hidden
