@@ -60,8 +60,8 @@ def test_without_link_parameters_the_link_is_measured_once_and_kept(reports, cac
 def test_without_link_parameters_each_candidate_is_timed_once_and_kept(reports, cache):
     """Where the link is measured, fit also times every candidate's aggregation of the model's
     buckets (the same numbers on every rank, kept 0600 beside the calibration, under a key holding
-    the link), hitopk also at the DGC warm-up's densities; an untried lossy candidate then needs
-    only Auto.switch, not Auto.margin."""
+    the link), hitopk also at the DGC warm-up's densities, and the DiLoCo rounds' node average and
+    exchange; an untried lossy candidate then needs only Auto.switch, not Auto.margin."""
     import json
     import os
     import stat
@@ -69,8 +69,14 @@ def test_without_link_parameters_each_candidate_is_timed_once_and_kept(reports, 
     probed = reports[0]["probed"]
     assert set(probed) == set(AUTO_CANDIDATES) and all(s > 0 for s in probed.values())
     assert all(r["probed"] == probed for r in reports) and reports[0]["probe_margin"] == 0.9
-    (path,) = cache.glob("probe-*.json")
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    # the candidates' timings, and (2x2: several nodes) those of the DiLoCo rounds, each in its file
+    files = {json.loads(p.read_text())["key"]["calibrate"]["probe"] == "diloco": p for p in cache.glob("probe-*.json")}
+    assert sorted(files) == [False, True] and len(list(cache.glob("probe-*.json"))) == 2
+    path = files[False]
+    assert stat.S_IMODE(os.stat(path).st_mode) == stat.S_IMODE(os.stat(files[True]).st_mode) == 0o600
+    local = json.loads(files[True].read_text())
+    assert len(local["params"]) == 3 and all(s > 0 for s in local["params"])   # node average, exchange, sync
+    assert reports[0]["calibrated_beta_inter"] in local["key"]["calibrate"]["link"]
     saved = json.loads(path.read_text())
     # hitopk also at the DGC warm-up's densities (its bytes depend on them; PowerSGD's do not)
     warm = reports[0]["probed_warmup"]
