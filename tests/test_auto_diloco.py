@@ -164,6 +164,12 @@ def test_a_schedule_that_leaves_auto_ends_its_rounds(run):
     assert len({r["leave_digest"] for r in run}) == 1
 
 
+def test_under_mixed_float16(run):
+    for r in run:
+        assert r["mixed_ran"] == ["diloco", "diloco"] and r["mixed_finite"] and r["mixed_moved"] > 1e-3
+    assert len({r["mixed_digest"] for r in run}) == 1
+
+
 def test_a_fast_link_runs_a_collective_every_step(run):
     assert {r["fast_ran"] for r in run} <= {"dense", "2dtar", "hitopk", "powersgd"}
     assert len({r["fast_digest"] for r in run}) == 1

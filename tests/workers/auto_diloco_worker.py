@@ -121,6 +121,23 @@ def leave():
     out["leave_digest"] = digest(model.trainable_weights + opt.inner_optimizer.variables)
 
 
+def mixed():
+    """mixed_float16 (compile puts a LossScaleOptimizer around it, made global by default_callbacks()): the
+    epochs run "diloco", the weights stay finite and every rank ends with the same ones."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = digits.small_cnn(seed=5)
+        opt = auto_optimizer()
+        model.compile(opt, LOSS, jit_compile=False)
+        model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=default_callbacks())
+        out["mixed_ran"] = [opt.algorithm_at(e) for e in range(2)]
+        out["mixed_finite"] = bool(np.isfinite(flat(model)).all())
+        out["mixed_moved"] = float(np.abs(flat(model) - flat(digits.small_cnn(seed=5))).max())
+        out["mixed_digest"] = digest(model.trainable_weights)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
 def fast_link():
     """A 10 Gbit/s link: a per-step collective runs; every rank's weights are the same after the epoch."""
     model = digits.small_cnn(seed=3)
@@ -134,5 +151,6 @@ def fast_link():
 against_diloco()
 resume(sys.argv[1])
 leave()
+mixed()
 fast_link()
 report(topo.rank, out)

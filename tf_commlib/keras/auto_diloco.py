@@ -30,13 +30,12 @@ import numpy as np
 
 import tensorflow as tf
 
-from tf_commlib import alphabeta, primitives
+from tf_commlib import alphabeta
 from tf_commlib.aggregator.chooser import AUTO_CANDIDATES
 from tf_commlib.collectives import codec as codecs
 from tf_commlib.inter_mean import Exchanges, by_allreduce, shard_len
-from tf_commlib.keras.diloco_sync import Syncs, flat, node_average, unflat
+from tf_commlib.keras.diloco_sync import Syncs, node_average
 from tf_commlib.keras.interval import AUTO_INTERVALS, Window, choose_interval
-from tf_commlib.topology import topology as current_topology
 
 NAME = "diloco"     # its name among auto's candidates
 CODEC = "int4"      # the pseudo-gradients' codec between nodes
@@ -126,12 +125,9 @@ class LocalRounds(Syncs):
         """Ends its epochs: the float variables ``states`` (the wrapped optimizer's, which stepped per node)
         averaged over every rank, where it ran. A collective."""
         if self.running:
-            floats = [v for v in states if tf.as_dtype(v.dtype).is_floating]
-            if floats:
-                world = current_topology().world
-                mean = primitives.allreduce(flat(floats), world, average=True)
-                for v, value in zip(floats, unflat(mean, floats)):
-                    v.assign(value)
+            from tf_commlib.keras.callbacks import average_variables   # (callbacks imports the optimizer)
+
+            average_variables([v for v in states if tf.as_dtype(v.dtype).is_floating])
         self.running = False
 
     def average(self, updates):

@@ -89,7 +89,6 @@ def probe_candidates(opt, variables, link, repeats=3):
     the density, at each of the DGC warm-up's densities (warmup_densities), which the fit pays for.
     Kept in the cache folder (cache_path) under a key that holds ``link`` (the LinkParams of the
     predictions: calibration_key), so it is measured again when they are. A collective."""
-    import hashlib
     import json
     import time
 
@@ -111,7 +110,6 @@ def probe_candidates(opt, variables, link, repeats=3):
         "selector": opt.selection.selector, "compression": compression, "link": link.as_list(),
         "fusion_threshold_bytes": opt.fusion_threshold_bytes, "warmup": [list(r) for r in runs[len(names):]],
         "options": json.dumps(opt.algorithm_options, sort_keys=True, default=repr)})
-    name = "probe-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".json"
 
     def measure():
         grads = [tf.random.stateless_normal(v.shape, [i, topo.rank], dtype=v.dtype) * 1e-3
@@ -135,7 +133,7 @@ def probe_candidates(opt, variables, link, repeats=3):
         if len(values) != len(runs):
             raise ValueError(f"a probe must hold {len(runs)} numbers, got {len(values)}")
 
-    values, _ = costmodel.cached_values(topo, os.path.join(os.path.dirname(cache_path()), name), key, measure, check)
+    values = cached_probe(topo, key, measure, check)
     warm = {}
     for (candidate, density), seconds in zip(runs[len(names):], values[len(names):]):
         warm.setdefault(candidate, {})[density] = seconds
@@ -146,9 +144,6 @@ def probe_local(opt, variables, link):
     """auto_diloco.probe for the model's variables where "auto" of opt has the candidate "diloco" (else
     None), kept in the cache folder beside probe_candidates' timings (under a key that holds ``link``).
     A collective."""
-    import hashlib
-    import json
-
     from tf_commlib.keras import auto_diloco
 
     topo = current_topology()
@@ -157,15 +152,22 @@ def probe_local(opt, variables, link):
     d = sum(int(np.prod(v.shape)) for v in variables)
     key = costmodel.calibration_key(topo, {"probe": auto_diloco.NAME, "d": d, "codec": auto_diloco.CODEC,
                                            "link": link.as_list()})
-    name = "probe-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".json"
 
     def check(values):
         if len(values) != 3:
             raise ValueError(f"a probe of diloco must hold 3 numbers, got {len(values)}")
 
-    values, _ = costmodel.cached_values(topo, os.path.join(os.path.dirname(cache_path()), name), key,
-                                        lambda: auto_diloco.probe(d, topo), check)
-    return tuple(values)
+    return tuple(cached_probe(topo, key, lambda: auto_diloco.probe(d, topo), check))
+
+
+def cached_probe(topo, key, measure, check):
+    """costmodel.cached_values in the cache folder (cache_path's), in a file named by the key's hash. A
+    collective."""
+    import hashlib
+    import json
+
+    name = "probe-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".json"
+    return costmodel.cached_values(topo, os.path.join(os.path.dirname(cache_path()), name), key, measure, check)[0]
 
 
 def summed(values):
