@@ -164,6 +164,14 @@ def test_a_schedule_that_leaves_auto_ends_its_rounds(run):
     assert len({r["leave_digest"] for r in run}) == 1
 
 
+def test_a_run_resumed_after_its_rounds_leaves_them_with_the_same_state_on_every_rank(run):
+    """Resumed from each rank's backup of an epoch of "diloco" (the wrapped SGD's momentum differs by node
+    there), the scheduled 2dtar epoch starts from that state averaged: every rank ends alike."""
+    for r in run:
+        assert r["resumed_leave_ran"] == ["2dtar", "diloco", "2dtar"]
+    assert len({r["resumed_leave_digest"] for r in run}) == 1
+
+
 def test_under_mixed_float16(run):
     for r in run:
         assert r["mixed_ran"] == ["diloco", "diloco"] and r["mixed_finite"] and r["mixed_moved"] > 1e-3

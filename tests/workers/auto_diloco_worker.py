@@ -121,6 +121,27 @@ def leave():
     out["leave_digest"] = digest(model.trainable_weights + opt.inner_optimizer.variables)
 
 
+def leave_resumed(backup_dir):
+    """The same, resumed from the backup of a "diloco" epoch that is not the first: epoch 0 runs 2dtar,
+    epoch 1 "auto" ("diloco"), then the run resumes into the scheduled 2dtar epoch. Every rank restores
+    its own backup, whose wrapped SGD momentum differs by node: the epoch starts from it averaged, and
+    every rank ends with the same weights and momentum."""
+    def fit(epochs):
+        model = digits.small_cnn(seed=6)
+        opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), dgc=DGC(momentum_correction=False),
+                                   schedule={0: "2dtar", 1: "auto", 2: "2dtar"},
+                                   auto=Auto(cost_params=SLOW, compute_s=0.01, probe=False, drift=1e9, diloco=True))
+        model.compile(opt, LOSS, jit_compile=False)
+        model.fit(x, y, batch_size=4, epochs=epochs, shuffle=False, verbose=0,
+                  callbacks=default_callbacks() + [BackupAndRestore(backup_dir, delete_checkpoint=False)])
+        return model, opt
+
+    fit(2)
+    model, opt = fit(3)
+    out["resumed_leave_ran"] = [opt.algorithm_at(e) for e in range(3)]
+    out["resumed_leave_digest"] = digest(model.trainable_weights + opt.inner_optimizer.variables)
+
+
 def mixed():
     """mixed_float16 (compile puts a LossScaleOptimizer around it, made global by default_callbacks()): the
     epochs run "diloco", the weights stay finite and every rank ends with the same ones."""
@@ -151,6 +172,7 @@ def fast_link():
 against_diloco()
 resume(sys.argv[1])
 leave()
+leave_resumed(sys.argv[1] + "_leave")
 mixed()
 fast_link()
 report(topo.rank, out)

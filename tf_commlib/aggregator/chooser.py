@@ -33,7 +33,8 @@ class Auto:
     a step then takes about max(compute, communication), and where the per-bucket choice does not
     bring that to margin times the all-exact step (collectives.keep_exact), "auto" keeps every
     bucket exact: compression would cost accuracy and save too little time. None (default): not
-    considered; ignored without overlap.
+    considered; that rule ignores it without overlap (DistributedOptimizer's "auto" adds it to every
+    predicted step, overlap or not).
 
     DistributedOptimizer(algorithm="auto") runs one of ``candidates`` (registered collective names;
     default AUTO_CANDIDATES) on its compressible variables each epoch: the one with the least

@@ -4,9 +4,10 @@ predicted time to accuracy, from measured step times and measured progress.
 A candidate's time to an accuracy is (the steps it needs) x (its seconds per step):
 
 * seconds per step: the cost model's prediction for the model's buckets on the calibrated link
-  (collectives.predict; overlapped, a step takes max(compute, communication)) times the ratio
-  measured / predicted of the candidate's last epoch (before it ran: the ratio of the last
-  candidate that did, which carries what the model leaves out for every candidate alike; 1 at first);
+  (collectives.predict; compute plus communication, less the part of the shorter that a step hides)
+  times the ratio measured / predicted of the candidate's last epoch (before it ran: the ratio of the
+  last candidate that did, which carries what the model leaves out for every candidate alike; 1 at
+  first);
 * steps: those that exact aggregation needs, over the candidate's efficiency ``eta``: the part of
   exact aggregation's progress that its updates make. Over an epoch of W steps, exact
   aggregation applies sum(u) (u: what enters the collective each step); a lossy collective with

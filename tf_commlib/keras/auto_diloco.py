@@ -21,7 +21,9 @@ H steps beats every per-step collective by a margin.
   What an epoch of it takes is measured (its steps, and the syncs, which run after a batch's end).
 * Accuracy: what drift between nodes costs is not measured within an epoch (its pseudo-gradient is all
   delivered at each sync, so error feedback's efficiency would call it exact). ``auto`` counts its time
-  at 1 / MARGIN: it is chosen only where predicted at most MARGIN times the best per-step candidate.
+  at 1 / MARGIN: it starts only where predicted at most MARGIN times the best per-step candidate (and
+  replaces a running one at Auto.switch of that). Batch-norm statistics stay per rank, as in a per-step
+  epoch (tf_commlib.keras.DiLoCo averages them at its syncs).
 """
 import time
 
@@ -40,7 +42,7 @@ from tf_commlib.keras.interval import AUTO_INTERVALS, Window, choose_interval
 NAME = "diloco"     # its name among auto's candidates
 CODEC = "int4"      # the pseudo-gradients' codec between nodes
 MAX_INTERVAL = 8    # the largest H it runs
-MARGIN = 0.8        # chosen only where predicted at most this part of the best per-step candidate's time
+MARGIN = 0.8        # started only where predicted at most this part of the best per-step candidate's time
 
 
 def times(d, m, n, params):

@@ -34,6 +34,7 @@ class AutoEpochs:
                                   switch=self.settings.switch, drift=self.settings.drift, margin=self.settings.margin,
                                   handicap={auto_diloco.NAME: 1 / auto_diloco.MARGIN})
         self.local = None   # the LocalRounds of candidate "diloco" (built with the optimizer where it is one)
+        self.local_restored = False   # a backup written while "diloco" ran: the next epoch begins from its end
         self.link = self.settings.cost_params or getattr(opt, "calibrated_link", None)
         self.compute_s = self.settings.compute_s
         # the part of the shorter of compute and communication that a step hides, until an epoch is
@@ -110,7 +111,9 @@ class AutoEpochs:
     def begin_window(self, running):
         """The start of an epoch that runs `running` (None: the schedule left "auto"): for a lossy one,
         sums zeroed and residuals noted (eagerly; an exact one adds nothing to them); "diloco" started
-        or, where it ran, stopped."""
+        or, where it ran (also before a restored backup), stopped."""
+        if self.local is not None and self.local_restored:
+            self.local.running, self.local_restored = True, False
         if self.local is not None and running == auto_diloco.NAME:
             self.local.start(self.local_interval())
         elif self.local is not None:   # the wrapped optimizer's state made the same on every rank again
@@ -136,8 +139,10 @@ class AutoEpochs:
 
     def state(self):
         """What BackupAndRestore keeps (the measured ratios and efficiencies, the choice, compute,
-        the steps of an epoch, the cost of a new trace and a link measured again during the run)."""
+        the steps of an epoch, the cost of a new trace, a link measured again during the run and whether
+        "diloco" ran: the wrapped optimizer's state is then per node)."""
         return {**self.tta.state(), "compute_s": self.compute_s, "overlapped": self.overlapped,
+                "local_running": self.running_local(),
                 "steps": self.steps, "switch_s": self.switch_s,
                 "link": self.link.as_list() if self.recalibrations and self.link is not None else None,
                 "first_s": {"traced" if k else "untraced": v for k, v in self.first_s.items()}}
@@ -148,6 +153,7 @@ class AutoEpochs:
             if state.get(name) is not None:
                 setattr(self, name, kind(state[name]))
         self.first_s = {k == "traced": float(v) for k, v in (state.get("first_s") or {}).items()}
+        self.local_restored = bool(state.get("local_running"))
         if state.get("link") is not None:   # measured again during the run (recalibrate)
             self.link, self.recalibrations = LinkParams.from_list(state["link"]), max(1, self.recalibrations)
 
@@ -222,7 +228,7 @@ class AutoEpochs:
         nothing counts the steps (a loop without CompressionScheduler that did not call set_fit_epochs),
         and until the compute per step is known (Auto(compute_s=...) or an epoch measured): its margin
         is on whole steps, and with the compute taken as 0 it would weigh the link alone (ResNet-50 at
-        500 Mbit/s chose it at epoch 0 so, and ran 1.5 s steps where PowerSGD's took 1.2-1.3 s)."""
+        500 Mbit/s chose it at epoch 0 so, and ran 1.6 s steps where PowerSGD's took 1.2-1.3 s)."""
         if name == auto_diloco.NAME and (not self.opt.steps_counted or self.compute_s is None):
             return math.inf   # nothing would sync the nodes; or its margin, on whole steps, cannot be judged
         comm, compute = self.communication_s(name, density), self.compute_s or 0.0

@@ -94,7 +94,7 @@ class CompressionScheduler(keras.callbacks.Callback):
     (global_loss_scale). It refuses a model compiled with XLA (jit_compile=True, also what Keras'
     default "auto" means on a GPU) before the first step, on every rank. A DiLoCo gets the model's
     batch-norm statistics to average, each batch's end (its step count) and each epoch's end (a sync);
-    so does a DistributedOptimizer, for auto's candidate "diloco".
+    a DistributedOptimizer gets the batch and epoch ends, for auto's candidate "diloco".
     For algorithm="auto" it times every batch and hands each epoch's median step to the optimizer,
     which chooses the next epoch's collective (and traces the step again when it changed); without
     Auto(cost_params=...) it has the link measured
