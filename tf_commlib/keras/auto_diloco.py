@@ -112,6 +112,7 @@ class LocalRounds(Syncs):
         self.running = False   # this epoch runs it
         self.traced = None     # whether the traced step ran it (None: not traced yet)
         self.sync_s = 0.0      # seconds of this epoch's syncs, which run after a batch's end
+        self.synced = []       # seconds of each of this epoch's syncs (not those that traced a function)
         self._build_syncs(owner, var_list, [])
         self.size = sum(int(np.prod(v.shape, dtype=np.int64)) for v in var_list)
 
@@ -121,7 +122,7 @@ class LocalRounds(Syncs):
             raise ValueError(f"h must be one of {AUTO_INTERVALS}, got {h!r}")
         self._restart_from_weights()
         self.synced_at.assign(self.steps_done)
-        self.interval, self.running, self.sync_s = int(h), True, 0.0
+        self.interval, self.running, self.sync_s, self.synced = int(h), True, 0.0, []
 
     def stop(self, states):
         """Ends its epochs: the float variables ``states`` (the wrapped optimizer's, which stepped per node)
@@ -149,20 +150,24 @@ class LocalRounds(Syncs):
         start, traced = time.perf_counter(), len(self._fns)
         steps = int(self.steps_done.assign_add(1).numpy())
         if steps - int(self.synced_at.numpy()) >= self.interval:   # H steps after the last sync (an epoch's end's too)
-            self._sync_now(steps // self.interval)
-            self.synced_at.assign(steps)
+            self._timed_sync(steps // self.interval, steps)
         if len(self._fns) == traced:   # a sync that traced its functions is no measure of one
             self.sync_s += time.perf_counter() - start
+
+    def _timed_sync(self, index, steps):
+        start, traced = time.perf_counter(), len(self._fns)
+        self._sync_now(index)
+        self.synced_at.assign(steps)
+        if len(self._fns) == traced:
+            self.synced.append(time.perf_counter() - start)
 
     def synchronize(self):
         """Syncs the steps since the last sync (every rank then holds the same weights). A collective."""
         steps = int(self.steps_done.numpy())
         if steps > int(self.synced_at.numpy()):
-            start, traced = time.perf_counter(), len(self._fns)
-            self._sync_now(-steps)   # a negative index: no interval's seed
-            self.synced_at.assign(steps)
-            if len(self._fns) == traced:
-                self.sync_s += time.perf_counter() - start
+            before = len(self.synced)
+            self._timed_sync(-steps, steps)   # a negative index: no interval's seed
+            self.sync_s += sum(self.synced[before:])
 
     def sent_bytes(self):
         """{"intra": B, "inter": B} per step, over an interval of the current H."""

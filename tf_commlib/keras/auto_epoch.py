@@ -35,6 +35,7 @@ class AutoEpochs:
                                   handicap={auto_diloco.NAME: 1 / auto_diloco.MARGIN})
         self.local = None   # the LocalRounds of candidate "diloco" (built with the optimizer where it is one)
         self.local_restored = False   # a backup written while "diloco" ran: the next epoch begins from its end
+        self.local_sync_s = None   # a sync of "diloco" as its last epoch measured it (exchange included)
         self.link = self.settings.cost_params or getattr(opt, "calibrated_link", None)
         self.compute_s = self.settings.compute_s
         # the part of the shorter of compute and communication that a step hides, until an epoch is
@@ -142,7 +143,7 @@ class AutoEpochs:
         the steps of an epoch, the cost of a new trace, a link measured again during the run and whether
         "diloco" ran: the wrapped optimizer's state is then per node)."""
         return {**self.tta.state(), "compute_s": self.compute_s, "overlapped": self.overlapped,
-                "local_running": self.running_local(),
+                "local_running": self.running_local(), "local_sync_s": self.local_sync_s,
                 "steps": self.steps, "switch_s": self.switch_s,
                 "link": self.link.as_list() if self.recalibrations and self.link is not None else None,
                 "first_s": {"traced" if k else "untraced": v for k, v in self.first_s.items()}}
@@ -154,6 +155,8 @@ class AutoEpochs:
                 setattr(self, name, kind(state[name]))
         self.first_s = {k == "traced": float(v) for k, v in (state.get("first_s") or {}).items()}
         self.local_restored = bool(state.get("local_running"))
+        if state.get("local_sync_s") is not None:
+            self.local_sync_s = float(state["local_sync_s"])
         if state.get("link") is not None:   # measured again during the run (recalibrate)
             self.link, self.recalibrations = LinkParams.from_list(state["link"]), max(1, self.recalibrations)
 
@@ -212,11 +215,16 @@ class AutoEpochs:
 
     def _local(self):
         """(communication seconds per step, H) of "diloco" (auto_diloco.communication_s; in the epoch that
-        runs it, at the H it runs)."""
+        runs it, at the H it runs); where probed, a sync at what its last epoch measured once one ran (the
+        probe times its exchange and one node average; the sync's other work on every variable is not in
+        it: at 100 Mbit/s on the photo patches H = 2 was chosen so and its epochs took 1.2x hitopk's)."""
         topo = current_topology()
         h = self.local.interval if self.running == auto_diloco.NAME else None
-        return auto_diloco.communication_s(self.local.size, topo.m, topo.n, self.link or LinkParams(),
-                                           self.compute_s or 0.0, getattr(self.opt, "probed_local", None), h)
+        link = self.link or LinkParams()
+        times = getattr(self.opt, "probed_local", None)
+        if self.local_sync_s is not None:
+            times = ((times or auto_diloco.times(self.local.size, topo.m, topo.n, link))[0], self.local_sync_s, 0.0)
+        return auto_diloco.communication_s(self.local.size, topo.m, topo.n, link, self.compute_s or 0.0, times, h)
 
     def local_interval(self):
         """The H that "diloco" runs with, from the predicted times."""
@@ -301,11 +309,20 @@ class AutoEpochs:
         an untraced one's (which pays the input pipeline's start, say), the means over the ranks."""
         if self.running is None:
             return
-        if self.running == auto_diloco.NAME and steps:   # its syncs run after the batches' ends
-            measured_s += self.local.sync_s / steps
+        synced = []
+        if self.running == auto_diloco.NAME:
+            synced = self.local.synced
+            if steps:   # its syncs run after the batches' ends
+                measured_s += self.local.sync_s / steps
         totals = summed(np.concatenate([self._delivered_here(),   # one allreduce
-                                         [measured_s, steps or 0, first_s or 0.0, first_s is not None]]))
-        num, den, measured, steps, first, firsts = totals
+                                         [measured_s, steps or 0, first_s or 0.0, first_s is not None,
+                                          sum(synced), len(synced)]]))
+        num, den, measured, steps, first, firsts, sync_total, syncs = totals
+        moved = False
+        if syncs and getattr(self.opt, "probed_local", None):   # a sync as measured, in place of the probe's
+            sync, last = float(sync_total / syncs), self.local_sync_s   # times (of a part of it)
+            moved = bool(last and sync > 0 and max(sync / last, last / sync) > self.tta.drift)   # the link changed
+            self.local_sync_s = sync
         size = current_topology().size
         eta = 1.0 + num / den if den > 0 else 1.0   # over every rank (1 for an exact candidate)
         measured /= size
@@ -324,13 +341,14 @@ class AutoEpochs:
             self.overlapped = float(np.clip((self.compute_s + comm - measured) / min(comm, self.compute_s), 0, 1))
         same = self.densities.get(self.running) == density   # a warm-up density moves the ratio by itself
         self.densities[self.running] = density
-        if self.tta.observe(self.running, measured, self.step_s(self.running, density), eta, comparable=same):
+        observed = self.tta.observe(self.running, measured, self.step_s(self.running, density), eta, comparable=same)
+        if observed or moved:
             self.recalibrate()
         self.last_measured = (self.running, float(measured), density)
         self.tta.log.append({"epoch": epoch, "ran": self.running, "measured_s": float(measured), "efficiency": float(eta),
                              "switch_s": self.switch_s})
         if self.running == auto_diloco.NAME:
-            self.tta.log[-1]["sync_every"] = self.local.interval
+            self.tta.log[-1].update(sync_every=self.local.interval, sync_s=self.local_sync_s)
         self.running = None
 
     def recalibrate(self):
@@ -345,6 +363,7 @@ class AutoEpochs:
             object.__setattr__(self.opt, "probed_local", probe_local(self.opt, self.variables, self.link))
             self._scales = {}
         self.tta.recalibrated()
+        self.local_sync_s = None   # measured on the old link
         self.recalibrations += 1
 
 
