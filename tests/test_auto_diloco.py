@@ -115,8 +115,8 @@ def test_only_where_asked_or_by_default(two_by_two):
 def test_a_measured_sync_takes_the_place_of_the_probe(two_by_two, monkeypatch):
     """Where the candidates were probed (a sync's exchange and one node average), an epoch of "diloco"
     measures its syncs, and the next prediction and H follow from that measure (the probe leaves out the
-    sync's other work on every variable); BackupAndRestore keeps it; a sync that later takes more than
-    Auto.drift times as long has the link measured again."""
+    sync's other work on every variable); BackupAndRestore keeps it; a step that later takes more than
+    Auto.drift times its prediction from the last epoch's syncs has the link measured again."""
     from tf_commlib.keras import auto_epoch
 
     monkeypatch.setattr(auto_epoch, "summed", lambda v: 4 * np.asarray(v, np.float64))   # 4 ranks alike
@@ -126,24 +126,25 @@ def test_a_measured_sync_takes_the_place_of_the_probe(two_by_two, monkeypatch):
     object.__setattr__(opt, "probed_local", (node, 0.05, node))
     assert auto.running == "diloco" and auto_diloco.interval(0.05, node, 0.19 + node) == 2
 
-    def epoch(e, sync_s):
-        auto.local.synced, auto.local.sync_s = [sync_s] * 4, 4 * sync_s
+    def epoch(e, sync_s):   # 32 steps of 0.2 s and 4 syncs, at H = 8
+        auto.local.synced, auto.local.sync_s, auto.local.interval = [sync_s] * 4, 4 * sync_s, 8
         auto.end_epoch(e, 0.2, steps=32)
-        auto.begin_window(auto.choose(e + 1))
+        auto.running = "diloco"   # runs it again
 
     recalibrated = []
     monkeypatch.setattr(auto, "recalibrate", lambda: recalibrated.append(True))
     epoch(0, 0.3)
     assert auto.local_sync_s == pytest.approx(0.3) and not recalibrated
-    assert auto_diloco.interval(0.3, 0.0, 0.19 + node) == 8
-    assert auto.running == "diloco" and auto.local.interval == 8
+    auto.running = None   # the next choice's H and prediction
+    assert auto_diloco.interval(0.3, 0.0, 0.19 + node) == 8 == auto.local_interval()
     assert auto.communication_s("diloco", 0.01) == pytest.approx(node + 0.3 / 8)
+    auto.running = "diloco"
     again = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
     again.auto_epochs.restore(auto.state())
     assert again.auto_epochs.local_sync_s == pytest.approx(0.3)
-    epoch(1, 0.3 * 1.2)
-    assert not recalibrated
-    epoch(2, 0.3 * 1.2 * 2)
+    epoch(1, 0.3 * 2)   # a step of 0.2 s + 4 syncs of 0.6 s over 32 steps, predicted at 0.2 + 0.3 / 8
+    assert not recalibrated and auto.local_sync_s == pytest.approx(0.6)
+    epoch(2, 0.6 * 20)   # 0.2 + 1.5 s, predicted at 0.2 + 0.6 / 8
     assert recalibrated
 
 

@@ -318,11 +318,11 @@ class AutoEpochs:
                                          [measured_s, steps or 0, first_s or 0.0, first_s is not None,
                                           sum(synced), len(synced)]]))
         num, den, measured, steps, first, firsts, sync_total, syncs = totals
-        moved = False
+        sync = None
         if syncs and getattr(self.opt, "probed_local", None):   # a sync as measured, in place of the probe's
-            sync, last = float(sync_total / syncs), self.local_sync_s   # times (of a part of it)
-            moved = bool(last and sync > 0 and max(sync / last, last / sync) > self.tta.drift)   # the link changed
-            self.local_sync_s = sync
+            sync = float(sync_total / syncs)                      # times (of a part of it)
+            if self.local_sync_s is None:
+                self.local_sync_s = sync
         size = current_topology().size
         eta = 1.0 + num / den if den > 0 else 1.0   # over every rank (1 for an exact candidate)
         measured /= size
@@ -339,10 +339,15 @@ class AutoEpochs:
         elif self.opt.overlap and self.running != auto_diloco.NAME and min(comm, self.compute_s) > 0:
             # how much of the shorter one the step hid (a "diloco" step hides nothing)
             self.overlapped = float(np.clip((self.compute_s + comm - measured) / min(comm, self.compute_s), 0, 1))
-        same = self.densities.get(self.running) == density   # a warm-up density moves the ratio by itself
+        # a warm-up density moves a collective's ratio by itself ("diloco" sends no density)
+        same = self.running == auto_diloco.NAME or self.densities.get(self.running) == density
         self.densities[self.running] = density
+        # against the last epoch's sync: a step that moved by more than drift (a sync's time included) means
+        # the link changed (a sync's own time varies with H: the ranks' wait for each other grows with it)
         observed = self.tta.observe(self.running, measured, self.step_s(self.running, density), eta, comparable=same)
-        if observed or moved:
+        if sync is not None:
+            self.local_sync_s = sync
+        if observed:
             self.recalibrate()
         self.last_measured = (self.running, float(measured), density)
         self.tta.log.append({"epoch": epoch, "ran": self.running, "measured_s": float(measured), "efficiency": float(eta),
