@@ -1,6 +1,8 @@
 """DistributedOptimizer(algorithm="auto")'s candidate "diloco" (tf_commlib.keras.auto_diloco): local SGD
 inside the nodes, DiLoCo's sync across them every H steps, chosen where predicted well below every
 per-step candidate."""
+import json
+
 import numpy as np
 import pytest
 
@@ -140,10 +142,11 @@ def test_a_measured_sync_takes_the_place_of_the_probe(two_by_two, monkeypatch):
     assert auto.communication_s("diloco", 0.01) == pytest.approx(node + 0.3 / 8)
     auto.running = "diloco"
     again = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
-    again.auto_epochs.restore(auto.state())
-    assert again.auto_epochs.local_sync_s == pytest.approx(0.3)
+    again.auto_epochs.restore(json.loads(json.dumps(auto.state())))
+    assert again.auto_epochs.local_sync_s == pytest.approx(0.3) and again.auto_epochs.local_restored
     epoch(1, 0.3 * 2)   # a step of 0.2 s + 4 syncs of 0.6 s over 32 steps, predicted at 0.2 + 0.3 / 8
     assert not recalibrated and auto.local_sync_s == pytest.approx(0.6)
+    assert auto.tta.ratio["diloco"] == pytest.approx(1.0)   # against 0.2 + 0.6 / 8: counted once
     epoch(2, 0.6 * 20)   # 0.2 + 1.5 s, predicted at 0.2 + 0.6 / 8
     assert recalibrated
 

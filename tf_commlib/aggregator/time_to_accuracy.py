@@ -115,17 +115,20 @@ class TimeToAccuracy:
         start = 0.0 if switch_s is None or self.current not in self.candidates else change
         return {c: later[c] + (start if c != self.current else 0.0) for c in allowed}
 
-    def observe(self, name, measured_s, predicted_s, efficiency=None, comparable=True):
+    def observe(self, name, measured_s, predicted_s, efficiency=None, comparable=True, kept_s=None):
         """Records an epoch of `name`: its median measured step seconds, the prediction for it and
         (lossy) its measured efficiency; True where the measured / predicted ratio moved by more
         than ``drift`` since the candidate's last epoch (the link changed). comparable=False: that
-        epoch ran another setting (e.g. a DGC warm-up density), so a moved ratio says nothing of the link."""
+        epoch ran another setting (e.g. a DGC warm-up density), so a moved ratio says nothing of the link.
+        kept_s: the prediction the kept ratio is against, where the epoch's measurements changed it
+        (default predicted_s)."""
         if name not in self.candidates:
             raise ValueError(f"{name!r} is not a candidate ({self.candidates})")
         if not (measured_s > 0 and predicted_s > 0 and math.isfinite(measured_s) and math.isfinite(predicted_s)):
             return False
         ratio, before = measured_s / predicted_s, self.ratio.get(name)
-        self.ratio[name], self.last = float(ratio), name
+        kept = measured_s / kept_s if kept_s is not None and 0 < kept_s < math.inf else ratio
+        self.ratio[name], self.last = float(kept), name
         if efficiency is not None and name in self.lossy and math.isfinite(efficiency):
             self.efficiency[name] = min(1.0, max(self.min_efficiency, float(efficiency)))
         return comparable and before is not None and max(ratio / before, before / ratio) > self.drift

@@ -155,8 +155,7 @@ class AutoEpochs:
                 setattr(self, name, kind(state[name]))
         self.first_s = {k == "traced": float(v) for k, v in (state.get("first_s") or {}).items()}
         self.local_restored = bool(state.get("local_running"))
-        if state.get("local_sync_s") is not None:
-            self.local_sync_s = float(state["local_sync_s"])
+        self.local_sync_s = None if state.get("local_sync_s") is None else float(state["local_sync_s"])
         if state.get("link") is not None:   # measured again during the run (recalibrate)
             self.link, self.recalibrations = LinkParams.from_list(state["link"]), max(1, self.recalibrations)
 
@@ -169,7 +168,7 @@ class AutoEpochs:
         topo = current_topology()
         if self.local is not None:   # whether the step runs the node average of "diloco"
             stale = int(stale or (self.local.traced is not None and self.local.traced != self.local.running))
-            mine.append(int(self.local.running))
+            mine += [int(self.local.running), int(self.local.interval)]
         rows = np.array([mine + [stale]], np.int64)
         if topo.size > 1:
             rows = primitives.allgather(tf.constant(rows), topo.world, name="auto_agree").numpy()
@@ -222,7 +221,7 @@ class AutoEpochs:
         h = self.local.interval if self.running == auto_diloco.NAME else None
         link = self.link or LinkParams()
         times = getattr(self.opt, "probed_local", None)
-        if self.local_sync_s is not None:
+        if self.local_sync_s is not None and times is not None:
             times = ((times or auto_diloco.times(self.local.size, topo.m, topo.n, link))[0], self.local_sync_s, 0.0)
         return auto_diloco.communication_s(self.local.size, topo.m, topo.n, link, self.compute_s or 0.0, times, h)
 
@@ -321,8 +320,6 @@ class AutoEpochs:
         sync = None
         if syncs and getattr(self.opt, "probed_local", None):   # a sync as measured, in place of the probe's
             sync = float(sync_total / syncs)                      # times (of a part of it)
-            if self.local_sync_s is None:
-                self.local_sync_s = sync
         size = current_topology().size
         eta = 1.0 + num / den if den > 0 else 1.0   # over every rank (1 for an exact candidate)
         measured /= size
@@ -342,13 +339,16 @@ class AutoEpochs:
         # a warm-up density moves a collective's ratio by itself ("diloco" sends no density)
         same = self.running == auto_diloco.NAME or self.densities.get(self.running) == density
         self.densities[self.running] = density
-        # against the last epoch's sync: a step that moved by more than drift (a sync's time included) means
-        # the link changed (a sync's own time varies with H: the ranks' wait for each other grows with it)
-        observed = self.tta.observe(self.running, measured, self.step_s(self.running, density), eta, comparable=same)
+        # "diloco": a step that moved by more than drift against its prediction from the last epoch's syncs
+        # means the link changed (a sync's own time is no such sign: the ranks' wait at a sync grows with H);
+        # the ratio kept is against the prediction from this epoch's syncs
+        predicted = self.step_s(self.running, density)
         if sync is not None:
             self.local_sync_s = sync
-        if observed:
+        if self.tta.observe(self.running, measured, predicted, eta, comparable=same,
+                            kept_s=self.step_s(self.running, density)):
             self.recalibrate()
+            self.local_sync_s = sync if sync is not None else self.local_sync_s   # measured on the new link
         self.last_measured = (self.running, float(measured), density)
         self.tta.log.append({"epoch": epoch, "ran": self.running, "measured_s": float(measured), "efficiency": float(eta),
                              "switch_s": self.switch_s})
