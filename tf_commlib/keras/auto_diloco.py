@@ -155,19 +155,20 @@ class LocalRounds(Syncs):
             self.sync_s += time.perf_counter() - start
 
     def _timed_sync(self, index, steps):
+        """A sync after ``steps`` steps; its seconds (0 where it traced a function, no measure of one)."""
         start, traced = time.perf_counter(), len(self._fns)
         self._sync_now(index)
         self.synced_at.assign(steps)
-        if len(self._fns) == traced:
-            self.synced.append(time.perf_counter() - start)
+        if len(self._fns) != traced:
+            return 0.0
+        self.synced.append(time.perf_counter() - start)
+        return self.synced[-1]
 
     def synchronize(self):
         """Syncs the steps since the last sync (every rank then holds the same weights). A collective."""
         steps = int(self.steps_done.numpy())
         if steps > int(self.synced_at.numpy()):
-            before = len(self.synced)
-            self._timed_sync(-steps, steps)   # a negative index: no interval's seed
-            self.sync_s += sum(self.synced[before:])
+            self.sync_s += self._timed_sync(-steps, steps)   # a negative index: no interval's seed
 
     def sent_bytes(self):
         """{"intra": B, "inter": B} per step, over an interval of the current H."""

@@ -222,7 +222,7 @@ class AutoEpochs:
         link = self.link or LinkParams()
         times = getattr(self.opt, "probed_local", None)
         if self.local_sync_s is not None and times is not None:
-            times = ((times or auto_diloco.times(self.local.size, topo.m, topo.n, link))[0], self.local_sync_s, 0.0)
+            times = (times[0], self.local_sync_s, 0.0)
         return auto_diloco.communication_s(self.local.size, topo.m, topo.n, link, self.compute_s or 0.0, times, h)
 
     def local_interval(self):
@@ -348,7 +348,8 @@ class AutoEpochs:
         if self.tta.observe(self.running, measured, predicted, eta, comparable=same,
                             kept_s=self.step_s(self.running, density)):
             self.recalibrate()
-            self.local_sync_s = sync if sync is not None else self.local_sync_s   # measured on the new link
+            if sync is not None:   # measured on the new link
+                self.local_sync_s = sync
         self.last_measured = (self.running, float(measured), density)
         self.tta.log.append({"epoch": epoch, "ran": self.running, "measured_s": float(measured), "efficiency": float(eta),
                              "switch_s": self.switch_s})
