@@ -46,9 +46,12 @@ def two_by_two(monkeypatch):
     from tf_commlib.keras import auto_epoch, diloco_sync, optimizer as module
     from tf_commlib.topology import Topology
 
+    from tf_commlib.keras import auto_probe
+
     topo = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
     for mod in (module, auto_epoch, diloco_sync):
         monkeypatch.setattr(mod, "current_topology", lambda: topo)
+    monkeypatch.setattr(auto_probe, "gathered", lambda rows, name: np.repeat(rows, 4, axis=0))   # 4 ranks alike
     return topo
 
 
@@ -159,6 +162,88 @@ def test_a_link_measured_again_is_kept_in_the_state(two_by_two):
     again = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
     again.auto_epochs.restore(opt.auto_epochs.state())
     assert again.auto_epochs.link == alphabeta.LinkParams()
+
+
+def test_ranks_that_would_begin_different_epochs_fail_before_a_collective(two_by_two, monkeypatch):
+    """Where rounds ran and one rank would begin another epoch than the others (a wrong restore, say),
+    every rank fails with a ValueError before the wrapped optimizer's state is averaged (a collective
+    that the rank beginning rounds would not call: a hang)."""
+    from tf_commlib.keras import auto_probe, callbacks
+
+    opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
+    auto, averaged = opt.auto_epochs, []
+    assert auto.local.running
+    monkeypatch.setattr(callbacks, "average_variables", averaged.append)
+    monkeypatch.setattr(auto_probe, "gathered", lambda rows, name: np.concatenate([rows, rows + [[1, 0, 0, 0]]]))
+    with pytest.raises(ValueError, match="the ranks would begin different epochs"):
+        auto.begin_window("dense")
+    assert not averaged and auto.local.running
+
+
+def test_a_rank_that_restores_its_previous_backup_after_its_latest_ends_as_the_others(two_by_two):
+    """A rank that saved one epoch more than another restores its latest backup, then its previous one:
+    what only the latest held (a link measured again, the compute, a trace's cost, the last epoch) is not
+    kept, so it predicts as the ranks that restored the previous one only."""
+    given = alphabeta.LinkParams(beta_inter=8 / 1e6)
+    ran = _built(cost_params=given, probe=False).auto_epochs
+    previous = json.loads(json.dumps(ran.state()))   # nothing measured yet
+    ran.compute_s, ran.steps, ran.switch_s, ran.overlapped = 0.19, 32, 3.0, 0.5
+    ran.link, ran.recalibrations = alphabeta.LinkParams(), 1
+    ran.densities, ran.last_measured = {"hitopk": 0.01}, ("hitopk", 0.3, 0.01, 0.1)
+    latest = json.loads(json.dumps(ran.state()))
+    only_latest, both, only_previous = (_built(cost_params=given, probe=False).auto_epochs for _ in range(3))
+    only_latest.restore(latest)
+    assert (only_latest.compute_s, only_latest.steps, only_latest.switch_s, only_latest.link) == \
+        (0.19, 32, 3.0, alphabeta.LinkParams())
+    assert only_latest.densities == {"hitopk": 0.01} and only_latest.last_measured == ("hitopk", 0.3, 0.01, 0.1)
+    both.restore(latest)
+    both.restore(previous)
+    only_previous.restore(previous)
+    assert both.state() == only_previous.state() and both.link == only_previous.link == given
+    assert (both.compute_s, both.steps, both.switch_s, both.last_measured) == (None, None, None, None)
+    assert both.predictions(1) == only_previous.predictions(1)
+
+
+def test_a_restored_link_has_the_candidates_timed_again_at_the_next_choice(two_by_two, monkeypatch):
+    """The candidates' timings are the link's: a resumed run whose backup holds a link measured again
+    during the run times them again on it (from the cache where they were) before it chooses, once."""
+    from tf_commlib.keras import auto_epoch
+
+    opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
+    auto = opt.auto_epochs
+    timed = {c: 0.1 for c in auto.settings.candidates}
+    auto.probed, calls = dict(timed), []   # as if timed when fit started
+    monkeypatch.setattr(auto_epoch, "probe_candidates", lambda o, v, link: calls.append(link) or (dict(timed), {}))
+    monkeypatch.setattr(auto_epoch, "probe_local", lambda o, v, link: (0.01, 0.05, 0.01))
+    auto.choose(1)
+    assert not calls
+    auto.restore({**auto.state(), "link": alphabeta.LinkParams().as_list()})
+    auto.choose(2)
+    auto.choose(3)
+    assert calls == [alphabeta.LinkParams()] and auto.probed_on == auto.link == alphabeta.LinkParams()
+    assert opt.probed_local == (0.01, 0.05, 0.01)
+
+
+def test_an_untried_candidate_is_bounded_from_the_h_that_ran(two_by_two, monkeypatch):
+    """After an epoch of "diloco" at H = 2 whose syncs choose H = 8 next, the compute that an untried
+    candidate's bound rests on is the step less a node average and a sync per 2 steps, as it ran."""
+    from tf_commlib.keras import auto_epoch
+
+    monkeypatch.setattr(auto_epoch, "summed", lambda v: 4 * np.asarray(v, np.float64))   # 4 ranks alike
+    opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
+    auto, node = opt.auto_epochs, 0.01
+    object.__setattr__(opt, "probed_local", (node, 0.05, node))
+    assert auto.running == "diloco"
+    auto.local.interval, auto.local.synced, auto.local.sync_s = 2, [0.3] * 16, 16 * 0.3   # 32 steps of 0.2 s
+    auto.end_epoch(0, 0.2, steps=32)
+    assert auto.local_interval() == 8
+    name, measured, _, comm = auto.last_measured
+    assert name == "diloco" and measured == pytest.approx(0.2 + 0.3 / 2) and comm == pytest.approx(node + 0.3 / 2)
+    ratio = auto.tta.ratio["diloco"]
+    bound = auto.untried_bound(0.01)
+    assert set(bound) == {"hitopk", "powersgd"}
+    for c, seconds in bound.items():
+        assert seconds == pytest.approx((0.2 - node + auto.communication_s(c, 0.01)) / ratio)
 
 
 @pytest.fixture(scope="module")

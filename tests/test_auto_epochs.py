@@ -11,13 +11,14 @@ from tf_commlib.aggregator import Auto
 @pytest.fixture
 def two_by_two(monkeypatch):
     """The optimizer and AutoEpochs see rank 0 of 2 nodes of 2 ranks."""
-    from tf_commlib.keras import auto_epoch, diloco_sync, optimizer as module
+    from tf_commlib.keras import auto_epoch, auto_probe, diloco_sync, optimizer as module
     from tf_commlib.topology import Topology
 
     topo = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
     monkeypatch.setattr(module, "current_topology", lambda: topo)
     monkeypatch.setattr(auto_epoch, "current_topology", lambda: topo)
     monkeypatch.setattr(diloco_sync, "current_topology", lambda: topo)
+    monkeypatch.setattr(auto_probe, "gathered", lambda rows, name: np.repeat(rows, 4, axis=0))   # 4 ranks alike
     return topo
 
 
@@ -48,7 +49,7 @@ def test_an_untried_candidate_is_tried_by_its_saving_without_overlap(two_by_two)
     compute = 0.2 * comm["dense"]
     measured = compute + comm["dense"]
     auto.tta.observe("dense", measured, auto.step_s("dense", density))
-    auto.last_measured = ("dense", measured, density)
+    auto.last_measured = ("dense", measured, density, comm["dense"])
     ratio = auto.tta.ratio["dense"]
     bound = auto.untried_bound(density)
     assert set(bound) == {"hitopk", "powersgd"}
@@ -57,7 +58,7 @@ def test_an_untried_candidate_is_tried_by_its_saving_without_overlap(two_by_two)
     # once measured, a candidate's own measurement decides: hitopk measured slower than dense
     auto.tta.observe("hitopk", 2 * measured, auto.step_s("hitopk", density), efficiency=1.0)
     auto.tta.observe("powersgd", 2 * measured, auto.step_s("powersgd", density), efficiency=1.0)
-    auto.last_measured = ("powersgd", 2 * measured, density)
+    auto.last_measured = ("powersgd", 2 * measured, density, comm["powersgd"])
     assert auto.untried_bound(density) == {} and auto.choose(7) in ("dense", "2dtar")
 
 

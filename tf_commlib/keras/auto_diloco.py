@@ -124,6 +124,16 @@ class LocalRounds(Syncs):
         self.synced_at.assign(self.steps_done)
         self.interval, self.running, self.sync_s, self.synced = int(h), True, 0.0, []
 
+    def check_begin(self, index, h, restored):
+        """ValueError on every rank where the ranks would begin different epochs: the candidate (its
+        index), H, whether rounds ran or a backup of them was restored. One all-gather."""
+        from tf_commlib.keras.auto_probe import gathered
+
+        rows = gathered(np.array([[index, h, int(self.running), int(restored)]], np.int64), "auto_rounds")
+        if (rows != rows[0]).any():
+            raise ValueError("algorithm 'auto': the ranks would begin different epochs, by rank (candidate "
+                             f"index, H, rounds running, rounds restored): {rows.tolist()}")
+
     def stop(self, states):
         """Ends its epochs: the float variables ``states`` (the wrapped optimizer's, which stepped per node)
         averaged over every rank, where it ran. A collective."""

@@ -14,12 +14,12 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from tf_commlib import costmodel, fusion, primitives
+from tf_commlib import costmodel, fusion
 from tf_commlib.alphabeta import LinkParams
 from tf_commlib.aggregator.time_to_accuracy import TimeToAccuracy
 from tf_commlib.collectives import ALGORITHMS, predict
 from tf_commlib.keras import auto_diloco
-from tf_commlib.keras.auto_probe import probe_candidates, probe_local, summed
+from tf_commlib.keras.auto_probe import gathered, probe_candidates, probe_local, summed
 from tf_commlib.topology import topology as current_topology
 
 
@@ -43,17 +43,19 @@ class AutoEpochs:
         # cores, which the collectives share (bench tta, 4 ranks on 2 cores: a dense step took compute
         # plus all of its communication, and assuming it hidden made every candidate tie at epoch 0)
         self.overlapped = 1.0 if opt.overlap and tf.config.list_physical_devices("GPU") else 0.0
+        self.overlapped_at_start = self.overlapped
         self.sums, self.start = [], None   # per compressible variable: sum of u; residuals at the epoch's start
         self.running = None                # the candidate of the epoch being measured
         self.recalibrations = 0
         self.probed = getattr(opt, "probed", None)   # {candidate: measured seconds} (probe_candidates)
         self.probed_warmup = getattr(opt, "probed_warmup", None) or {}   # {candidate: {density: seconds}}
+        self.probed_on = self.link   # the link the candidates were timed on (a restored one is timed again)
         if self.probed:   # the untried lossy candidates' step times were measured: no prior margin
             self.tta.margin = self.settings.switch
         self._scales = {}
         self.variables = []
         self.densities = {}   # candidate -> the density of its last measured epoch
-        self.last_measured = None   # (candidate, measured step seconds, density) of the last measured epoch
+        self.last_measured = None   # (candidate, step seconds, density, its collectives' seconds): the last epoch
         self.steps = None      # steps of the last measured epoch
         self.switch_s = None   # what a new trace of the step costs (first_s of a traced epoch, less an untraced one's)
         self.first_s = {}      # traced (True/False) -> the last such epoch's first step, less the others' median
@@ -113,12 +115,16 @@ class AutoEpochs:
         """The start of an epoch that runs `running` (None: the schedule left "auto"): for a lossy one,
         sums zeroed and residuals noted (eagerly; an exact one adds nothing to them); "diloco" started
         or, where it ran (also before a restored backup), stopped."""
-        if self.local is not None and self.local_restored:
-            self.local.running, self.local_restored = True, False
-        if self.local is not None and running == auto_diloco.NAME:
-            self.local.start(self.local_interval())
-        elif self.local is not None:   # the wrapped optimizer's state made the same on every rank again
-            self.local.stop(self.opt.inner_optimizer.variables)
+        if self.local is not None:
+            h = self.local_interval() if running == auto_diloco.NAME else 0
+            # before stop's collective: a rank that differs is an error, not a hang
+            self.local.check_begin(self.tta.candidates.index(running) if running else -1, h, self.local_restored)
+            if self.local_restored:
+                self.local.running, self.local_restored = True, False
+            if running == auto_diloco.NAME:
+                self.local.start(h)
+            else:   # the wrapped optimizer's state made the same on every rank again
+                self.local.stop(self.opt.inner_optimizer.variables)
         self.running, self.start = running, None
         if running in self.tta.lossy:
             for var in self.sums.values():
@@ -139,25 +145,35 @@ class AutoEpochs:
         return local
 
     def state(self):
-        """What BackupAndRestore keeps (the measured ratios and efficiencies, the choice, compute,
-        the steps of an epoch, the cost of a new trace, a link measured again during the run and whether
-        "diloco" ran: the wrapped optimizer's state is then per node)."""
+        """What BackupAndRestore keeps: what was measured, the choice, a link measured again during the
+        run, whether "diloco" ran (the wrapped optimizer's state is then per node)."""
         return {**self.tta.state(), "compute_s": self.compute_s, "overlapped": self.overlapped,
                 "local_running": self.running_local(), "local_sync_s": self.local_sync_s,
                 "steps": self.steps, "switch_s": self.switch_s,
                 "link": self.link.as_list() if self.recalibrations and self.link is not None else None,
-                "first_s": {"traced" if k else "untraced": v for k, v in self.first_s.items()}}
+                "first_s": {"traced" if k else "untraced": v for k, v in self.first_s.items()},
+                "densities": dict(self.densities),
+                "last_measured": None if self.last_measured is None else list(self.last_measured)}
 
     def restore(self, state):
+        """What state() kept; a value it does not hold as built (a rank restores its latest backup, then its
+        previous one where another did not save the latest). A link measured again: timed again at choose."""
         self.tta.restore(state)
+        built = {"compute_s": self.settings.compute_s, "overlapped": self.overlapped_at_start}
         for name, kind in (("compute_s", float), ("overlapped", float), ("steps", int), ("switch_s", float)):
-            if state.get(name) is not None:
-                setattr(self, name, kind(state[name]))
+            setattr(self, name, built.get(name) if state.get(name) is None else kind(state[name]))
         self.first_s = {k == "traced": float(v) for k, v in (state.get("first_s") or {}).items()}
         self.local_restored = bool(state.get("local_running"))
         self.local_sync_s = None if state.get("local_sync_s") is None else float(state["local_sync_s"])
+        self.densities = {k: float(v) for k, v in (state.get("densities") or {}).items() if k in self.tta.candidates}
+        last = state.get("last_measured")
+        self.last_measured = None if not last or last[0] not in self.tta.candidates else (
+            last[0], float(last[1]), float(last[2]), float(last[3]))
         if state.get("link") is not None:   # measured again during the run (recalibrate)
-            self.link, self.recalibrations = LinkParams.from_list(state["link"]), max(1, self.recalibrations)
+            self.link, self.recalibrations = LinkParams.from_list(state["link"]), 1
+        else:
+            self.link, self.recalibrations = self.settings.cost_params or getattr(self.opt, "calibrated_link", None), 0
+        self._scales = {}
 
     def agree(self):
         """True where some rank's traced step holds another candidate than the one chosen; ValueError
@@ -165,13 +181,10 @@ class AutoEpochs:
         aggs = [g.aggregator for g in self._groups()]
         mine = [int(a.active.numpy()) for a in aggs]
         stale = int(any(a.traced is not None and a.traced != i for a, i in zip(aggs, mine)))
-        topo = current_topology()
         if self.local is not None:   # whether the step runs the node average of "diloco"
             stale = int(stale or (self.local.traced is not None and self.local.traced != self.local.running))
             mine += [int(self.local.running), int(self.local.interval)]
-        rows = np.array([mine + [stale]], np.int64)
-        if topo.size > 1:
-            rows = primitives.allgather(tf.constant(rows), topo.world, name="auto_agree").numpy()
+        rows = gathered(np.array([mine + [stale]], np.int64), "auto_agree")
         if any((row[:-1] != rows[0][:-1]).any() for row in rows):
             names = {r: [a.candidates[i] for a, i in zip(aggs, row)] + row[len(aggs):-1]
                      for r, row in enumerate(rows.tolist())}
@@ -215,8 +228,7 @@ class AutoEpochs:
     def _local(self):
         """(communication seconds per step, H) of "diloco" (auto_diloco.communication_s; in the epoch that
         runs it, at the H it runs); where probed, a sync at what its last epoch measured once one ran (the
-        probe times its exchange and one node average; the sync's other work on every variable is not in
-        it: at 100 Mbit/s on the photo patches H = 2 was chosen so and its epochs took 1.2x hitopk's)."""
+        probe times its exchange and one node average, not the sync's other work on every variable)."""
         topo = current_topology()
         h = self.local.interval if self.running == auto_diloco.NAME else None
         link = self.link or LinkParams()
@@ -234,8 +246,7 @@ class AutoEpochs:
         (none for "diloco", whose node average waits for the whole of backprop). "diloco" is infinite where
         nothing counts the steps (a loop without CompressionScheduler that did not call set_fit_epochs),
         and until the compute per step is known (Auto(compute_s=...) or an epoch measured): its margin
-        is on whole steps, and with the compute taken as 0 it would weigh the link alone (ResNet-50 at
-        500 Mbit/s chose it at epoch 0 so, and ran 1.6 s steps where PowerSGD's took 1.2-1.3 s)."""
+        is on whole steps, and with the compute taken as 0 it would weigh the link alone."""
         if name == auto_diloco.NAME and (not self.opt.steps_counted or self.compute_s is None):
             return math.inf   # nothing would sync the nodes; or its margin, on whole steps, cannot be judged
         comm, compute = self.communication_s(name, density), self.compute_s or 0.0
@@ -243,19 +254,17 @@ class AutoEpochs:
         return compute + comm - hidden
 
     def untried_bound(self, density):
-        """Per lossy candidate not yet run: its step should communication hide none of the compute,
-        the largest saving it can bring (the last measured step, less its collectives' predicted
-        seconds, plus the candidate's), in the units TimeToAccuracy scales by the last measured/predicted
-        ratio. The measured overlap rests on a compute time measured apart from the step (noisy on
-        shared cores): an untried candidate is tried by this bound, then judged by its own measured
-        steps. Empty before an epoch is measured."""
+        """Per lossy candidate not yet run: its step should communication hide none of the compute (the
+        last measured step, less its collectives as they ran, plus the candidate's), in the units
+        TimeToAccuracy scales by the last measured/predicted ratio: the measured overlap rests on a compute
+        time measured apart from the step (noisy on shared cores). Empty before an epoch is measured."""
         if self.last_measured is None:
             return {}
-        name, measured, at = self.last_measured
+        name, measured, at, comm = self.last_measured
         ratio = self.tta.ratio.get(name)
         if not ratio:
             return {}
-        compute = max(0.0, measured - self.communication_s(name, at))
+        compute = max(0.0, measured - comm)
         return {c: (compute + self.communication_s(c, density)) / ratio
                 for c in self.tta.candidates if c in self.tta.lossy and c not in self.tta.ratio}
 
@@ -292,7 +301,10 @@ class AutoEpochs:
 
     def choose(self, epoch):
         """Once an epoch was measured, by the cheapest sequence of candidates over the horizon, a
-        change costing a new trace of the step (TimeToAccuracy.plan_seconds); before, by the mean."""
+        change costing a new trace of the step (TimeToAccuracy.plan_seconds); before, by the mean; the
+        candidates timed again first where timed on another link than the restored one (a collective)."""
+        if self.probed and self.probed_on != self.link:
+            self._probe()
         per = self.per_epoch(epoch)
         plan = [(self.steps, p) for p in per] if self.steps else None
         choice = self.tta.choose(self.predictions(epoch, per), epoch, settled=per[-1], plan=plan,
@@ -350,7 +362,8 @@ class AutoEpochs:
             self.recalibrate()
             if sync is not None:   # measured on the new link
                 self.local_sync_s = sync
-        self.last_measured = (self.running, float(measured), density)
+        # its collectives as they ran ("diloco": at its H, its syncs as measured)
+        self.last_measured = (self.running, float(measured), density, float(self.communication_s(self.running, density)))
         self.tta.log.append({"epoch": epoch, "ran": self.running, "measured_s": float(measured), "efficiency": float(eta),
                              "switch_s": self.switch_s})
         if self.running == auto_diloco.NAME:
@@ -363,14 +376,20 @@ class AutoEpochs:
         largest = max(sum(b.sizes) for g in self.opt._groups for b in g.aggregator.buckets)
         self.link = costmodel.calibrate(topo, **costmodel.sizes_for(largest))
         if self.probed:   # timed again on the new link
-            self.probed, self.probed_warmup = probe_candidates(self.opt, self.variables, self.link)
-            object.__setattr__(self.opt, "probed", self.probed)
-            object.__setattr__(self.opt, "probed_warmup", self.probed_warmup)
-            object.__setattr__(self.opt, "probed_local", probe_local(self.opt, self.variables, self.link))
-            self._scales = {}
+            self._probe()
         self.tta.recalibrated()
         self.local_sync_s = None   # measured on the old link
         self.recalibrations += 1
+
+
+    def _probe(self):
+        """The candidates timed on self.link (probe_candidates, probe_local; from the cache where timed there
+        before). A collective."""
+        self.probed, self.probed_warmup = probe_candidates(self.opt, self.variables, self.link)
+        object.__setattr__(self.opt, "probed", self.probed)
+        object.__setattr__(self.opt, "probed_warmup", self.probed_warmup)
+        object.__setattr__(self.opt, "probed_local", probe_local(self.opt, self.variables, self.link))
+        self.probed_on, self._scales = self.link, {}
 
 
 def delivered(r_start, r_end, sum_u):

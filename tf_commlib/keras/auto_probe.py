@@ -175,3 +175,10 @@ def summed(values):
     topo = current_topology()
     x = tf.constant(values, tf.float64)
     return (primitives.allreduce(x, topo.world) if topo.size > 1 else x).numpy()
+
+
+def gathered(rows, name):
+    """rows (int64, one row per rank) of every rank, in rank order (one all-gather; as they are on one rank)."""
+    topo = current_topology()
+    x = tf.constant(rows, tf.int64)
+    return (primitives.allgather(x, topo.world, name=name) if topo.size > 1 else x).numpy()
