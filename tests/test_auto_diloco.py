@@ -167,10 +167,16 @@ def test_a_link_measured_again_is_kept_in_the_state(two_by_two):
 def test_ranks_that_would_begin_different_epochs_fail_before_a_collective(two_by_two, monkeypatch):
     """Where rounds ran and one rank would begin another epoch than the others (a wrong restore, say),
     every rank fails with a ValueError before the wrapped optimizer's state is averaged (a collective
-    that the rank beginning rounds would not call: a hang)."""
+    that the rank beginning rounds would not call: a hang). A fresh build calls no collective (a model's
+    copy is built on dawnbench's evaluation thread)."""
     from tf_commlib.keras import auto_probe, callbacks
 
-    opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
+    def no_collective(rows, name):
+        raise AssertionError(f"a collective ({name}) in a fresh build")
+
+    with monkeypatch.context() as fresh:
+        fresh.setattr(auto_probe, "gathered", no_collective)
+        opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
     auto, averaged = opt.auto_epochs, []
     assert auto.local.running
     monkeypatch.setattr(callbacks, "average_variables", averaged.append)

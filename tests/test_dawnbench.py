@@ -134,6 +134,10 @@ def test_auto_schedule_with_the_step_breakdown(tmp_path):
     assert out.count("step breakdown, stage") == 1 and re.search(r"\bcommunication\s+\d+\.\d+ ms", out), out[-3000:]
     from tf_commlib.aggregator.chooser import AUTO_CANDIDATES
     assert [r["algorithm"] in AUTO_CANDIDATES for r in _rows(tmp_path)] == [True]
+    with open(tmp_path / "auto_log.jsonl") as f:   # each decision with the predictions behind it
+        decisions = [json.loads(line) for line in f]
+    assert [d["ran"] for d in decisions if "ran" in d] == [r["algorithm"] for r in _rows(tmp_path)]
+    assert set(decisions[0]["seconds_per_progress"]) >= set(AUTO_CANDIDATES)
     assert re.search(r"calibrated; forward\+backward \d+ ms per step \(auto_compute_s\)", out), out[-3000:]
 
 

@@ -126,7 +126,9 @@ class LocalRounds(Syncs):
 
     def check_begin(self, index, h, restored):
         """ValueError on every rank where the ranks would begin different epochs: the candidate (its
-        index), H, whether rounds ran or a backup of them was restored. One all-gather."""
+        index), H, whether rounds ran or a backup of them was restored. One all-gather: called where rounds
+        ran or were restored, before stop's collective (a fresh build, e.g. of a model's copy on an
+        evaluation thread, calls none)."""
         from tf_commlib.keras.auto_probe import gathered
 
         rows = gathered(np.array([[index, h, int(self.running), int(restored)]], np.int64), "auto_rounds")

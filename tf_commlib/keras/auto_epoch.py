@@ -117,8 +117,8 @@ class AutoEpochs:
         or, where it ran (also before a restored backup), stopped."""
         if self.local is not None:
             h = self.local_interval() if running == auto_diloco.NAME else 0
-            # before stop's collective: a rank that differs is an error, not a hang
-            self.local.check_begin(self.tta.candidates.index(running) if running else -1, h, self.local_restored)
+            if self.local.running or self.local_restored:   # before stop's collective: an error, not a hang
+                self.local.check_begin(self.tta.candidates.index(running) if running else -1, h, self.local_restored)
             if self.local_restored:
                 self.local.running, self.local_restored = True, False
             if running == auto_diloco.NAME:

@@ -220,6 +220,9 @@ def train(args, topo, data):
                   f"unsharded {full / 1e6:.1f} MB", flush=True)
         if log.tta is None:
             print(f"time-to-accuracy: top-5 {args.target_top5} not reached", flush=True)
+        if isinstance(opt, DistributedOptimizer) and opt.auto_epochs is not None:   # "auto"'s decisions and
+            with open(os.path.join(args.log_dir, "auto_log.jsonl"), "w") as f:        # what they rested on
+                f.writelines(json.dumps(row, default=float) + "\n" for row in opt.auto_epochs.tta.log)
         log.plot(os.path.join(args.log_dir, "accuracy_throughput.png"))
     return log.rows
 
