@@ -193,20 +193,24 @@ def test_a_rank_that_restores_its_previous_backup_after_its_latest_ends_as_the_o
     given = alphabeta.LinkParams(beta_inter=8 / 1e6)
     ran = _built(cost_params=given, probe=False).auto_epochs
     previous = json.loads(json.dumps(ran.state()))   # nothing measured yet
-    ran.compute_s, ran.steps, ran.switch_s, ran.overlapped = 0.19, 32, 3.0, 0.5
+    ran.compute_s, ran.steps, ran.switch_s, ran.overlapped = 0.25, 32, 3.0, 0.5
     ran.link, ran.recalibrations = alphabeta.LinkParams(), 1
     ran.densities, ran.last_measured = {"hitopk": 0.01}, ("hitopk", 0.3, 0.01, 0.1)
     latest = json.loads(json.dumps(ran.state()))
-    only_latest, both, only_previous = (_built(cost_params=given, probe=False).auto_epochs for _ in range(3))
+    only_latest, both, only_previous = (_built(cost_params=given, compute_s=0.19, probe=False).auto_epochs
+                                        for _ in range(3))
+    assert only_previous.running == "diloco" and only_previous.local.running   # the build's choice (the load's)
     only_latest.restore(latest)
     assert (only_latest.compute_s, only_latest.steps, only_latest.switch_s, only_latest.link) == \
-        (0.19, 32, 3.0, alphabeta.LinkParams())
+        (0.25, 32, 3.0, alphabeta.LinkParams())
     assert only_latest.densities == {"hitopk": 0.01} and only_latest.last_measured == ("hitopk", 0.3, 0.01, 0.1)
     both.restore(latest)
     both.restore(previous)
     only_previous.restore(previous)
     assert both.state() == only_previous.state() and both.link == only_previous.link == given
-    assert (both.compute_s, both.steps, both.switch_s, both.last_measured) == (None, None, None, None)
+    assert (both.compute_s, both.steps, both.switch_s, both.last_measured) == (0.19, None, None, None)
+    # the epoch it resumes at chooses afresh, as an uninterrupted run's does (rounds as the backup says)
+    assert both.running is None and not both.local.running and not both.local_restored
     assert both.predictions(1) == only_previous.predictions(1)
 
 

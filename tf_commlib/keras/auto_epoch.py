@@ -151,9 +151,8 @@ class AutoEpochs:
                 "local_running": self.running_local(), "local_sync_s": self.local_sync_s,
                 "steps": self.steps, "switch_s": self.switch_s,
                 "link": self.link.as_list() if self.recalibrations and self.link is not None else None,
-                "first_s": {"traced" if k else "untraced": v for k, v in self.first_s.items()},
-                "densities": dict(self.densities),
-                "last_measured": None if self.last_measured is None else list(self.last_measured)}
+                "first_s": {"traced" if k else "untraced": v for k, v in self.first_s.items()}, "densities": dict(
+                    self.densities), "last_measured": None if self.last_measured is None else list(self.last_measured)}
 
     def restore(self, state):
         """What state() kept; a value it does not hold as built (a rank restores its latest backup, then its
@@ -169,11 +168,12 @@ class AutoEpochs:
         last = state.get("last_measured")
         self.last_measured = None if not last or last[0] not in self.tta.candidates else (
             last[0], float(last[1]), float(last[2]), float(last[3]))
-        if state.get("link") is not None:   # measured again during the run (recalibrate)
-            self.link, self.recalibrations = LinkParams.from_list(state["link"]), 1
-        else:
-            self.link, self.recalibrations = self.settings.cost_params or getattr(self.opt, "calibrated_link", None), 0
-        self._scales = {}
+        link = state.get("link")   # measured again during the run (recalibrate)
+        self.link, self.recalibrations = (LinkParams.from_list(link), 1) if link is not None else (
+            self.settings.cost_params or getattr(self.opt, "calibrated_link", None), 0)
+        self._scales, self.running, self.start = {}, None, None   # not the choice of the build the load made
+        if self.local is not None:
+            self.local.running = False   # rounds that ran before the backup: local_restored
 
     def agree(self):
         """True where some rank's traced step holds another candidate than the one chosen; ValueError
