@@ -127,6 +127,12 @@ FLAGS = {
     "python -m tfc_apps.bench tta --dataset patches --inter-mbit 0 --epochs 5 --target 0.95 --repeats 3 --configs "
     "dense_fp16 auto":
         "a benchmark: 6 four-rank trainings on the second image set, on loopback (12 min)",
+    "python -m tfc_apps.bench tta --dataset patches --inter-mbit 25 --epochs 5 --target 0.95 --repeats 3 --configs "
+    "dense_fp16 auto":
+        "a benchmark: 6 four-rank trainings on the second image set, on the emulated cluster (18 min)",
+    "python -m tfc_apps.bench tta --dataset patches --inter-mbit 100 --epochs 5 --target 0.95 --repeats 3 --configs "
+    "dense_fp16 auto":
+        "a benchmark: 6 four-rank trainings on the second image set, on the emulated cluster (13 min)",
     "python -m tfc_apps.bench tta --inter-mbit 0 --repeats 3 --configs dense_fp16 diloco_h8_int4":
         "a benchmark: 6 four-rank trainings on loopback (8 min)",
     "python -m tfc_apps.bench tta --inter-mbit 0 --repeats 9 --configs dense_fp16 diloco_h8_int4 "
