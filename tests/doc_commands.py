@@ -147,6 +147,8 @@ FLAGS = {
         "a benchmark: 9 four-rank trainings on the emulated cluster (10 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd auto diloco_h8_int4_no_overlap":
         "a benchmark: 9 four-rank trainings on the emulated cluster (12 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs powersgd auto diloco_h8_int4_no_overlap":
+        "a benchmark: 9 four-rank trainings on the emulated cluster (11 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 powersgd auto "
     "diloco_h8_int4_no_overlap": "a benchmark: 12 four-rank trainings on the emulated cluster (17 min)",
     "python -m tfc_apps.bench tta --inter-mbit 100 25 --configs dense_fp16 hitopk powersgd auto --repeats 3":
