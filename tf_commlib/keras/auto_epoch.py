@@ -381,7 +381,6 @@ class AutoEpochs:
         self.local_sync_s = None   # measured on the old link
         self.recalibrations += 1
 
-
     def _probe(self):
         """The candidates timed on self.link (probe_candidates, probe_local; from the cache where timed there
         before). A collective."""
