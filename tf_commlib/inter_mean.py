@@ -49,12 +49,33 @@ def inter_mean(shard, topo, wire, seed, coded=None, name="diloco"):
             means.append(codec.decode(total, None, tf.float32))
             own.append(codec.decode(sent, None, tf.float32) * float(m))
         else:
-            data = codec.to_bytes(part, seed=seed + k)
+            data = _traced(codec, "encode")(part, tf.cast(seed + k, tf.int64))
             every = tf.reshape(primitives.allgather(data, topo.inter, name=f"{name}_{k}"), [m, -1])
-            decoded = [codec.from_bytes(every[i], b - a) for i in range(m)]
-            means.append(tf.add_n(decoded) / float(m))
-            own.append(decoded[topo.inter.rank()])
+            mean, mine = _traced(codec, "decode")(every, b - a, topo.inter.rank())
+            means.append(mean)
+            own.append(mine)
     return tf.concat(means, 0), tf.concat(own, 0)
+
+
+_TRACED = {}   # (id of a codec, "encode" | "decode") -> (the codec, its tf.function)
+
+
+def _traced(codec, kind):
+    """The codec's work in inter_mean as a tf.function (eagerly its ops took about 4x as long; the
+    collective between them stays outside, so link_bytes counts it where it runs): "encode" (part,
+    seed) -> the message; "decode" (every node's messages, n, this rank's index) -> (their mean,
+    what this rank's message decodes to)."""
+    key = (id(codec), kind)
+    if key not in _TRACED:
+        if kind == "encode":
+            def fn(part, seed):
+                return codec.to_bytes(part, seed=seed)
+        else:
+            def fn(every, n, rank):
+                decoded = [codec.from_bytes(every[i], n) for i in range(every.shape[0])]
+                return tf.add_n(decoded) / float(len(decoded)), decoded[rank]
+        _TRACED[key] = (codec, tf.function(fn, autograph=False))
+    return _TRACED[key][1]
 
 
 def inter_bytes(s, wire, m, n, coded=None):

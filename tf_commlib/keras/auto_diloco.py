@@ -61,7 +61,7 @@ def times(d, m, n, params):
 def probe(d, topo, repeats=3):
     """(node_s, exchange_s, sync_s) measured on the link, the means over the ranks: a step's node average
     of d float32 values (in a tf.function) and a sync's exchange of this rank's slice between nodes
-    (eagerly, as a sync runs it), each the median of ``repeats`` calls after one warm-up call; a sync's
+    (inter_mean, as a sync runs it), each the median of ``repeats`` calls after one warm-up call; a sync's
     work inside the node taken as one node average. A collective."""
     from tf_commlib.inter_mean import inter_mean
     from tf_commlib.keras.auto_probe import summed

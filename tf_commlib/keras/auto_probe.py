@@ -151,7 +151,7 @@ def probe_local(opt, variables, link):
         return None
     d = sum(int(np.prod(v.shape)) for v in variables)
     key = costmodel.calibration_key(topo, {"probe": auto_diloco.NAME, "d": d, "codec": auto_diloco.CODEC,
-                                           "link": link.as_list()})
+                                           "link": link.as_list(), "codec_traced": True})
 
     def check(values):
         if len(values) != 3:
