@@ -45,7 +45,7 @@ import math
 class TimeToAccuracy:
     """The choice among ``candidates`` (collective names, ties going to the earlier one), of which
     ``lossy`` are lossy; all ranks make it from the same (allreduced) measurements. ``handicap``:
-    {candidate: factor} its time counts at where it is not the running candidate, for a cost to
+    {candidate: factor} its time counts at where it is not the running candidate (``running``), for a cost to
     accuracy that no epoch measures (e.g. the drift of local SGD): the margin a change to it must
     clear. Once it runs it counts at its time, and another replaces it at ``switch`` of that (bench tta:
     the DiLoCo rounds reached the target in as many epochs as dense fp16 and hitopk, and a handicap kept
@@ -60,14 +60,21 @@ class TimeToAccuracy:
         self.guard, self.margin = float(guard), float(margin)
         self.handicap = dict(handicap or {})
         self.ratio, self.efficiency = {}, {}   # name -> measured/predicted step, name -> eta
-        self.current = self.last = None   # the running candidate, the last one measured
+        self.current = self.last = None   # the last choice, the last candidate measured
+        self.running = None   # the candidate running now (the last choice; None where the schedule left the choice)
         self.log = []   # one dict per decision: epoch, choice, predicted time per step of progress
 
-    def seconds_per_progress(self, name, predicted_s):
-        """Predicted seconds per step of exact aggregation's progress (time to accuracy / steps of exact)."""
+    def kept(self):
+        """The running candidate where it is the last choice (None where the schedule left the choice)."""
+        return self.running if self.running == self.current else None
+
+    def seconds_per_progress(self, name, predicted_s, entered=None):
+        """Predicted seconds per step of exact aggregation's progress (time to accuracy / steps of exact);
+        entered: the candidate is changed to (its handicap counts), default: unless it is running."""
         ratio = self.ratio.get(name, self.ratio.get(self.last, 1.0))
         eta = self.efficiency.get(name, 1.0)
-        handicap = 1.0 if name == self.current else self.handicap.get(name, 1.0)
+        entered = name != self.kept() if entered is None else entered
+        handicap = self.handicap.get(name, 1.0) if entered else 1.0
         return predicted_s * ratio * handicap / (1.0 if eta >= self.guard else eta)
 
     def choose(self, predicted, epoch=None, settled=None, plan=None, switch_s=None):
@@ -99,7 +106,7 @@ class TimeToAccuracy:
                 steps * self.seconds_per_progress(self.current, times[self.current]) for steps, times in plan)
             if weight[best] > self.switch * stay:
                 best = self.current
-        self.current = best
+        self.current = self.running = best
         self.log.append({"epoch": epoch, "choice": best, "seconds_per_progress": cost})
         if plan:
             self.log[-1].update(plan_s=weight, switch_s=switch_s)
@@ -109,15 +116,24 @@ class TimeToAccuracy:
         """{candidate: predicted seconds of the horizon's progress where the next epoch runs it}: the
         cheapest sequence of ``allowed`` candidates over plan's epochs (steps x seconds per progress
         each), every change costing switch_s, also from the running candidate to another (None: no
-        change after the next epoch, and a change to it costs nothing)."""
+        change after the next epoch, and a change to it costs nothing). A candidate changed to counts
+        with its handicap, also the running one where a sequence leaves it and comes back."""
         change = math.inf if switch_s is None else float(switch_s)
-        later = {c: 0.0 for c in allowed}   # the cheapest rest of the horizon after the epoch, running c in it
+        running = self.kept() if self.kept() in allowed else None
+        # the cheapest rest of the horizon after the epoch, running c in it: entered by a change, or
+        # the running candidate not left yet
+        entered, kept = {c: 0.0 for c in allowed}, 0.0
         for steps, times in reversed(plan):
-            cheapest = min(later.values())
-            later = {c: steps * self.seconds_per_progress(c, times[c]) + min(later[c], change + cheapest)
-                     for c in allowed}
+            cheapest = min(entered.values())
+            if running is not None:
+                kept = steps * self.seconds_per_progress(running, times[running], False) + min(kept, change + cheapest)
+            entered = {c: steps * self.seconds_per_progress(c, times[c], True) + min(entered[c], change + cheapest)
+                       for c in allowed}
         start = 0.0 if switch_s is None or self.current not in self.candidates else change
-        return {c: later[c] + (start if c != self.current else 0.0) for c in allowed}
+        out = {c: entered[c] + (start if c != self.current else 0.0) for c in allowed}
+        if running is not None:
+            out[running] = kept
+        return out
 
     def observe(self, name, measured_s, predicted_s, efficiency=None, comparable=True, kept_s=None):
         """Records an epoch of `name`: its median measured step seconds, the prediction for it and
@@ -144,13 +160,13 @@ class TimeToAccuracy:
 
     def state(self):
         return {"ratio": dict(self.ratio), "efficiency": dict(self.efficiency), "current": self.current,
-                "last": self.last}
+                "last": self.last, "running": self.running}
 
     def restore(self, state):
         self.ratio = {k: float(v) for k, v in state.get("ratio", {}).items() if k in self.candidates}
         self.efficiency = {k: float(v) for k, v in state.get("efficiency", {}).items() if k in self.lossy}
-        self.current, self.last = (state.get(k) if state.get(k) in self.candidates else None
-                                   for k in ("current", "last"))
+        self.current, self.last, self.running = (state.get(k) if state.get(k) in self.candidates else None
+                                                 for k in ("current", "last", "running"))
 
 
 def delivered_fraction(r_start, r_end, sum_u):
