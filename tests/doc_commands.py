@@ -55,6 +55,8 @@ FLAGS = {
     "python -m tfc_apps.bench e2e": "a benchmark: ResNet-50 on 4 ranks at 3 resolutions",
     "python -m tfc_apps.bench e2e --inter-mbit 100 --resolutions 64 --configs dense_fp32 dense_fp16 dense_fp16 "
     "dense_fp16": "a benchmark: ResNet-50 on the emulated cluster (6 min)",
+    "python -m tfc_apps.bench e2e --inter-mbit 100 --resolutions 64 --configs dense_fp16 hitopk@0.01 powersgd":
+        "a benchmark: ResNet-50 on the emulated cluster (7 min)",
     "python -m tfc_apps.bench tta --inter-mbit 0 --configs dense_fp16 2dtar_fp16 auto --repeats 5":
         "a benchmark: 15 four-rank trainings (11 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --configs dense_fp16 hitopk auto --repeats 3":
