@@ -48,7 +48,7 @@ def test_running_it_counts_at_its_time():
     for hitopk at 0.10 s; a running per-step candidate is not left for them at 0.128 s against 0.131 s."""
     def running(name, times):
         tta = TimeToAccuracy(("dense", "hitopk", "diloco"), ["hitopk"], handicap={"diloco": 1 / auto_diloco.MARGIN})
-        tta.current = tta.running = name
+        tta.current = name
         return tta.choose(times, plan=[(47, times)] * 6, switch_s=2.4)
 
     assert running("diloco", {"dense": 1.5, "hitopk": 0.128, "diloco": 0.131}) == "diloco"
@@ -61,15 +61,20 @@ def test_a_sequence_that_leaves_the_running_rounds_and_comes_back_counts_their_h
     """Running rounds at 0.131 s a step, hitopk at 0.10 for one epoch (say a cheaper density) and 0.2 after:
     leaving for that epoch and coming back costs two traces and the rounds' handicap after the return."""
     tta = TimeToAccuracy(("dense", "hitopk", "diloco"), ["hitopk"], handicap={"diloco": 1 / auto_diloco.MARGIN})
-    tta.current = tta.running = "diloco"
+    tta.current = "diloco"
     cheap, later = {"dense": 1.5, "hitopk": 0.10, "diloco": 0.131}, {"dense": 1.5, "hitopk": 0.2, "diloco": 0.131}
     plan = [(47, cheap)] + [(47, later)] * 5
     weight = tta.plan_seconds(plan, ["dense", "hitopk", "diloco"], switch_s=0.1)
     assert weight["diloco"] == pytest.approx(6 * 47 * 0.131)
     assert weight["hitopk"] == pytest.approx(0.1 + 47 * 0.10 + 0.1 + 5 * 47 * 0.131 / auto_diloco.MARGIN)
-    tta.running = None   # the schedule left "auto" the epoch before: the rounds are changed to
+    tta.left = True   # the schedule left "auto" the epoch before: the rounds are changed to
     assert tta.plan_seconds(plan, ["dense", "hitopk", "diloco"], switch_s=0.1)["diloco"] == pytest.approx(
         6 * 47 * 0.131 / auto_diloco.MARGIN)
+    assert tta.choose(cheap, plan=plan, switch_s=0.1) == "hitopk" and not tta.left   # no hysteresis for them
+    restored = TimeToAccuracy(("dense", "hitopk", "diloco"), ["hitopk"])
+    tta.left = True
+    restored.restore(tta.state())
+    assert restored.left and restored.kept() is None
 
 
 @pytest.fixture

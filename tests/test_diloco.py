@@ -123,6 +123,24 @@ def test_resume_from_backup_is_bit_identical(two_by_two):
     assert _same(two_by_two, "resume_full")
 
 
+def test_an_exchange_that_traced_is_no_measure_of_one(monkeypatch):
+    """An exchange that traced the codec's functions is recorded as NaN (every rank records one): with no
+    other, H is not chosen yet; with one timed, its median (one process)."""
+    from tf_commlib.keras import interval
+    from tf_commlib.keras.interval import Window, measured_times
+    from tf_commlib.topology import Topology
+
+    monkeypatch.setattr(interval, "current_topology", lambda: Topology(m=1, n=1, rank=0, node=0, local=0, intra_ranks=(0,), inter_ranks=(0,)))
+
+    window = Window(True)
+    window.steps += [0.1, 0.1]
+    window.work.append(0.01)
+    window.exchange.append(float("nan"))
+    assert measured_times(window) is None
+    window.exchange.append(0.05)
+    assert measured_times(window) == pytest.approx((0.05, 0.01, 0.1))
+
+
 def test_auto_interval_is_chosen_alike_on_every_rank_from_the_measured_times(two_by_two):
     """sync_every="auto", 4 epochs of 4 steps: the first epochs run AUTO_START; once a sync without a trace
     has been timed (epoch 2's end) H is chosen, the same on every rank, and it is choose_interval of the

@@ -45,7 +45,7 @@ import math
 class TimeToAccuracy:
     """The choice among ``candidates`` (collective names, ties going to the earlier one), of which
     ``lossy`` are lossy; all ranks make it from the same (allreduced) measurements. ``handicap``:
-    {candidate: factor} its time counts at where it is not the running candidate (``running``), for a cost to
+    {candidate: factor} its time counts at where it is not the running candidate (``kept``), for a cost to
     accuracy that no epoch measures (e.g. the drift of local SGD): the margin a change to it must
     clear. Once it runs it counts at its time, and another replaces it at ``switch`` of that (bench tta:
     the DiLoCo rounds reached the target in as many epochs as dense fp16 and hitopk, and a handicap kept
@@ -61,12 +61,12 @@ class TimeToAccuracy:
         self.handicap = dict(handicap or {})
         self.ratio, self.efficiency = {}, {}   # name -> measured/predicted step, name -> eta
         self.current = self.last = None   # the last choice, the last candidate measured
-        self.running = None   # the candidate running now (the last choice; None where the schedule left the choice)
+        self.left = False   # the schedule left the choice since it was made: a return to it is a change
         self.log = []   # one dict per decision: epoch, choice, predicted time per step of progress
 
     def kept(self):
-        """The running candidate where it is the last choice (None where the schedule left the choice)."""
-        return self.running if self.running == self.current else None
+        """The running candidate: the last choice, unless the schedule left it (None)."""
+        return None if self.left else self.current
 
     def seconds_per_progress(self, name, predicted_s, entered=None):
         """Predicted seconds per step of exact aggregation's progress (time to accuracy / steps of exact);
@@ -101,12 +101,12 @@ class TimeToAccuracy:
         allowed = [c for c in self.candidates if c not in untried or c == self.current]
         weight = cost if not plan else self.plan_seconds(plan, allowed, switch_s)
         best = min(allowed, key=lambda c: (weight[c], self.candidates.index(c)))
-        if self.current in weight:   # against staying on the running candidate (the whole horizon)
-            stay = cost[self.current] if not plan else sum(
-                steps * self.seconds_per_progress(self.current, times[self.current]) for steps, times in plan)
+        if self.kept() in weight:   # against staying on the running candidate (the whole horizon)
+            stay = cost[self.kept()] if not plan else sum(
+                steps * self.seconds_per_progress(self.kept(), times[self.kept()]) for steps, times in plan)
             if weight[best] > self.switch * stay:
-                best = self.current
-        self.current = self.running = best
+                best = self.kept()
+        self.current, self.left = best, False
         self.log.append({"epoch": epoch, "choice": best, "seconds_per_progress": cost})
         if plan:
             self.log[-1].update(plan_s=weight, switch_s=switch_s)
@@ -129,7 +129,7 @@ class TimeToAccuracy:
                 kept = steps * self.seconds_per_progress(running, times[running], False) + min(kept, change + cheapest)
             entered = {c: steps * self.seconds_per_progress(c, times[c], True) + min(entered[c], change + cheapest)
                        for c in allowed}
-        start = 0.0 if switch_s is None or self.current not in self.candidates else change
+        start = 0.0 if switch_s is None or running is None else change   # none running: every candidate alike
         out = {c: entered[c] + (start if c != self.current else 0.0) for c in allowed}
         if running is not None:
             out[running] = kept
@@ -160,13 +160,14 @@ class TimeToAccuracy:
 
     def state(self):
         return {"ratio": dict(self.ratio), "efficiency": dict(self.efficiency), "current": self.current,
-                "last": self.last, "running": self.running}
+                "last": self.last, "left": self.left}
 
     def restore(self, state):
         self.ratio = {k: float(v) for k, v in state.get("ratio", {}).items() if k in self.candidates}
         self.efficiency = {k: float(v) for k, v in state.get("efficiency", {}).items() if k in self.lossy}
-        self.current, self.last, self.running = (state.get(k) if state.get(k) in self.candidates else None
-                                                 for k in ("current", "last", "running"))
+        self.current, self.last = (state.get(k) if state.get(k) in self.candidates else None
+                                   for k in ("current", "last"))
+        self.left = bool(state.get("left", False))
 
 
 def delivered_fraction(r_start, r_end, sum_u):

@@ -126,7 +126,7 @@ class AutoEpochs:
             else:   # the wrapped optimizer's state made the same on every rank again
                 self.local.stop(self.opt.inner_optimizer.variables)
         self.running, self.start = running, None
-        self.tta.running = self.tta.running if running else None   # left "auto": coming back is a change
+        self.tta.left = self.tta.left or running is None   # the schedule left "auto": coming back is a change
         if running in self.tta.lossy:
             for var in self.sums.values():
                 var.assign(tf.zeros(var.shape, var.dtype))

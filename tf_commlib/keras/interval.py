@@ -51,19 +51,21 @@ class Window:
 
 def measured_times(window):
     """(exchange_s, sync_s, step_s) from every rank's medians over the window, or None where there is
-    nothing to choose from yet: no exchange, fewer than 2 steps, or a rank that has timed no sync
-    without a trace. A collective where the window holds an exchange and 2 steps: it holds as many
+    nothing to choose from yet: no exchange, fewer than 2 steps, or a rank that has timed no sync or no
+    exchange without a trace. A collective where the window holds an exchange and 2 steps: it holds as many
     steps and syncs on every rank, so every rank gathers or none does, and all get the same numbers.
     The exchange is the least of the ranks' (the others' also count waiting for their partner), the
     sync work and step the slowest rank's (the pace)."""
     w = window
     if not w.exchange or len(w.steps) < 2:
         return None
-    local = np.array([[np.median(w.exchange), np.median(w.work) if w.work else -1.0, np.median(w.steps)]])
+    timed = [x for x in w.exchange if x == x]   # NaN: an exchange that traced
+    local = np.array([[np.median(timed) if timed else -1.0, np.median(w.work) if w.work else -1.0,
+                       np.median(w.steps)]])
     topo = current_topology()
     every = primitives.allgather(tf.constant(local), topo.world, name="diloco_interval").numpy() \
         if topo.size > 1 else local
-    if every[:, 1].min() < 0:
+    if every[:, :2].min() < 0:
         return None
     sync_s, step_s = (float(v) for v in every[:, 1:].max(axis=0))
     return float(every[:, 0].min()), sync_s, step_s
