@@ -69,9 +69,8 @@ def traces():
 def _traced(codec, kind):
     """The codec's work in inter_mean as a tf.function (eagerly an exchange of 154K values in int4 took
     about twice as long; the collective between them stays outside, so link_bytes counts it where it
-    runs): "encode" (part,
-    seed) -> the message; "decode" (every node's messages, n, this rank's index) -> (their mean,
-    what this rank's message decodes to)."""
+    runs): "encode" (part, seed) -> the message; "decode" (every node's messages, n, this rank's index)
+    -> (their mean, what this rank's message decodes to)."""
     key = (id(codec), kind)
     if key not in _TRACED:
         if kind == "encode":

@@ -121,18 +121,18 @@ class TimeToAccuracy:
         change = math.inf if switch_s is None else float(switch_s)
         running = self.kept() if self.kept() in allowed else None
         # the cheapest rest of the horizon after the epoch, running c in it: entered by a change, or
-        # the running candidate not left yet
-        entered, kept = {c: 0.0 for c in allowed}, 0.0
+        # the running candidate not left yet (stay)
+        entered, stay = {c: 0.0 for c in allowed}, 0.0
         for steps, times in reversed(plan):
             cheapest = min(entered.values())
             if running is not None:
-                kept = steps * self.seconds_per_progress(running, times[running], False) + min(kept, change + cheapest)
+                stay = steps * self.seconds_per_progress(running, times[running], False) + min(stay, change + cheapest)
             entered = {c: steps * self.seconds_per_progress(c, times[c], True) + min(entered[c], change + cheapest)
                        for c in allowed}
         start = 0.0 if switch_s is None or running is None else change   # none running: every candidate alike
         out = {c: entered[c] + (start if c != self.current else 0.0) for c in allowed}
         if running is not None:
-            out[running] = kept
+            out[running] = stay
         return out
 
     def observe(self, name, measured_s, predicted_s, efficiency=None, comparable=True, kept_s=None):

@@ -22,8 +22,9 @@ H steps beats every per-step collective by a margin.
 * Accuracy: what drift between nodes costs is not measured within an epoch (its pseudo-gradient is all
   delivered at each sync, so error feedback's efficiency would call it exact). Where it is not running,
   ``auto`` counts its time at 1 / MARGIN: it starts only where predicted at most MARGIN times the best
-  per-step candidate (and replaces a running one at Auto.switch of that); running, at its time. Batch-norm statistics stay per rank, as in a per-step
-  epoch (tf_commlib.keras.DiLoCo averages them at its syncs).
+  per-step candidate (and replaces a running one at Auto.switch of that); running, at its time.
+  Batch-norm statistics stay per rank, as in a per-step epoch (tf_commlib.keras.DiLoCo averages them at
+  its syncs).
 """
 import time
 

@@ -52,8 +52,8 @@ class Window:
 def measured_times(window):
     """(exchange_s, sync_s, step_s) from every rank's medians over the window, or None where there is
     nothing to choose from yet: no exchange, fewer than 2 steps, or a rank that has timed no sync or no
-    exchange without a trace. A collective where the window holds an exchange and 2 steps: it holds as many
-    steps and syncs on every rank, so every rank gathers or none does, and all get the same numbers.
+    exchange without a trace. A collective where the window holds an exchange and 2 steps: it holds as
+    many steps and syncs on every rank, so every rank gathers or none does, and all get the same numbers.
     The exchange is the least of the ranks' (the others' also count waiting for their partner), the
     sync work and step the slowest rank's (the pace)."""
     w = window
