@@ -31,6 +31,17 @@ def test_aggregator_under_horovod(shared):
         assert r["sent_forms_agree"]
         assert r["mismatch"] is not None and "gradient shapes differ" in r["mismatch"]
         assert r["auto_mismatch"] is not None and "algorithm candidates" in r["auto_mismatch"], r["auto_mismatch"]
+    # a switch under a step traced for one candidate: hitopk's residual enters the first step of the
+    # dense trace (the mean over the ranks of each rank's input plus its residual), once
+    sw = [r["switched"] for r in reports]
+    for pos in range(2):
+        want3 = np.sum([np.float32(s["g3"][pos]) + np.float32(s["left"][pos]) for s in sw], axis=0) / 4
+        want4 = np.sum([np.float32(s["g4"][pos]) for s in sw], axis=0) / 4
+        assert any(np.any(np.float32(s["left"][pos])) for s in sw)   # hitopk at 0.1 left some to flush
+        for s in sw:
+            np.testing.assert_allclose(s["o3"][pos], want3, rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(s["o4"][pos], want4, rtol=1e-6, atol=1e-6)
+    assert all(s["zeroed"] and s["planted_kept"] for s in sw)
     # float32 bucket of 12 + 7 + 5000 entries split in shards of 2: residual of 2510; float16 bucket 6 -> 3
     assert reports[0]["state_sizes"] == [2510, 3]
 

@@ -3,6 +3,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_commlib
+from tf_commlib import fusion
 from tests.workers._report import report
 from tf_commlib.aggregator import Auto, GradientAggregator
 from tf_commlib.collectives import ALGORITHMS
@@ -51,6 +52,37 @@ same &= all(np.array_equal(x.numpy(), y.numpy())
             for x, y in zip(eager.residual_variables(), graph.residual_variables()))
 out["eager_equals_graph"] = bool(same)
 out["state_sizes"] = [int(v.shape[0]) for v in eager.residual_variables()]
+
+# A step traced for one candidate only (trace_active_only, as algorithm="auto" runs it): the
+# residual the previous candidate left enters the first step of the new trace and is zeroed there;
+# the later steps of that trace neither read nor write it (planted: a value they must leave alone).
+def normal():
+    return [tf.constant(rng.normal(size=s).astype(np.float32)) for s in ((30, 20), (50,))]
+
+
+switch = GradientAggregator(algorithm=["hitopk", "dense"], density=0.1, seed=5, fusion_threshold_bytes=1 << 20)
+switch.trace_active_only = True
+switch.build([(tf.TensorShape(s), tf.float32) for s in ((30, 20), (50,))])
+switch.set_algorithm("hitopk")
+step = tf.function(lambda gs: switch(gs))
+for _ in range(2):
+    step(normal())
+(residual,) = switch.residual_variables()
+left = [None, None]
+fusion.unflatten(ALGORITHMS["hitopk"].residual_to_input(tf.convert_to_tensor(residual), 650, topo),
+                 switch.buckets[0], left)
+switch.set_algorithm("dense")
+step = tf.function(lambda gs: switch(gs))
+g3, g4 = normal(), normal()
+o3 = step(g3)
+zeroed = bool(not np.any(residual.numpy()))
+planted = np.linspace(-1, 1, residual.shape[0]).astype(np.float32)
+residual.assign(planted)
+o4 = step(g4)
+out["switched"] = {"left": [t.numpy().tolist() for t in left], "g3": [t.numpy().tolist() for t in g3],
+                   "o3": [t.numpy().tolist() for t in o3], "g4": [t.numpy().tolist() for t in g4],
+                   "o4": [t.numpy().tolist() for t in o4], "zeroed": zeroed,
+                   "planted_kept": bool(np.array_equal(residual.numpy(), planted))}
 
 # What was sent, as masks and as indices (eagerly, and in tf.function through a switch_case over two
 # candidates): the indices of each tensor are exactly where its mask is 1; none for a dense bucket.

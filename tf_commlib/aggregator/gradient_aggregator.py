@@ -264,15 +264,18 @@ class GradientAggregator:
     def _select(self, seed):
         return ops.bound_selector(self.selector, seed=seed, step=self.step)
 
-    def _run_bucket(self, i, name, flat, node_slice=False):
+    def _run_bucket(self, i, name, flat, node_slice=False, flush=None):
         """One bucket through one algorithm, without writing any state: (aggregated sum, int64
         indices of the entries sent sparsely (empty for a dense algorithm), the new value of each of
-        state.of_bucket(i), this bucket's addition to ``gain`` (or None)). The residuals of the
-        other algorithms are flushed into this call's input (their new value is 0). node_slice:
+        state.of_bucket(i) (with flush: name's only), this bucket's addition to ``gain`` (or None)).
+        The residuals of the other algorithms are flushed into this call's input (their new value
+        is 0). node_slice:
         the sum is only this rank's node slice (wire.node_reduce: a reduce-scatter + all-gather
-        collective stops before its intra-node all-gather; any other one is sliced)."""
+        collective stops before its intra-node all-gather; any other one is sliced). flush: a boolean
+        tensor, the other algorithms' residuals flushed only where it holds, and their new value
+        left out (ResidualStore.flush_idle)."""
         d = flat.shape[0]
-        flat, new = self.state.flush_idle(i, name, flat)
+        flat, new = self.state.flush_idle(i, name, flat, flush)
         coll = ALGORITHMS[name]
         common = None if self.seed is None else self.seed + self.step * 1_000_003 + i * 7919
         ctx = coll.context(tf.convert_to_tensor(self.step), common, self.algorithm_options.get(name), i,
@@ -324,12 +327,15 @@ class GradientAggregator:
         if sent not in SENT:
             raise ValueError(f"sent must be one of {SENT}, got {sent!r}")
         grads = self.open_step([None if g is None else tf.convert_to_tensor(g) for g in grads], step)
-        out, masks, writes, gains, pieces, finished = list(grads), list(grads), [], [], [], []
-        only = None
+        out, masks, writes, gains, pieces, finished, idle = list(grads), list(grads), [], [], [], [], []
+        only = flush = None
         if self.trace_active_only and len(self.candidates) > 1:
             with tf.init_scope():
                 only = self.traced = int(self.active.numpy())
+                first = int(self.step.numpy())
             if not tf.executing_eagerly():
+                # the others' residuals are zero after this trace's first step: flushed then only
+                flush = tf.equal(tf.convert_to_tensor(self.step), first)
                 tf.debugging.assert_equal(tf.convert_to_tensor(self.active), tf.constant(only, self.active.dtype),
                                           message=f"the step was traced for algorithm {self.candidates[only]!r}, "
                                                   "another one is set: trace it again (model.make_train_function(force=True))")
@@ -338,11 +344,15 @@ class GradientAggregator:
             if only is not None:
                 names = names[only:only + 1]
             if len(names) == 1:
-                agg, indices, residuals, gain = self._run_bucket(i, names[0], flat, node_slices)
+                agg, indices, residuals, gain = self._run_bucket(i, names[0], flat, node_slices, flush)
             else:
                 branches = [(lambda n: lambda: self._run_bucket(i, n, flat, node_slices))(n) for n in names]
                 agg, indices, residuals, gain = tf.switch_case(tf.convert_to_tensor(self.active), branches)
-            writes += zip(self.state.of_bucket(i), residuals)
+            if flush is None:
+                writes += zip(self.state.of_bucket(i), residuals)
+            else:
+                writes += zip(self.state.of_bucket(i, names), residuals)
+                idle += self.state.of_bucket(i, [n for n in self.state.names(i) if n not in names])
             finished.append([agg, indices, gain, *residuals])
             if gain is not None:
                 gains.append(gain)
@@ -360,6 +370,8 @@ class GradientAggregator:
         def commit():
             for var, value in writes:
                 var.assign(value)
+            if flush is not None:
+                self.state.zero_idle(idle, flush)
             if gains:
                 self.gain.assign_add(tf.add_n(gains))
             self.step.assign_add(1)

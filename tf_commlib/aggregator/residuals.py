@@ -1,6 +1,7 @@
 """The error-feedback state of a GradientAggregator: one residual variable per (bucket, lossy
 algorithm the bucket may run), holding what that algorithm did not send; the residuals of the
-algorithms not running at a step are flushed into its input."""
+algorithms not running at a step are flushed into its input (in a step traced for one algorithm,
+in that trace's first step only: they are zero after it)."""
 import tensorflow as tf
 
 from tf_commlib.collectives import ALGORITHMS
@@ -25,23 +26,49 @@ class ResidualStore:
                     size = coll.state_size(d, self.topo, options)
                     self.residuals[(i, name)] = make([size], bucket.dtype, f"residual_{i}_{name}")
 
-    def of_bucket(self, i):
-        """The residual variables of bucket i (one per lossy algorithm it may run), in a fixed order."""
-        return [var for (j, _), var in sorted(self.residuals.items()) if j == i]
+    def of_bucket(self, i, names=None):
+        """The residual variables of bucket i (one per lossy algorithm it may run; of ``names`` only
+        where given), in a fixed order."""
+        return [var for (j, n), var in sorted(self.residuals.items()) if j == i and (names is None or n in names)]
 
-    def flush_idle(self, i, name, flat):
+    def names(self, i):
+        """The lossy algorithms bucket i has a residual for."""
+        return [n for (j, n) in sorted(self.residuals) if j == i]
+
+    def flush_idle(self, i, name, flat, when=None):
         """(flat plus the residuals of bucket i's algorithms other than ``name``, {those algorithms:
-        their new value, zero})."""
-        d, new = flat.shape[0], {}
-        for (j, other), var in self.residuals.items():
-            if j == i and other != name:
-                flat = flat + ALGORITHMS[other].residual_to_input(var, d, self.topo)
-                new[other] = tf.zeros(var.shape, var.dtype)
-        return flat, new
+        their new value, zero}). ``when``: a boolean tensor; they are added only where it holds, and
+        left out of the new values (zero_idle writes them): a step traced for one algorithm flushes
+        the others' once, in its first step, instead of reading and zeroing them at every step."""
+        d = flat.shape[0]
+        idle = [(other, var) for (j, other), var in sorted(self.residuals.items()) if j == i and other != name]
+
+        def added():
+            out = flat
+            for other, var in idle:
+                out = out + ALGORITHMS[other].residual_to_input(var, d, self.topo)
+            return out
+
+        if not idle:
+            return flat, {}
+        if when is not None:
+            return tf.cond(when, added, lambda: flat), {}
+        return added(), {other: tf.zeros(var.shape, var.dtype) for other, var in idle}
+
+    @staticmethod
+    def zero_idle(variables, when):
+        """Zeroes ``variables`` (residuals flush_idle added to a step's input) where ``when`` holds."""
+        def zero():
+            for var in variables:
+                var.assign(tf.zeros(var.shape, var.dtype))
+            return tf.constant(True)
+
+        if variables:
+            tf.cond(when, zero, lambda: tf.constant(False))
 
     def ordered(self, i, new):
-        """The values of ``new`` ({algorithm: value}) in the order of of_bucket(i)."""
-        return [new[n] for (j, n) in sorted(self.residuals) if j == i]
+        """The values of ``new`` ({algorithm: value}) in the order of of_bucket(i, new)."""
+        return [new[n] for (j, n) in sorted(self.residuals) if j == i and n in new]
 
     def variables(self):
         return [self.residuals[k] for k in sorted(self.residuals)]
