@@ -352,7 +352,7 @@ class GradientAggregator:
                 writes += zip(self.state.of_bucket(i), residuals)
             else:
                 writes += zip(self.state.of_bucket(i, names), residuals)
-                idle += self.state.of_bucket(i, [n for n in self.state.names(i) if n not in names])
+                idle += [var for _, var in self.state.idle(i, names[0])]
             finished.append([agg, indices, gain, *residuals])
             if gain is not None:
                 gains.append(gain)

@@ -31,9 +31,9 @@ class ResidualStore:
         where given), in a fixed order."""
         return [var for (j, n), var in sorted(self.residuals.items()) if j == i and (names is None or n in names)]
 
-    def names(self, i):
-        """The lossy algorithms bucket i has a residual for."""
-        return [n for (j, n) in sorted(self.residuals) if j == i]
+    def idle(self, i, name):
+        """[(algorithm, residual variable)] of bucket i's lossy algorithms other than ``name``."""
+        return [(n, var) for (j, n), var in sorted(self.residuals.items()) if j == i and n != name]
 
     def flush_idle(self, i, name, flat, when=None):
         """(flat plus the residuals of bucket i's algorithms other than ``name``, {those algorithms:
@@ -41,7 +41,7 @@ class ResidualStore:
         left out of the new values (zero_idle writes them): a step traced for one algorithm flushes
         the others' once, in its first step, instead of reading and zeroing them at every step."""
         d = flat.shape[0]
-        idle = [(other, var) for (j, other), var in sorted(self.residuals.items()) if j == i and other != name]
+        idle = self.idle(i, name)
 
         def added():
             out = flat
