@@ -114,6 +114,37 @@ def test_auto_chooses_by_time_to_accuracy_at_build(monkeypatch):
     assert built(compute_s=100.0, overlap=False)[0] in ("dense", "2dtar")
 
 
+def test_a_collective_registered_as_an_auto_candidate_is_weighed_and_chosen(monkeypatch):
+    """Collective(auto_candidate=True): once registered, DistributedOptimizer(algorithm="auto") with no
+    named candidates weighs it after the built-in ones, holds it in the aggregator, and runs it where
+    it is predicted fastest (here an exact collective whose formula says it costs nothing)."""
+    from tf_commlib import alphabeta
+    from tf_commlib.aggregator.chooser import AUTO_CANDIDATES, default_candidates
+    from tf_commlib.collectives import ALGORITHMS, Collective, dense, register
+    from tf_commlib.keras import auto_epoch, diloco_sync, optimizer as module
+    from tf_commlib.topology import Topology
+
+    two_by_two = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
+    for where in (module, auto_epoch, diloco_sync):
+        monkeypatch.setattr(where, "current_topology", lambda: two_by_two)
+    with pytest.raises(TypeError, match="auto_candidate"):
+        Collective("free_sum", dense.dense, dense.time, dense.sent_bytes, auto_candidate="yes")
+    register(Collective("free_sum", dense.dense, lambda *args: {"free": 0.0}, dense.sent_bytes, auto_candidate=True))
+    try:
+        assert default_candidates() == AUTO_CANDIDATES + ("free_sum",)
+        assert Auto().candidates == AUTO_CANDIDATES + ("free_sum",)
+        opt = DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="auto",
+                                   auto=Auto(cost_params=alphabeta.LinkParams(beta_inter=8 / 10e6), compute_s=0.01))
+        opt.build([keras.Variable(np.zeros((500, 400), np.float32)), keras.Variable(np.zeros(64, np.float32))])
+        (agg,) = opt.lossy_aggregators()
+        assert agg.candidates == list(AUTO_CANDIDATES) + ["free_sum"]
+        assert opt.algorithm_at(0) == "free_sum" == agg.candidates[int(agg.active.numpy())]
+        assert "diloco" in opt.auto_epochs.tta.candidates   # the default candidates keep the DiLoCo rounds
+    finally:
+        ALGORITHMS.pop("free_sum")
+    assert default_candidates() == AUTO_CANDIDATES
+
+
 def test_warmup_and_schedule_policy():
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), density=0.001,
                                schedule={0: "hitopk", 13: "2dtar"}, dgc=DGC(warmup=4))

@@ -37,7 +37,8 @@ class Auto:
     predicted step, overlap or not).
 
     DistributedOptimizer(algorithm="auto") runs one of ``candidates`` (registered collective names;
-    default AUTO_CANDIDATES) on its compressible variables each epoch: the one with the least
+    default default_candidates(): every registered one with auto_candidate=True) on its compressible
+    variables each epoch: the one with the least
     predicted time to accuracy (time_to_accuracy.TimeToAccuracy: the cost model's step time on
     ``cost_params``, corrected by the measured step times, over the measured efficiency of a lossy
     one); another candidate replaces the running one only where it is predicted ``switch`` times
@@ -75,7 +76,7 @@ class Auto:
             raise ValueError(f"Auto.probe must be None, True or False, got {self.probe!r}")
         if self.diloco not in (None, True, False):
             raise ValueError(f"Auto.diloco must be None, True or False, got {self.diloco!r}")
-        candidates = AUTO_CANDIDATES if self.candidates is None else self.candidates
+        candidates = default_candidates() if self.candidates is None else self.candidates
         if isinstance(candidates, str) or not all(isinstance(c, str) and c in ALGORITHMS for c in candidates) \
                 or not candidates or len(set(candidates)) != len(candidates):
             raise ValueError(f"Auto.candidates must be distinct names of registered collectives "
@@ -97,9 +98,17 @@ class Auto:
         return cls(**config)
 
 
-# DistributedOptimizer(algorithm="auto")'s candidates: dense and 2dtar (with fp16 on the wire unless
+# DistributedOptimizer(algorithm="auto")'s built-in candidates, in the order they are weighed (ties go to
+# the earlier one; a checkpoint keeps the running one's index): dense and 2dtar (with fp16 on the wire unless
 # compression says otherwise), DGC's hierarchical top-k and PowerSGD (bench tta's strongest)
 AUTO_CANDIDATES = ("dense", "2dtar", "hitopk", "powersgd")
+
+
+def default_candidates():
+    """Auto's candidates where it names none: every registered collective with auto_candidate=True,
+    AUTO_CANDIDATES' first in their order, then any other in the order it was registered."""
+    flagged = [name for name, coll in ALGORITHMS.items() if coll.auto_candidate]
+    return tuple(n for n in AUTO_CANDIDATES if n in flagged) + tuple(n for n in flagged if n not in AUTO_CANDIDATES)
 
 
 class AutoChooser:

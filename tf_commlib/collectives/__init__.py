@@ -7,7 +7,8 @@ registers every module that defines one, in module-name order: adding a collecti
 module. dense.py is the shortest example: the function, ``time`` (alpha-beta seconds per phase, from
 alphabeta's link parameters), ``sent_bytes`` (bytes per link, from link_bytes) and
 ``COLLECTIVE = Collective("dense", dense, time, sent_bytes)``. A new module runs at once as
-GradientAggregator(algorithm=name), takes part in "auto", `bench comm` and the byte-count test
+GradientAggregator(algorithm=name), takes part in its "auto" (and, with ``auto_candidate=True``,
+in DistributedOptimizer's choice per epoch), `bench comm` and the byte-count test
 (tests/test_collective_interface.py), and tests/test_collectives.py checks it against a numpy
 reference (lossy: each rank's own top-k with error feedback; exact: the sum) unless its module
 sets ``REFERENCE`` (another of that test's references, or None where another test checks it);

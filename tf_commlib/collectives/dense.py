@@ -53,4 +53,4 @@ def _sharded_bytes(d, m, n, options):
 SHARDING = Sharding(slot=lambda topo: topo.rank, reduce_scatter=_reduce_scatter, all_gather=_all_gather,
                     bytes=_sharded_bytes)
 COLLECTIVE = Collective("dense", dense, time, sent_bytes, options={"compression": "none"},
-                        check_options=check_options, sharding=SHARDING)
+                        check_options=check_options, sharding=SHARDING, auto_candidate=True)

@@ -177,4 +177,4 @@ REFERENCE = "shard_topk"   # the top-k of each shard (tests/test_collectives.py'
 
 COLLECTIVE = Collective("hitopk", hitopk, time, sent_bytes, lossy=True, state_size=state_size,
                         residual_to_input=residual_to_input, options={"step4": "auto", "value_codec": "none"},
-                        check_options=check_options)
+                        check_options=check_options, auto_candidate=True)

@@ -108,6 +108,8 @@ class Collective:
             optimizer update may split (dense, 2dtar); None otherwise.
     bucket_bytes: the gradient bucket size it runs with where the user gives none (None:
             tf_commlib.fusion.LOSSY_THRESHOLD_BYTES for a lossy collective, else DEFAULT_THRESHOLD_BYTES).
+    auto_candidate: True: DistributedOptimizer(algorithm="auto") weighs it each epoch where
+            Auto(candidates=...) names none (tf_commlib.aggregator.chooser.default_candidates).
     A layout the algorithm cannot run on gets time {"unsupported": math.inf}, so `auto` skips it.
     shapes: breakdown, sent_bytes, sent_bytes_for and context take ``shapes=`` (see Context; None:
             one flat vector of d). The formulas (time, bytes, actual_bytes, state_size) keep
@@ -127,8 +129,12 @@ class Collective:
     actual_bytes: Optional[Callable] = None
     sharding: Optional[Sharding] = None
     bucket_bytes: Optional[int] = None
+    auto_candidate: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.auto_candidate, bool):
+            raise TypeError(f"collective {self.name!r}: auto_candidate must be True or False, "
+                            f"got {self.auto_candidate!r}")
         if self.lossy and not (self.state_size and self.residual_to_input):
             raise TypeError(f"lossy collective {self.name!r} needs state_size and residual_to_input")
         if self.bucket_bytes is not None and (isinstance(self.bucket_bytes, bool)

@@ -207,4 +207,5 @@ def check_options(options):
 REFERENCE = None   # a low-rank approximation, not a top-k: tests/test_powersgd.py checks it
 
 COLLECTIVE = Collective("powersgd", powersgd, time, sent_bytes, lossy=True, state_size=state_size,
-                        residual_to_input=residual_to_input, options=OPTIONS, check_options=check_options)
+                        residual_to_input=residual_to_input, options=OPTIONS, check_options=check_options,
+                        auto_candidate=True)

@@ -73,4 +73,4 @@ def _sharded_bytes(d, m, n, options):
 SHARDING = Sharding(slot=lambda topo: topo.local * topo.m + topo.node, reduce_scatter=_reduce_scatter,
                     all_gather=_all_gather, bytes=_sharded_bytes)
 COLLECTIVE = Collective("2dtar", two_d_tar, time, sent_bytes, options={"compression": "none"},
-                        check_options=check_options, sharding=SHARDING)
+                        check_options=check_options, sharding=SHARDING, auto_candidate=True)

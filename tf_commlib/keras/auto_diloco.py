@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_commlib import alphabeta
-from tf_commlib.aggregator.chooser import AUTO_CANDIDATES
+from tf_commlib.aggregator.chooser import default_candidates
 from tf_commlib.collectives import codec as codecs
 from tf_commlib.inter_mean import Exchanges, by_allreduce, shard_len
 from tf_commlib.keras.diloco_sync import Syncs, node_average
@@ -191,5 +191,5 @@ class LocalRounds(Syncs):
 def enabled(settings, topo, opt):
     """Whether "auto" of opt (a DistributedOptimizer) has the candidate: Auto.diloco (None: where the
     candidates are the default ones), several nodes, and an optimizer that is not sharded."""
-    wanted = settings.candidates == AUTO_CANDIDATES if settings.diloco is None else settings.diloco
+    wanted = settings.candidates == default_candidates() if settings.diloco is None else settings.diloco
     return wanted and topo.m > 1 and not opt.shard_optimizer
