@@ -145,6 +145,39 @@ def test_a_collective_registered_as_an_auto_candidate_is_weighed_and_chosen(monk
     assert default_candidates() == AUTO_CANDIDATES
 
 
+def test_powersgd_at_another_rank_joins_auto_by_registration(monkeypatch):
+    """A candidate at another setting is a registered copy (docs/collectives.md): PowerSGD at rank 1
+    beside the default rank 4, with its own residual (and Q) and its own bytes and predicted time, which
+    on a slow link make it the first choice."""
+    import dataclasses
+
+    from tf_commlib import alphabeta
+    from tf_commlib.collectives import ALGORITHMS, powersgd, register
+    from tf_commlib.keras import auto_epoch, diloco_sync, optimizer as module
+    from tf_commlib.topology import Topology
+
+    two_by_two = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
+    for where in (module, auto_epoch, diloco_sync):
+        monkeypatch.setattr(where, "current_topology", lambda: two_by_two)
+    register(dataclasses.replace(powersgd.COLLECTIVE, name="powersgd_r1",
+                                 options={**powersgd.COLLECTIVE.options, "rank": 1}, auto_candidate=True))
+    try:
+        opt = DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="auto",
+                                   auto=Auto(cost_params=alphabeta.LinkParams(beta_inter=8 / 5e6), compute_s=0.01))
+        opt.build([keras.Variable(np.zeros((500, 400), np.float32)), keras.Variable(np.zeros(64, np.float32))])
+        (agg,) = opt.lossy_aggregators()
+        state = {name: int(np.prod(var.shape)) for (_, name), var in agg.residuals.items()}
+        assert state["powersgd_r1"] == 500 * 400 + 400 * 1 < state["powersgd"] == 500 * 400 + 400 * 4
+        inter = {r: ALGORITHMS[name].sent_bytes(500 * 400, 2, 2, 0.01, shapes=[(500, 400)])["inter"]
+                 for r, name in ((1, "powersgd_r1"), (4, "powersgd"))}
+        assert inter[1] < inter[4]
+        times = {c: opt.auto_epochs.communication_s(c, 0.01) for c in ("powersgd", "powersgd_r1")}
+        assert times["powersgd_r1"] < times["powersgd"]
+        assert opt.algorithm_at(0) == "powersgd_r1"
+    finally:
+        ALGORITHMS.pop("powersgd_r1")
+
+
 def test_warmup_and_schedule_policy():
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), density=0.001,
                                schedule={0: "hitopk", 13: "2dtar"}, dgc=DGC(warmup=4))
