@@ -149,6 +149,8 @@ FLAGS = {
         "a benchmark: 9 four-rank trainings on the emulated cluster (10 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd auto diloco_h8_int4_no_overlap":
         "a benchmark: 9 four-rank trainings on the emulated cluster (12 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 5 25 --repeats 3 --configs powersgd auto diloco_h8_int4_no_overlap":
+        "a benchmark: 18 four-rank trainings on the emulated cluster (21 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs powersgd auto diloco_h8_int4_no_overlap":
         "a benchmark: 9 four-rank trainings on the emulated cluster (11 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 powersgd auto "
