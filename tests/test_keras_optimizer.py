@@ -114,19 +114,25 @@ def test_auto_chooses_by_time_to_accuracy_at_build(monkeypatch):
     assert built(compute_s=100.0, overlap=False)[0] in ("dense", "2dtar")
 
 
-def test_a_collective_registered_as_an_auto_candidate_is_weighed_and_chosen(monkeypatch):
+@pytest.fixture
+def two_by_two(monkeypatch):
+    """The optimizer, its AutoEpochs and DiLoCo rounds see rank 0 of 2 nodes of 2 ranks (one process)."""
+    from tf_commlib.keras import auto_epoch, diloco_sync, optimizer as module
+    from tf_commlib.topology import Topology
+
+    topo = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
+    for where in (module, auto_epoch, diloco_sync):
+        monkeypatch.setattr(where, "current_topology", lambda: topo)
+    return topo
+
+
+def test_a_collective_registered_as_an_auto_candidate_is_weighed_and_chosen(two_by_two):
     """Collective(auto_candidate=True): once registered, DistributedOptimizer(algorithm="auto") with no
     named candidates weighs it after the built-in ones, holds it in the aggregator, and runs it where
     it is predicted fastest (here an exact collective whose formula says it costs nothing)."""
     from tf_commlib import alphabeta
     from tf_commlib.aggregator.chooser import AUTO_CANDIDATES, default_candidates
     from tf_commlib.collectives import ALGORITHMS, Collective, dense, register
-    from tf_commlib.keras import auto_epoch, diloco_sync, optimizer as module
-    from tf_commlib.topology import Topology
-
-    two_by_two = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
-    for where in (module, auto_epoch, diloco_sync):
-        monkeypatch.setattr(where, "current_topology", lambda: two_by_two)
     with pytest.raises(TypeError, match="auto_candidate"):
         Collective("free_sum", dense.dense, dense.time, dense.sent_bytes, auto_candidate="yes")
     register(Collective("free_sum", dense.dense, lambda *args: {"free": 0.0}, dense.sent_bytes, auto_candidate=True))
@@ -145,7 +151,7 @@ def test_a_collective_registered_as_an_auto_candidate_is_weighed_and_chosen(monk
     assert default_candidates() == AUTO_CANDIDATES
 
 
-def test_powersgd_at_another_rank_joins_auto_by_registration(monkeypatch):
+def test_powersgd_at_another_rank_joins_auto_by_registration(two_by_two):
     """A candidate at another setting is a registered copy (docs/collectives.md): PowerSGD at rank 1
     beside the default rank 4, with its own residual (and Q) and its own bytes and predicted time, which
     on a slow link make it the first choice."""
@@ -153,12 +159,6 @@ def test_powersgd_at_another_rank_joins_auto_by_registration(monkeypatch):
 
     from tf_commlib import alphabeta
     from tf_commlib.collectives import ALGORITHMS, powersgd, register
-    from tf_commlib.keras import auto_epoch, diloco_sync, optimizer as module
-    from tf_commlib.topology import Topology
-
-    two_by_two = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
-    for where in (module, auto_epoch, diloco_sync):
-        monkeypatch.setattr(where, "current_topology", lambda: two_by_two)
     register(dataclasses.replace(powersgd.COLLECTIVE, name="powersgd_r1",
                                  options={**powersgd.COLLECTIVE.options, "rank": 1}, auto_candidate=True))
     try:
