@@ -57,17 +57,13 @@ FLAGS = {
     "dense_fp16": "a benchmark: ResNet-50 on the emulated cluster (6 min)",
     "python -m tfc_apps.bench e2e --inter-mbit 100 --resolutions 64 --configs dense_fp16 hitopk@0.01 powersgd":
         "a benchmark: ResNet-50 on the emulated cluster (7 min)",
+    "python -m tfc_apps.bench e2e --inter-mbit 500 --resolutions 64 --configs dense_fp16 hitopk@0.01 powersgd":
+        "a benchmark: ResNet-50 on the emulated cluster (6 min)",
     "python -m tfc_apps.bench tta --inter-mbit 0 --configs dense_fp16 2dtar_fp16 auto --repeats 5":
         "a benchmark: 15 four-rank trainings (11 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --configs dense_fp16 hitopk auto --repeats 3":
         "a benchmark: 9 four-rank trainings on the emulated cluster (13 min)",
     "python -m tfc_apps.bench tta": "a benchmark: 36 four-rank trainings at four bandwidths (over an hour)",
-    "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 hitopk powersgd diloco_h8 "
-    "diloco_h32 diloco_h8_q8": "a benchmark: 18 four-rank trainings on the emulated cluster (25 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 0 --repeats 3 --configs dense_fp16 hitopk powersgd diloco_h8 "
-    "diloco_h32 diloco_h8_q8": "a benchmark: 18 four-rank trainings (17 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 5 100 --configs dense_fp16 hitopk powersgd diloco_h8 diloco_h32 "
-    "diloco_h8_q8": "a benchmark: 12 four-rank trainings on the emulated cluster (25 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25": "a benchmark: 6 four-rank trainings (12 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 hitopk powersgd auto diloco_h8_q8 "
     "diloco_auto_q8": "a benchmark: 18 four-rank trainings on the emulated cluster (49 min)",
@@ -106,14 +102,10 @@ FLAGS = {
         "a benchmark: dense fp16 on the second image set at 5 Mbit/s, 17 min a seed",
     "python -m tfc_apps.bench tta --inter-mbit 100 --repeats 3 --configs dense_fp16 hitopk powersgd auto diloco_h8_q8":
         "a benchmark: 15 four-rank trainings on the emulated cluster (36 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs dense_fp16 hitopk powersgd auto diloco_h8_q8":
-        "a benchmark: 15 four-rank trainings on the emulated cluster, dense fp16 10 min each (56 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd hitopk auto diloco_h8_q8":
         "a benchmark: 12 four-rank trainings on the emulated cluster (19 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd auto diloco_h8_q8 diloco_h8_int4":
         "a benchmark: 12 four-rank trainings on the emulated cluster (15 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 powersgd auto diloco_h8_q8 "
-    "diloco_h8_int4": "a benchmark: 15 four-rank trainings on the emulated cluster (35 min)",
     "python -m tfc_apps.bench tta --dataset patches --inter-mbit 5 --epochs 5 --target 0.95 --repeats 3 --configs "
     "powersgd diloco_h8_q8 diloco_h8_int4":
         "a benchmark: 9 four-rank trainings on the second image set, on the emulated cluster (25 min)",
@@ -135,8 +127,6 @@ FLAGS = {
     "python -m tfc_apps.bench tta --dataset patches --inter-mbit 100 --epochs 5 --target 0.95 --repeats 3 --configs "
     "dense_fp16 auto":
         "a benchmark: 6 four-rank trainings on the second image set, on the emulated cluster (13 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 0 --repeats 3 --configs dense_fp16 diloco_h8_int4":
-        "a benchmark: 6 four-rank trainings on loopback (8 min)",
     "python -m tfc_apps.bench tta --inter-mbit 0 --repeats 9 --configs dense_fp16 diloco_h8_int4 "
     "diloco_h8_int4_no_overlap": "a benchmark: 27 four-rank trainings on loopback (30 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd diloco_h8_int4 "
@@ -145,16 +135,24 @@ FLAGS = {
     "diloco_h8_int4_no_overlap": "a benchmark: 12 four-rank trainings on the emulated cluster (17 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd auto":
         "a benchmark: 6 four-rank trainings on the emulated cluster (12 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 100 --repeats 3 --configs dense_fp16 hitopk auto":
-        "a benchmark: 9 four-rank trainings on the emulated cluster (10 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd auto diloco_h8_int4_no_overlap":
         "a benchmark: 9 four-rank trainings on the emulated cluster (12 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 5 25 --repeats 3 --configs hitopk powersgd diloco_h8_int4_no_overlap":
+        "a benchmark: 18 four-rank trainings on the emulated cluster (25 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs powersgd diloco_h8_int4 "
+    "diloco_h8_int4_no_overlap": "a benchmark: 9 four-rank trainings on the emulated cluster (8 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 5 25 --repeats 3 --configs diloco_h8_int4":
+        "a benchmark: 6 four-rank trainings on the emulated cluster (11 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 100 0 --repeats 3 --configs dense_fp16 powersgd "
+    "diloco_h8_int4_no_overlap": "a benchmark: 18 four-rank trainings (23 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16":
+        "a benchmark: 3 four-rank trainings on the emulated cluster (9 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs dense_fp16":
+        "a benchmark: 3 four-rank trainings on the emulated cluster, 10 min each (31 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 25 --repeats 3 --configs powersgd auto diloco_h8_int4_no_overlap":
         "a benchmark: 18 four-rank trainings on the emulated cluster (21 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs powersgd auto diloco_h8_int4_no_overlap":
         "a benchmark: 9 four-rank trainings on the emulated cluster (11 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 powersgd auto "
-    "diloco_h8_int4_no_overlap": "a benchmark: 12 four-rank trainings on the emulated cluster (17 min)",
     "python -m tfc_apps.bench tta --inter-mbit 100 25 --configs dense_fp16 hitopk powersgd auto --repeats 3":
         "a benchmark: 24 four-rank trainings on the emulated cluster (40 min)",
     "python -m tfc_apps.bench e2e --model small --resolutions 32 --inter-mbit 100 --configs dense_fp32 dense_fp16 "
