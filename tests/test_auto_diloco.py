@@ -77,20 +77,6 @@ def test_a_sequence_that_leaves_the_running_rounds_and_comes_back_counts_their_h
     assert restored.left and restored.kept() is None
 
 
-@pytest.fixture
-def two_by_two(monkeypatch):
-    from tf_commlib.keras import auto_epoch, diloco_sync, optimizer as module
-    from tf_commlib.topology import Topology
-
-    from tf_commlib.keras import auto_probe
-
-    topo = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
-    for mod in (module, auto_epoch, diloco_sync):
-        monkeypatch.setattr(mod, "current_topology", lambda: topo)
-    monkeypatch.setattr(auto_probe, "gathered", lambda rows, name: np.repeat(rows, 4, axis=0))   # 4 ranks alike
-    return topo
-
-
 def _built(fit=True, **auto):
     """fit: as in model.fit, where CompressionScheduler counts the steps (set_fit_epochs before the build)."""
     import keras
@@ -104,7 +90,7 @@ def _built(fit=True, **auto):
     return opt
 
 
-def test_chosen_on_a_slow_link_and_not_on_a_fast_one(two_by_two):
+def test_chosen_on_a_slow_link_and_not_on_a_fast_one(rank0_of_2x2):
     """A small model (112K weights, compute 0.19 s a step), the link's formulas: at 1 Mbit/s between nodes
     "diloco" at H = 8 is predicted below 0.8x every per-step candidate and runs; at 10 Gbit/s a
     per-step collective runs."""
@@ -125,7 +111,7 @@ def test_chosen_on_a_slow_link_and_not_on_a_fast_one(two_by_two):
         assert loop.algorithm_at(0) != "diloco" and not loop.auto_epochs.local.running
 
 
-def test_not_before_the_compute_per_step_is_known(two_by_two):
+def test_not_before_the_compute_per_step_is_known(rank0_of_2x2):
     """Without Auto(compute_s=...), the first epoch runs a per-step candidate: DiLoCo's margin is on whole
     steps. Once the compute is known (the first epoch's measured step less its collectives), it runs."""
     opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), probe=False)
@@ -134,7 +120,7 @@ def test_not_before_the_compute_per_step_is_known(two_by_two):
     assert opt.auto_epochs.choose(1) == "diloco"
 
 
-def test_a_rank_state_reset_zeroes_its_residual(two_by_two):
+def test_a_rank_state_reset_zeroes_its_residual(rank0_of_2x2):
     opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
     residual = opt.auto_epochs.local.residual
     residual.assign(np.ones(residual.shape, np.float32))
@@ -142,7 +128,7 @@ def test_a_rank_state_reset_zeroes_its_residual(two_by_two):
     assert not residual.numpy().any()
 
 
-def test_only_where_asked_or_by_default(two_by_two):
+def test_only_where_asked_or_by_default(rank0_of_2x2):
     """Auto(diloco=False), or candidates named without diloco=True: the per-step candidates alone."""
     slow = alphabeta.LinkParams(beta_inter=8 / 5e6)
     for auto, has in (({}, True), ({"diloco": False}, False), ({"candidates": ("2dtar", "hitopk")}, False),
@@ -153,7 +139,7 @@ def test_only_where_asked_or_by_default(two_by_two):
         Auto(diloco="yes")
 
 
-def test_a_measured_sync_takes_the_place_of_the_probe(two_by_two, monkeypatch):
+def test_a_measured_sync_takes_the_place_of_the_probe(rank0_of_2x2, monkeypatch):
     """Where the candidates were probed (a sync's exchange and one node average), an epoch of "diloco"
     measures its syncs, and the next prediction and H follow from that measure (the probe leaves out the
     sync's other work on every variable); BackupAndRestore keeps it; a step that later takes more than
@@ -190,7 +176,7 @@ def test_a_measured_sync_takes_the_place_of_the_probe(two_by_two, monkeypatch):
     assert recalibrated
 
 
-def test_a_link_measured_again_is_kept_in_the_state(two_by_two):
+def test_a_link_measured_again_is_kept_in_the_state(rank0_of_2x2):
     """A resumed run predicts (and so chooses H) from the link its run measured again, not the given one."""
     opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
     assert opt.auto_epochs.state()["link"] is None
@@ -200,7 +186,7 @@ def test_a_link_measured_again_is_kept_in_the_state(two_by_two):
     assert again.auto_epochs.link == alphabeta.LinkParams()
 
 
-def test_ranks_that_would_begin_different_epochs_fail_before_a_collective(two_by_two, monkeypatch):
+def test_ranks_that_would_begin_different_epochs_fail_before_a_collective(rank0_of_2x2, monkeypatch):
     """Where rounds ran and one rank would begin another epoch than the others (a wrong restore, say),
     every rank fails with a ValueError before the wrapped optimizer's state is averaged (a collective
     that the rank beginning rounds would not call: a hang). A fresh build calls no collective (a model's
@@ -222,7 +208,7 @@ def test_ranks_that_would_begin_different_epochs_fail_before_a_collective(two_by
     assert not averaged and auto.local.running
 
 
-def test_a_rank_that_restores_its_previous_backup_after_its_latest_ends_as_the_others(two_by_two):
+def test_a_rank_that_restores_its_previous_backup_after_its_latest_ends_as_the_others(rank0_of_2x2):
     """A rank that saved one epoch more than another restores its latest backup, then its previous one:
     what only the latest held (a link measured again, the compute, a trace's cost, the last epoch) is not
     kept, so it predicts as the ranks that restored the previous one only."""
@@ -250,7 +236,7 @@ def test_a_rank_that_restores_its_previous_backup_after_its_latest_ends_as_the_o
     assert both.predictions(1) == only_previous.predictions(1)
 
 
-def test_a_restored_link_has_the_candidates_timed_again_at_the_next_choice(two_by_two, monkeypatch):
+def test_a_restored_link_has_the_candidates_timed_again_at_the_next_choice(rank0_of_2x2, monkeypatch):
     """The candidates' timings are the link's: a resumed run whose backup holds a link measured again
     during the run times them again on it (from the cache where they were) before it chooses, once."""
     from tf_commlib.keras import auto_epoch
@@ -270,7 +256,7 @@ def test_a_restored_link_has_the_candidates_timed_again_at_the_next_choice(two_b
     assert opt.probed_local == (0.01, 0.05, 0.01)
 
 
-def test_an_untried_candidate_is_bounded_from_the_h_that_ran(two_by_two, monkeypatch):
+def test_an_untried_candidate_is_bounded_from_the_h_that_ran(rank0_of_2x2, monkeypatch):
     """After an epoch of "diloco" at H = 2 whose syncs choose H = 8 next, the compute that an untried
     candidate's bound rests on is the step less a node average and a sync per 2 steps, as it ran."""
     from tf_commlib.keras import auto_epoch

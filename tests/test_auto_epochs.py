@@ -8,21 +8,7 @@ import pytest
 from tf_commlib.aggregator import Auto
 
 
-@pytest.fixture
-def two_by_two(monkeypatch):
-    """The optimizer and AutoEpochs see rank 0 of 2 nodes of 2 ranks."""
-    from tf_commlib.keras import auto_epoch, auto_probe, diloco_sync, optimizer as module
-    from tf_commlib.topology import Topology
-
-    topo = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
-    monkeypatch.setattr(module, "current_topology", lambda: topo)
-    monkeypatch.setattr(auto_epoch, "current_topology", lambda: topo)
-    monkeypatch.setattr(diloco_sync, "current_topology", lambda: topo)
-    monkeypatch.setattr(auto_probe, "gathered", lambda rows, name: np.repeat(rows, 4, axis=0))   # 4 ranks alike
-    return topo
-
-
-def test_an_untried_candidate_is_tried_by_its_saving_without_overlap(two_by_two):
+def test_an_untried_candidate_is_tried_by_its_saving_without_overlap(rank0_of_2x2):
     """The overlap auto measures rests on a compute time measured apart from the steps: a compute
     measured too long reads as overlap that hides most of a sparse candidate's saving. An untried
     lossy candidate is therefore tried where the last measured step, less its collectives, plus the
@@ -62,7 +48,7 @@ def test_an_untried_candidate_is_tried_by_its_saving_without_overlap(two_by_two)
     assert auto.untried_bound(density) == {} and auto.choose(7) in ("dense", "2dtar")
 
 
-def test_a_candidate_is_weighed_over_the_fit_with_its_warm_up(two_by_two):
+def test_a_candidate_is_weighed_over_the_fit_with_its_warm_up(rank0_of_2x2):
     """DGC's warm-up epochs send near-dense traffic: judged on the next epoch alone, hitopk loses to
     an exact collective at epoch 0 and wins after; "auto" weighs each candidate over the epochs the
     fit has left (each at its density) while the schedule runs "auto", so it starts on hitopk instead
@@ -107,7 +93,7 @@ def test_a_candidate_is_weighed_over_the_fit_with_its_warm_up(two_by_two):
     assert scheduled.auto_epochs.horizon(0) == [0, 1, 2, 3, 4] and scheduled.auto_epochs.horizon(3) == [3, 4]
 
 
-def test_a_warm_up_density_is_predicted_from_its_own_timing(two_by_two):
+def test_a_warm_up_density_is_predicted_from_its_own_timing(rank0_of_2x2):
     """The probe times hitopk at the target density, where fixed costs per call dominate, and at the
     DGC warm-up's densities, where the bytes do: one measured/predicted ratio does not carry from
     one to the other. A warm-up epoch is predicted from its own timing; where the warm-up costs

@@ -90,9 +90,9 @@ def test_auto_chooses_by_time_to_accuracy_at_build(monkeypatch):
     from tf_commlib.keras import auto_epoch, optimizer as module
     from tf_commlib.topology import Topology
 
-    two_by_two = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
-    monkeypatch.setattr(module, "current_topology", lambda: two_by_two)
-    monkeypatch.setattr(auto_epoch, "current_topology", lambda: two_by_two)
+    rank0_of_2x2 = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
+    monkeypatch.setattr(module, "current_topology", lambda: rank0_of_2x2)
+    monkeypatch.setattr(auto_epoch, "current_topology", lambda: rank0_of_2x2)
     slow = alphabeta.LinkParams(beta_inter=8 / 10e6)
 
     def built(**kwargs):
@@ -114,19 +114,7 @@ def test_auto_chooses_by_time_to_accuracy_at_build(monkeypatch):
     assert built(compute_s=100.0, overlap=False)[0] in ("dense", "2dtar")
 
 
-@pytest.fixture
-def two_by_two(monkeypatch):
-    """The optimizer, its AutoEpochs and DiLoCo rounds see rank 0 of 2 nodes of 2 ranks (one process)."""
-    from tf_commlib.keras import auto_epoch, diloco_sync, optimizer as module
-    from tf_commlib.topology import Topology
-
-    topo = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
-    for where in (module, auto_epoch, diloco_sync):
-        monkeypatch.setattr(where, "current_topology", lambda: topo)
-    return topo
-
-
-def test_a_collective_registered_as_an_auto_candidate_is_weighed_and_chosen(two_by_two):
+def test_a_collective_registered_as_an_auto_candidate_is_weighed_and_chosen(rank0_of_2x2):
     """Collective(auto_candidate=True): once registered, DistributedOptimizer(algorithm="auto") with no
     named candidates weighs it after the built-in ones, holds it in the aggregator, and runs it where
     it is predicted fastest (here an exact collective whose formula says it costs nothing)."""
@@ -151,7 +139,7 @@ def test_a_collective_registered_as_an_auto_candidate_is_weighed_and_chosen(two_
     assert default_candidates() == AUTO_CANDIDATES
 
 
-def test_powersgd_at_another_rank_joins_auto_by_registration(two_by_two):
+def test_powersgd_at_another_rank_joins_auto_by_registration(rank0_of_2x2):
     """A candidate at another setting is a registered copy (docs/collectives.md): PowerSGD at rank 1
     beside the default rank 4, with its own residual (and Q) and its own bytes and predicted time, which
     on a slow link make it the first choice."""
