@@ -79,7 +79,10 @@ def test_each_configuration_is_the_dawnbench_run_it_names(tmp_path):
     assert auto.calibration_cache == os.path.join("mbit25", "calibration.json")
     assert all(parsed[c].calibration_cache is None for c in tta.CONFIGS if c != "auto")
     assert (auto.density, auto.selector, auto.dgc_warmup, auto.no_momentum_masking) == (0.01, "mstopk", 2, True)
-    assert not any(parsed[c].no_momentum_masking for c in tta.CONFIGS if c not in ("hitopk", "auto"))
+    assert not any(parsed[c].no_momentum_masking for c in tta.CONFIGS if c not in ("hitopk", "hitopk_0.001", "auto"))
+    harder = parsed["hitopk_0.001"]   # hitopk's settings at a tenth of its density
+    assert (harder.density, harder.dgc_warmup, harder.no_momentum_masking) == (0.001, 2, True)
+    assert parsed["powersgd_r1"].powersgd_rank == 1 and parsed["powersgd"].powersgd_rank is None
     assert parsed["auto"].calibrate and all(p.stage_list[0].batch == args.batch == 8 for p in parsed.values())
     # DiLoCo's exchange under the next interval's steps, except where the name says every rank waits for it
     waits = parsed["diloco_h8_int4_no_overlap"]

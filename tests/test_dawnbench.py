@@ -151,6 +151,7 @@ def test_auto_schedule_with_the_step_breakdown(tmp_path):
     (["--synthetic", "--target-top5", "0"], "--target-top5 must be in (0, 1]"),
     (["--synthetic", "--schedule", "5:hitopk"], "--schedule must start at epoch 0"),
     (["--synthetic", "--density", "0"], "--density"),
+    (["--synthetic", "--powersgd-rank", "0"], "--powersgd-rank must be >= 1"),
     (["--tfds", "imagenet2012"], "--tfds needs --manual-dir"),
     ([], "give exactly one of --data DIR, --tfds NAME, --synthetic"),
     (["--synthetic", "--calibration-cache", "/tmp/c.json"], "--calibration-cache and --recalibrate go with --calibrate"),

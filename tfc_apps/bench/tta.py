@@ -40,6 +40,9 @@ CONFIGS = {
     "2dtar_fp16": {"schedule": "0:2dtar", "compression": "fp16"},
     "hitopk": {"schedule": "0:hitopk", **HITOPK},
     "powersgd": {"schedule": "0:powersgd"},
+    # the same collectives compressing harder: a tenth of hitopk's density, PowerSGD at rank 1 instead of 4
+    "hitopk_0.001": {"schedule": "0:hitopk", **HITOPK, "density": 0.001},
+    "powersgd_r1": {"schedule": "0:powersgd", "powersgd_rank": 1},
     # where auto picks hitopk for a bucket, it runs with hitopk's settings
     "auto": {"schedule": "0:auto", "compression": "fp16", "calibrate": True, **HITOPK},
     # local SGD inside nodes, the nodes' pseudo-gradients averaged every H steps, overlapped
@@ -147,7 +150,8 @@ def dawnbench_argv(args, config, log_dir, seed=None):
             "--breakdown-steps", "0", "--seed", str(args.seed if seed is None else seed), "--log-dir", log_dir]
     if args.steps_per_epoch:
         argv += ["--steps-per-epoch", str(args.steps_per_epoch)]
-    for key in ("density", "selector", "compression", "diloco", "inter_compression", "outer_lr", "outer_momentum"):
+    for key in ("density", "selector", "compression", "diloco", "inter_compression", "outer_lr", "outer_momentum",
+                "powersgd_rank"):
         if key in opts:
             argv += [f"--{key.replace('_', '-')}", str(opts[key])]
     if opts.get("dgc_warmup"):   # the warm-up leaves at least the last epoch at the target density

@@ -106,6 +106,8 @@ def parser():
            "for the default stages; shi2021's recipe is 0:hitopk,13:2dtar)")
     a("--density", type=float, default=0.01)
     a("--selector", default="mstopk")
+    a("--powersgd-rank", type=int, default=None,
+      help="the rank of PowerSGD's factors where --schedule runs powersgd or auto (default: the library's, 4)")
     a("--compression", choices=("none", "fp16", "bf16"), default="none",
       help="16-bit values on the wire of dense and 2dtar (Horovod's Compression.fp16)")
     a("--no-overlap", action="store_true",
@@ -214,6 +216,8 @@ def check(args):
         raise ValueError(f"--target-top5 must be in (0, 1], got {args.target_top5!r}")
     if not 0 < args.density <= 1:
         raise ValueError(f"--density must be in (0, 1], got {args.density!r}")
+    if args.powersgd_rank is not None and args.powersgd_rank < 1:
+        raise ValueError(f"--powersgd-rank must be >= 1, got {args.powersgd_rank!r}")
     if args.steps_per_epoch is not None and args.steps_per_epoch < 1:
         raise ValueError(f"--steps-per-epoch must be >= 1, got {args.steps_per_epoch!r}")
     if args.synthetic and args.steps_per_epoch is None:

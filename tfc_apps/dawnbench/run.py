@@ -60,6 +60,8 @@ def make_optimizer(args, data, topo, cost_params=None, compute_s=None):
                                 overlap=not args.no_overlap,
                                 auto=Auto(cost_params=cost_params, compute_s=compute_s, probe=args.calibrate or None),
                                 shard_optimizer=args.shard_optimizer,
+                                algorithm_options=(None if args.powersgd_rank is None
+                                                   else {"powersgd": {"rank": args.powersgd_rank}}),
                                 **({} if args.fusion_threshold_bytes is None
                                    else {"fusion_threshold_bytes": args.fusion_threshold_bytes}))
 
