@@ -152,6 +152,9 @@ def test_auto_schedule_with_the_step_breakdown(tmp_path):
     (["--synthetic", "--schedule", "5:hitopk"], "--schedule must start at epoch 0"),
     (["--synthetic", "--density", "0"], "--density"),
     (["--synthetic", "--powersgd-rank", "0"], "--powersgd-rank must be >= 1"),
+    (["--synthetic", "--schedule", "0:hitopk", "--auto-candidates", "hitopk"], "--auto-candidates goes with a --schedule that runs auto"),
+    (["--synthetic", "--schedule", "0:auto", "--auto-candidates", "hitopk", "nope"],
+     "--auto-candidates must be distinct registered collectives"),
     (["--tfds", "imagenet2012"], "--tfds needs --manual-dir"),
     ([], "give exactly one of --data DIR, --tfds NAME, --synthetic"),
     (["--synthetic", "--calibration-cache", "/tmp/c.json"], "--calibration-cache and --recalibrate go with --calibrate"),
@@ -193,6 +196,27 @@ def test_the_default_schedule_is_auto_then_the_recipes_2dtar():
     assert (args.breakdown_steps, config.parse(["--synthetic", "--breakdown-steps", "0"]).breakdown_steps) == (3, 0)
     diloco = config.parse(["--synthetic", "--diloco", "8"])
     assert (diloco.schedule_map, diloco.dgc_warmup, diloco.breakdown_steps) == ({0: "dense"}, 0, 0)
+
+
+def test_auto_candidates_and_powersgd_rank_reach_the_optimizer(rank0_of_2x2):
+    """--auto-candidates is Auto(candidates=...) of the optimizer the script trains with, and
+    --powersgd-rank PowerSGD's rank in its algorithm_options; without them, the library's defaults."""
+    from tf_commlib.aggregator.chooser import default_candidates
+    from tfc_apps.dawnbench import config, run
+
+    class Data:
+        def steps(self, stage):
+            return 4
+
+    def optimizer(*flags):
+        args = config.parse(["--synthetic", "--model", "small", "--stages", "32:2:8", "--optimizer", "sgd", *flags])
+        return run.make_optimizer(args, Data(), rank0_of_2x2)
+
+    chosen = optimizer("--auto-candidates", "powersgd", "hitopk", "--powersgd-rank", "1")
+    assert chosen.auto.candidates == ("powersgd", "hitopk")
+    assert chosen.algorithm_options == {"powersgd": {"rank": 1}}
+    default = optimizer()
+    assert default.auto.candidates == default_candidates() and default.algorithm_options is None
 
 
 def test_tfds_path_shards_are_random_samples(tmp_path):

@@ -71,13 +71,17 @@ def _interval(text):
         raise argparse.ArgumentTypeError(f"must be an int or 'auto', got {text!r}") from None
 
 
-def check_algorithms(schedule):
+def check_algorithms(schedule, auto_candidates=None):
     """Last of the checks: the registry imports TensorFlow."""
     from tf_commlib.collectives import ALGORITHMS
 
     unknown = sorted(set(schedule.values()) - set(ALGORITHMS) - {"auto"})
     if unknown:
         raise ValueError(f"--schedule: unknown algorithm(s) {unknown}; known: {sorted(ALGORITHMS) + ['auto']}")
+    if auto_candidates is not None and (set(auto_candidates) - set(ALGORITHMS)
+                                        or len(set(auto_candidates)) != len(auto_candidates)):
+        raise ValueError(f"--auto-candidates must be distinct registered collectives ({sorted(ALGORITHMS)}), "
+                         f"got {auto_candidates}")
 
 
 def check_val(args):
@@ -121,6 +125,9 @@ def parser():
       help="with --calibrate: keep the link parameters in FILE and reuse them on the same layout, hosts and "
            "sizes (tf_commlib.costmodel.cached_calibration); default: calibration.json in --ckpt-dir if given")
     a("--recalibrate", action="store_true", help="with --calibration-cache: measure again and rewrite FILE")
+    a("--auto-candidates", nargs="+", default=None, metavar="ALGORITHM",
+      help="the collectives the schedule's 'auto' chooses among (Auto(candidates=...); default: the library's, "
+           "with DiLoCo rounds where there are nodes); e.g. one lossy collective, to log its measured efficiency")
     a("--shard-optimizer", action="store_true",
       help="ZeRO-1: each rank updates and keeps optimizer state for its slice only, and the weights are "
            "all-gathered (DistributedOptimizer(shard_optimizer=True)): slices of 1/P with one dense or 2dtar "
@@ -231,6 +238,8 @@ def check(args):
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)!r}")
     if args.num_classes < 2:
         raise ValueError(f"--num-classes must be >= 2, got {args.num_classes!r}")
+    if args.auto_candidates is not None and "auto" not in args.schedule_map.values():
+        raise ValueError("--auto-candidates goes with a --schedule that runs auto")
     if (args.calibration_cache or args.recalibrate) and not args.calibrate:
         raise ValueError("--calibration-cache and --recalibrate go with --calibrate")
     if args.recalibrate and not (args.calibration_cache or args.ckpt_dir):
@@ -251,7 +260,7 @@ def check(args):
     if not args.outer_lr > 0 or not 0 <= args.outer_momentum < 1:
         raise ValueError(f"--outer-lr must be > 0 and --outer-momentum in [0, 1), got {args.outer_lr!r}, "
                          f"{args.outer_momentum!r}")
-    check_algorithms(args.schedule_map)
+    check_algorithms(args.schedule_map, args.auto_candidates)
     if args.dgc_warmup is None:   # DistributedOptimizer's default where the schedule runs "auto"
         from tf_commlib.keras.options import AUTO_WARMUP
 

@@ -58,7 +58,8 @@ def make_optimizer(args, data, topo, cost_params=None, compute_s=None):
                                 selection=Selection(selector=args.selector, seed=args.seed),
                                 schedule=args.schedule_map, compression=args.compression,
                                 overlap=not args.no_overlap,
-                                auto=Auto(cost_params=cost_params, compute_s=compute_s, probe=args.calibrate or None),
+                                auto=Auto(cost_params=cost_params, compute_s=compute_s, probe=args.calibrate or None,
+                                          candidates=args.auto_candidates and tuple(args.auto_candidates)),
                                 shard_optimizer=args.shard_optimizer,
                                 algorithm_options=(None if args.powersgd_rank is None
                                                    else {"powersgd": {"rank": args.powersgd_rank}}),
