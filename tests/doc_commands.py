@@ -59,12 +59,17 @@ FLAGS = {
         "a benchmark: ResNet-50 on the emulated cluster (7 min)",
     "python -m tfc_apps.bench e2e --inter-mbit 500 --resolutions 64 --configs dense_fp16 hitopk@0.01 powersgd":
         "a benchmark: ResNet-50 on the emulated cluster (6 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 0 --configs dense_fp16 2dtar_fp16 auto --repeats 5":
-        "a benchmark: 15 four-rank trainings (11 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 25 --configs dense_fp16 hitopk auto --repeats 3":
-        "a benchmark: 9 four-rank trainings on the emulated cluster (13 min)",
-    "python -m tfc_apps.bench tta": "a benchmark: 36 four-rank trainings at four bandwidths (over an hour)",
-    "python -m tfc_apps.bench tta --inter-mbit 25": "a benchmark: 6 four-rank trainings (12 min)",
+    "python -m tfc_apps.bench tta": "a benchmark: every configuration at four bandwidths (hours)",
+    "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 hitopk powersgd auto "
+    "diloco_h8_int4_no_overlap": "a benchmark: 15 four-rank trainings (23 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs powersgd powersgd_r1 hitopk hitopk_0.001":
+        "a benchmark: 12 four-rank trainings (14 min)",
+    "python -m tfc_apps.bench tta --dataset patches --inter-mbit 100 --epochs 5 --target 0.95 --repeats 3 --configs "
+    "dense_fp16 hitopk auto": "a benchmark: 9 four-rank trainings on the photo patches (16 min)",
+    "python -m tfc_apps.cluster_launch -- python scripts/dawnbench_resnet50.py --data DIR --model small --optimizer sgd "
+    "--warmup-epochs 1 --stages 32:8:8 --schedule 0:auto --auto-candidates hitopk --density 0.001 --dgc-warmup 2 "
+    "--no-momentum-masking --breakdown-steps 0 --seed 0 --calibrate --calibration-cache FILE":
+        "a 4-rank training on the emulated cluster (2 min); DIR and FILE are the reader's",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 hitopk powersgd auto diloco_h8_q8 "
     "diloco_auto_q8": "a benchmark: 18 four-rank trainings on the emulated cluster (49 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --configs dense_fp16 powersgd auto diloco_h8_q8 diloco_auto_q8":
@@ -75,35 +80,8 @@ FLAGS = {
     "python -m tfc_apps.bench e2e --model small --resolutions 32 --configs dense_fp16 hitopk@0.01 powersgd "
     "--fusion-threshold-bytes 1048576 26214400 1048576 26214400 --steps 8 --warmup 2 --breakdown-steps 0 "
     "--inter-mbit 100": "a benchmark: the small model on the emulated cluster, 12 configurations (5 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 0 100 --configs dense_fp16 hitopk auto --repeats 3":
-        "a benchmark: 18 four-rank trainings (23 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 100 --configs dense_fp16 hitopk auto --repeats 3":
-        "a benchmark: 9 four-rank trainings on the emulated cluster (21 min)",
     "python -m tfc_apps.bench tta --inter-mbit 100 0 --configs dense_fp16 hitopk auto --repeats 3":
         "a benchmark: 18 four-rank trainings (46 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 hitopk powersgd auto":
-        "a benchmark: 12 four-rank trainings on the emulated cluster (19-32 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 0 --repeats 3 --configs dense_fp16 hitopk powersgd auto":
-        "a benchmark: 12 four-rank trainings on loopback (27 min)",
-    "python -m tfc_apps.bench tta --dataset patches --inter-mbit 25 --epochs 5 --target 0.95 --repeats 3 --configs "
-    "dense_fp16 hitopk powersgd auto":
-        "a benchmark: 12 four-rank trainings on the second image set (57 min); tests/test_bench_tta.py writes it",
-    "python -m tfc_apps.bench tta --dataset patches --inter-mbit 0 --epochs 5 --target 0.95 --repeats 3 --configs "
-    "dense_fp16 hitopk powersgd auto":
-        "a benchmark: 12 four-rank trainings on the second image set, on loopback (45 min)",
-    "python -m tfc_apps.bench tta --dataset patches --inter-mbit 100 --epochs 5 --target 0.95 --repeats 3 --configs "
-    "dense_fp16 hitopk powersgd auto":
-        "a benchmark: 12 four-rank trainings on the second image set, on the emulated cluster (40 min)",
-    "python -m tfc_apps.bench tta --dataset patches --inter-mbit 5 --epochs 5 --target 0.95 --repeats 3 --configs "
-    "powersgd hitopk auto diloco_h8_q8":
-        "a benchmark: 12 four-rank trainings on the second image set, on the emulated cluster (33 min)",
-    "python -m tfc_apps.bench tta --dataset patches --inter-mbit 5 --epochs 5 --target 0.95 --repeats 3 --configs "
-    "dense_fp16":
-        "a benchmark: dense fp16 on the second image set at 5 Mbit/s, 17 min a seed",
-    "python -m tfc_apps.bench tta --inter-mbit 100 --repeats 3 --configs dense_fp16 hitopk powersgd auto diloco_h8_q8":
-        "a benchmark: 15 four-rank trainings on the emulated cluster (36 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd hitopk auto diloco_h8_q8":
-        "a benchmark: 12 four-rank trainings on the emulated cluster (19 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd auto diloco_h8_q8 diloco_h8_int4":
         "a benchmark: 12 four-rank trainings on the emulated cluster (15 min)",
     "python -m tfc_apps.bench tta --dataset patches --inter-mbit 5 --epochs 5 --target 0.95 --repeats 3 --configs "
@@ -115,28 +93,15 @@ FLAGS = {
     "python -m tfc_apps.bench tta --dataset patches --inter-mbit 25 --epochs 5 --target 0.95 --repeats 3 --configs "
     "powersgd auto diloco_h8_int4_no_overlap":
         "a benchmark: 9 four-rank trainings on the second image set, on the emulated cluster (18 min)",
-    "python -m tfc_apps.bench tta --dataset patches --inter-mbit 100 --epochs 5 --target 0.95 --repeats 3 --configs "
-    "hitopk auto":
-        "a benchmark: 6 four-rank trainings on the second image set, on the emulated cluster (13 min)",
     "python -m tfc_apps.bench tta --dataset patches --inter-mbit 0 --epochs 5 --target 0.95 --repeats 3 --configs "
     "dense_fp16 auto":
         "a benchmark: 6 four-rank trainings on the second image set, on loopback (12 min)",
-    "python -m tfc_apps.bench tta --dataset patches --inter-mbit 25 --epochs 5 --target 0.95 --repeats 3 --configs "
-    "dense_fp16 auto":
-        "a benchmark: 6 four-rank trainings on the second image set, on the emulated cluster (18 min)",
-    "python -m tfc_apps.bench tta --dataset patches --inter-mbit 100 --epochs 5 --target 0.95 --repeats 3 --configs "
-    "dense_fp16 auto":
-        "a benchmark: 6 four-rank trainings on the second image set, on the emulated cluster (13 min)",
     "python -m tfc_apps.bench tta --inter-mbit 0 --repeats 9 --configs dense_fp16 diloco_h8_int4 "
     "diloco_h8_int4_no_overlap": "a benchmark: 27 four-rank trainings on loopback (30 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd diloco_h8_int4 "
     "diloco_h8_int4_no_overlap": "a benchmark: 9 four-rank trainings on the emulated cluster (12 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 powersgd diloco_h8_int4 "
     "diloco_h8_int4_no_overlap": "a benchmark: 12 four-rank trainings on the emulated cluster (17 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd auto":
-        "a benchmark: 6 four-rank trainings on the emulated cluster (12 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs powersgd auto diloco_h8_int4_no_overlap":
-        "a benchmark: 9 four-rank trainings on the emulated cluster (12 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 25 --repeats 3 --configs hitopk powersgd diloco_h8_int4_no_overlap":
         "a benchmark: 18 four-rank trainings on the emulated cluster (25 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs powersgd diloco_h8_int4 "
@@ -151,10 +116,6 @@ FLAGS = {
         "a benchmark: 3 four-rank trainings on the emulated cluster, 10 min each (31 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 25 --repeats 3 --configs powersgd auto diloco_h8_int4_no_overlap":
         "a benchmark: 18 four-rank trainings on the emulated cluster (21 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs powersgd auto diloco_h8_int4_no_overlap":
-        "a benchmark: 9 four-rank trainings on the emulated cluster (11 min)",
-    "python -m tfc_apps.bench tta --inter-mbit 100 25 --configs dense_fp16 hitopk powersgd auto --repeats 3":
-        "a benchmark: 24 four-rank trainings on the emulated cluster (40 min)",
     "python -m tfc_apps.bench e2e --model small --resolutions 32 --inter-mbit 100 --configs dense_fp32 dense_fp16 "
     "dense_fp16 dense_fp16 dense_fp16 dense_fp16 --fusion-threshold-bytes 1048576 --steps 6 --warmup 2 "
     "--breakdown-steps 4":
