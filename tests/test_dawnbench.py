@@ -154,7 +154,7 @@ def test_auto_schedule_with_the_step_breakdown(tmp_path):
     (["--synthetic", "--powersgd-rank", "0"], "--powersgd-rank must be >= 1"),
     (["--synthetic", "--schedule", "0:hitopk", "--auto-candidates", "hitopk"], "--auto-candidates goes with a --schedule that runs auto"),
     (["--synthetic", "--schedule", "0:auto", "--auto-candidates", "hitopk", "nope"],
-     "--auto-candidates must be distinct registered collectives"),
+     "--auto-candidates: Auto.candidates must be distinct names of registered collectives"),
     (["--tfds", "imagenet2012"], "--tfds needs --manual-dir"),
     ([], "give exactly one of --data DIR, --tfds NAME, --synthetic"),
     (["--synthetic", "--calibration-cache", "/tmp/c.json"], "--calibration-cache and --recalibrate go with --calibrate"),

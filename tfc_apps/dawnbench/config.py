@@ -78,10 +78,13 @@ def check_algorithms(schedule, auto_candidates=None):
     unknown = sorted(set(schedule.values()) - set(ALGORITHMS) - {"auto"})
     if unknown:
         raise ValueError(f"--schedule: unknown algorithm(s) {unknown}; known: {sorted(ALGORITHMS) + ['auto']}")
-    if auto_candidates is not None and (set(auto_candidates) - set(ALGORITHMS)
-                                        or len(set(auto_candidates)) != len(auto_candidates)):
-        raise ValueError(f"--auto-candidates must be distinct registered collectives ({sorted(ALGORITHMS)}), "
-                         f"got {auto_candidates}")
+    if auto_candidates is not None:   # the library's own check, named by the flag
+        from tf_commlib.keras import Auto
+
+        try:
+            Auto(candidates=tuple(auto_candidates))
+        except ValueError as e:
+            raise ValueError(f"--auto-candidates: {e}") from None
 
 
 def check_val(args):
