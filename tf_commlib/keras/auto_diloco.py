@@ -14,7 +14,10 @@ H steps beats every per-step collective by a margin.
   against 0.911 in 8 epochs).
 * H: the smallest of interval.AUTO_INTERVALS up to MAX_INTERVAL whose sync (exchange included) adds at
   most interval.EXPOSED of H steps' time (interval.choose_interval without overlap, on the predicted
-  times; bench tta measured H = 8 within a point of dense fp16 and H = 16 and more below).
+  times; bench tta measured H = 8 within a point of dense fp16 and H = 16 and more below). Where probed,
+  FIRST_INTERVAL until an epoch of it has measured its syncs (as DiLoCo(sync_every="auto") starts): the
+  probe times a sync's exchange and one node average, a third or less of what a sync then measures (it
+  also reads, codes and writes every weight), and chose H = 2 where the measured syncs chose 8.
 * Time: per step the node average, per sync the exchange between nodes and the sync's work inside the
   node (its reduce-scatter and all-gather): timed on the link when fit starts (``probe``, where "auto"
   times its candidates: the same footing as theirs), else the alpha-beta model of the link (``times``).
@@ -38,11 +41,12 @@ from tf_commlib.aggregator.chooser import default_candidates
 from tf_commlib.collectives import codec as codecs
 from tf_commlib.inter_mean import Exchanges, by_allreduce, shard_len
 from tf_commlib.keras.diloco_sync import Syncs, node_average
-from tf_commlib.keras.interval import AUTO_INTERVALS, Window, choose_interval
+from tf_commlib.keras.interval import AUTO_INTERVALS, AUTO_START, Window, choose_interval
 
 NAME = "diloco"     # its name among auto's candidates
 CODEC = "int4"      # the pseudo-gradients' codec between nodes
 MAX_INTERVAL = 8    # the largest H it runs
+FIRST_INTERVAL = min(AUTO_START, MAX_INTERVAL)   # its H until an epoch of it measured its syncs
 MARGIN = 0.8        # started only where predicted at most this part of the best per-step candidate's time
 
 

@@ -230,17 +230,17 @@ class AutoEpochs:
         """(communication seconds per step, H) of "diloco" (auto_diloco.communication_s; in the epoch that
         runs it, at the H it runs); where probed, a sync at what its last epoch measured once one ran (the
         probe times its exchange and one node average, not the sync's other work on every variable)."""
-        topo = current_topology()
+        topo, times = current_topology(), getattr(self.opt, "probed_local", None)
         h = self.local.interval if self.running == auto_diloco.NAME else None
-        link = self.link or LinkParams()
-        times = getattr(self.opt, "probed_local", None)
         if self.local_sync_s is not None and times is not None:
             times = (times[0], self.local_sync_s, 0.0)
-        return auto_diloco.communication_s(self.local.size, topo.m, topo.n, link, self.compute_s or 0.0, times, h)
+        return auto_diloco.communication_s(self.local.size, topo.m, topo.n, self.link or LinkParams(),
+                                           self.compute_s or 0.0, times, h)
 
     def local_interval(self):
-        """The H that "diloco" runs with, from the predicted times."""
-        return self._local()[1]
+        """The H "diloco" runs with: where probed, auto_diloco.FIRST_INTERVAL until its syncs are measured."""
+        unmeasured = self.local_sync_s is None and getattr(self.opt, "probed_local", None)
+        return auto_diloco.FIRST_INTERVAL if unmeasured else self._local()[1]
 
     def step_s(self, name, density):
         """compute + communication, less the overlapped part: ``overlapped`` (measured) of the shorter
