@@ -63,7 +63,7 @@ FLAGS = {
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 hitopk powersgd auto "
     "diloco_h8_int4_no_overlap": "a benchmark: 15 four-rank trainings (23 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 9 --configs auto diloco_h8_int4_no_overlap":
-        "a benchmark: 18 four-rank trainings (19 min)",
+        "a benchmark: 18 four-rank trainings (20 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs powersgd powersgd_r1 hitopk hitopk_0.001":
         "a benchmark: 12 four-rank trainings (14 min)",
     "python -m tfc_apps.bench tta --dataset patches --inter-mbit 100 --epochs 5 --target 0.95 --repeats 3 --configs "

@@ -142,8 +142,8 @@ def test_only_where_asked_or_by_default(rank0_of_2x2):
 def test_a_measured_sync_takes_the_place_of_the_probe(rank0_of_2x2, monkeypatch):
     """Where the candidates were probed (a sync's exchange and one node average), an epoch of "diloco"
     measures its syncs, and the next prediction and H follow from that measure (the probe leaves out the
-    sync's other work on every variable; until then H is FIRST_INTERVAL); BackupAndRestore keeps it; a step that later takes more than
-    Auto.drift times its prediction from the last epoch's syncs has the link measured again."""
+    sync's other work; until then H is FIRST_INTERVAL); BackupAndRestore keeps it; a step that later takes
+    more than Auto.drift times its prediction from the last epoch's syncs has the link measured again."""
     from tf_commlib.keras import auto_epoch
 
     monkeypatch.setattr(auto_epoch, "summed", lambda v: 4 * np.asarray(v, np.float64))   # 4 ranks alike
@@ -152,7 +152,9 @@ def test_a_measured_sync_takes_the_place_of_the_probe(rank0_of_2x2, monkeypatch)
     node = 0.01
     object.__setattr__(opt, "probed_local", (node, 0.05, node))
     assert auto.running == "diloco" and auto_diloco.interval(0.05, node, 0.19 + node) == 2
-    assert auto.local_interval() == auto_diloco.FIRST_INTERVAL == 8   # the probe's times are not a sync's
+    auto.running = None   # as begin_window asks, before the epoch: the probe's times are not a sync's
+    assert auto.local_interval() == auto_diloco.FIRST_INTERVAL == 8 != auto_diloco.interval(0.05, node, 0.19 + node)
+    auto.running = "diloco"
 
     def epoch(e, sync_s):   # 32 steps of 0.2 s and 4 syncs, at H = 8
         auto.local.synced, auto.local.sync_s, auto.local.interval = [sync_s] * 4, 4 * sync_s, 8
