@@ -84,6 +84,8 @@ FLAGS = {
     "--inter-mbit 100": "a benchmark: the small model on the emulated cluster, 12 configurations (5 min)",
     "python -m tfc_apps.bench tta --inter-mbit 100 0 --configs dense_fp16 hitopk auto --repeats 3":
         "a benchmark: 18 four-rank trainings (46 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs dense_fp16 auto":
+        "a benchmark: 6 four-rank trainings on the emulated cluster, dense fp16 10 min each (35 min)",
     "python -m tfc_apps.bench tta --inter-mbit 100 --repeats 3 --configs dense_fp16 hitopk auto":
         "a benchmark: 9 four-rank trainings on the emulated cluster (11 min)",
     "python -m tfc_apps.bench tta --dataset patches --inter-mbit 25 --epochs 5 --target 0.95 --repeats 3 --configs "
