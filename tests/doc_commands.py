@@ -84,6 +84,9 @@ FLAGS = {
     "--inter-mbit 100": "a benchmark: the small model on the emulated cluster, 12 configurations (5 min)",
     "python -m tfc_apps.bench tta --inter-mbit 100 0 --configs dense_fp16 hitopk auto --repeats 3":
         "a benchmark: 18 four-rank trainings (46 min)",
+    "python -m tfc_apps.cluster_launch -- python scripts/dawnbench_resnet50.py --synthetic --model resnet50 "
+    "--stages 64:5:8 --steps-per-epoch 4 --optimizer sgd --breakdown-steps 0 --schedule 0:auto --calibrate "
+    "--calibration-cache FILE": "ResNet-50 on the emulated cluster with auto's calibration (9 min); FILE is the reader's",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs dense_fp16 auto":
         "a benchmark: 6 four-rank trainings on the emulated cluster, dense fp16 10 min each (35 min)",
     "python -m tfc_apps.bench tta --inter-mbit 100 --repeats 3 --configs dense_fp16 hitopk auto":
