@@ -1,5 +1,7 @@
 """The collective interface: the link-byte convention by hand, the registry, algorithm_options
 validation, and (under horovodrun) what the aggregator and the optimizer pass to a collective."""
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
@@ -86,6 +88,18 @@ def test_registry_rejects_bad_collectives():
         Collective("half", dense.dense, dense.time, dense.sent_bytes, lossy=True)
     with pytest.raises(TypeError):
         register(dense)
+    for scale, lossy in ((0, True), (1.5, True), (True, True), ("0.1", True), (0.5, False)):
+        with pytest.raises(TypeError, match="density_scale must be a number in"):
+            coll = ALGORITHMS["hitopk"] if lossy else dense.COLLECTIVE
+            dataclasses.replace(coll, name="x", density_scale=scale)
+
+
+def test_a_copy_at_a_density_scale_is_predicted_and_counted_at_the_scaled_density():
+    half = dataclasses.replace(ALGORITHMS["hitopk"], name="hitopk_half", density_scale=0.5)
+    assert half.scaled(0.02) == 0.01 and ALGORITHMS["hitopk"].scaled(0.02) == 0.02
+    assert half.sent_bytes(10_000, 2, 2, 0.02) == ALGORITHMS["hitopk"].sent_bytes(10_000, 2, 2, 0.01)
+    assert half.breakdown(10_000, 2, 2, 0.02) == ALGORITHMS["hitopk"].breakdown(10_000, 2, 2, 0.01)
+    assert half.sent_bytes(10_000, 2, 2, 0.02) != ALGORITHMS["hitopk"].sent_bytes(10_000, 2, 2, 0.02)
 
 
 @pytest.mark.parametrize("options,message", [
@@ -157,6 +171,10 @@ def test_context_reaches_the_collective_and_bytes_match(shared):
         counted = {link: sum(r["sent"][name]["counted"][link] for r in reports) for link in link_bytes.LINKS}
         assert counted == pytest.approx({link: 4 * formula[link] for link in link_bytes.LINKS}, rel=1e-12), name
     assert reports[0]["sent"]["hitopk"]["formula"]["intra"] < reports[0]["sent"]["hitopk_dense4"]["formula"]["intra"]
+    for r in reports:   # a copy at density_scale 0.5 runs at half the density it is given: the same bits and bytes
+        assert r["sent"]["hitopk_half"]["result"] == r["sent"]["hitopk_0.1"]["result"]
+        half, tenth = r["sent"]["hitopk_half"]["formula"], r["sent"]["hitopk_0.1"]["formula"]
+        assert half == tenth != r["sent"]["hitopk"]["formula"]
     for name, steps in reports[0]["sparcml"].items():   # SparCML through the aggregator, density 1
         for step, result in enumerate(steps):
             want = [np.sum([np.array(q["graph"]["rows"][step]["inputs"][t]) for q in reports], axis=0)

@@ -141,8 +141,9 @@ def test_a_collective_registered_as_an_auto_candidate_is_weighed_and_chosen(rank
 
 def test_powersgd_at_another_rank_joins_auto_by_registration(rank0_of_2x2):
     """A candidate at another setting is a registered copy (docs/collectives.md): PowerSGD at rank 1
-    beside the default rank 4, with its own residual (and Q) and its own bytes and predicted time, which
-    on a slow link make it the first choice."""
+    beside the default rank 4, with its own residual (and Q) and its own bytes and predicted time. It is
+    the harder setting of the same collective, so it waits for rank 4's measured epoch; then, faster on a
+    slow link, it is tried, and it counts at its efficiency over rank 4's."""
     import dataclasses
 
     from tf_commlib import alphabeta
@@ -159,9 +160,20 @@ def test_powersgd_at_another_rank_joins_auto_by_registration(rank0_of_2x2):
         inter = {r: ALGORITHMS[name].sent_bytes(500 * 400, 2, 2, 0.01, shapes=[(500, 400)])["inter"]
                  for r, name in ((1, "powersgd_r1"), (4, "powersgd"))}
         assert inter[1] < inter[4]
-        times = {c: opt.auto_epochs.communication_s(c, 0.01) for c in ("powersgd", "powersgd_r1")}
+        epochs = opt.auto_epochs
+        times = {c: epochs.communication_s(c, 0.01) for c in ("powersgd", "powersgd_r1")}
         assert times["powersgd_r1"] < times["powersgd"]
-        assert opt.algorithm_at(0) == "powersgd_r1"
+        assert epochs.tta.families == (("powersgd", "powersgd_r1"),) and opt.algorithm_at(0) == "powersgd"
+        step = {c: epochs.step_s(c, 0.01) for c in ("powersgd", "powersgd_r1")}
+        epochs.tta.observe("powersgd", step["powersgd"], step["powersgd"], efficiency=0.9)
+        opt.set_epoch(1)
+        assert opt.algorithm_at(1) == "powersgd_r1"
+        # its efficiency over rank 4's puts it above rank 4's time per progress (with the switch's margin)
+        relative = 0.8 * step["powersgd_r1"] / step["powersgd"]
+        epochs.tta.observe("powersgd_r1", step["powersgd_r1"], step["powersgd_r1"], efficiency=0.9 * relative)
+        assert epochs.tta.relative_efficiency("powersgd_r1") == pytest.approx(relative) and 0.9 * relative > 0.3
+        opt.set_epoch(2)
+        assert opt.algorithm_at(2) == "powersgd"
     finally:
         ALGORITHMS.pop("powersgd_r1")
 

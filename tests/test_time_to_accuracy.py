@@ -282,3 +282,54 @@ def test_a_lossy_candidate_it_would_move_to_after_warm_up_runs_from_the_start():
     assert tta.choose(predicted, settled=settled) == "2dtar"
     with pytest.raises(ValueError, match="powersgd"):
         tta.choose(predicted, settled={c: t for c, t in settled.items() if c != "powersgd"})
+
+
+def test_settings_of_one_collective_are_told_apart_by_their_measured_efficiency():
+    """hitopk at a tenth of its density waits until hitopk has run an epoch at the target density
+    (a warm-up's does not count); tried then, it counts at its efficiency over hitopk's, and where that
+    makes it slower per unit of progress, "auto" goes back to hitopk."""
+    names, lossy = ("dense", "hitopk", "hitopk_0.1", "powersgd", "powersgd_r1"), \
+        ("hitopk", "hitopk_0.1", "powersgd", "powersgd_r1")
+    predicted = {"dense": 1.0, "hitopk": 0.5, "hitopk_0.1": 0.4, "powersgd": 0.7, "powersgd_r1": 0.6}
+    assert TimeToAccuracy(names, lossy).choose(predicted) == "hitopk_0.1"   # every setting counts as exact
+    tta = TimeToAccuracy(names, lossy, families=[("hitopk", "hitopk_0.1"), ("powersgd", "powersgd_r1")])
+    assert tta.waiting() == {"hitopk_0.1", "powersgd_r1"}
+    assert tta.choose(predicted) == "hitopk"
+    tta.observe("hitopk", 0.5, 0.5, efficiency=0.95, settled=False)   # a DGC warm-up epoch
+    assert tta.choose(predicted) == "hitopk" and tta.waiting() == {"hitopk_0.1", "powersgd_r1"}
+    tta.observe("hitopk", 0.5, 0.5, efficiency=0.88)
+    assert tta.waiting() == {"powersgd_r1"}
+    assert tta.choose(predicted) == "hitopk_0.1"   # untried: optimism (0.4 <= 0.9 x 0.5)
+    tta.observe("hitopk_0.1", 0.4, 0.4, efficiency=0.6)
+    assert tta.relative_efficiency("hitopk_0.1") == pytest.approx(0.6 / 0.88)
+    assert tta.relative_efficiency("hitopk") == 1.0 and tta.relative_efficiency("powersgd") == 1.0
+    assert tta.seconds_per_progress("hitopk_0.1", 0.4) == pytest.approx(0.4 * 0.88 / 0.6)
+    assert tta.choose(predicted) == "hitopk"   # 0.5 <= 0.9 x 0.587
+    # on a slower link the harder setting's step saves more than its efficiency costs
+    slower = {**predicted, "hitopk": 1.0, "hitopk_0.1": 0.5, "powersgd": 1.2}
+    assert tta.choose(slower) == "hitopk_0.1"   # 0.5 x 0.88 / 0.6 < 0.9 x 1
+    # below the guard the absolute efficiency counts, as for any lossy candidate
+    tta.observe("hitopk_0.1", 0.4, 0.4, efficiency=0.2)
+    assert tta.seconds_per_progress("hitopk_0.1", 0.4) == pytest.approx(0.4 / 0.2)
+    again = TimeToAccuracy(names, lossy, families=tta.families)
+    again.restore(tta.state())
+    assert again.state() == tta.state() and again.settled_efficiency == {"hitopk": 0.88, "hitopk_0.1": 0.2}
+    for families in ([("hitopk", "dense")], [("hitopk", "hitopk_0.1"), ("hitopk", "powersgd")]):
+        with pytest.raises(ValueError, match="families must hold distinct lossy candidates"):
+            TimeToAccuracy(names, lossy, families=families)
+
+
+def test_families_are_registered_copies_from_the_most_bytes_to_the_least():
+    import dataclasses
+
+    from tf_commlib.aggregator.chooser import families
+    from tf_commlib.collectives import ALGORITHMS
+
+    copy = dataclasses.replace(ALGORITHMS["hitopk"], name="hitopk_0.1", density_scale=0.1)
+    ALGORITHMS["hitopk_0.1"] = copy
+    try:
+        sent = {"hitopk": 10, "hitopk_0.1": 1, "powersgd": 5}.get
+        assert families(["hitopk_0.1", "powersgd", "hitopk"], sent) == [("hitopk", "hitopk_0.1")]
+        assert families(["hitopk", "powersgd"], sent) == []
+    finally:
+        ALGORITHMS.pop("hitopk_0.1")

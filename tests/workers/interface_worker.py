@@ -1,6 +1,8 @@
 """What reaches a collective through GradientAggregator and DistributedOptimizer: a collective
 registered here records its Context (step, seed, options, bucket) eagerly and in tf.function;
 and the aggregator's byte formula against the bytes its primitives moved."""
+import dataclasses
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -10,7 +12,7 @@ from tests.workers._report import report
 from tf_commlib import link_bytes
 from tf_commlib import primitives
 from tf_commlib.aggregator import ExecutionSettings, GradientAggregator
-from tf_commlib.collectives import Collective, dense, register
+from tf_commlib.collectives import Collective, dense, hitopk, register
 from tf_commlib.keras import Selection, DistributedOptimizer
 
 topo = tf_commlib.init()
@@ -29,6 +31,7 @@ def probe(x, topo, ctx=None):
 
 
 register(Collective("probe", probe, dense.time, dense.sent_bytes, options={"tag": "none"}))
+register(dataclasses.replace(hitopk.COLLECTIVE, name="hitopk_half", density_scale=0.5))   # at half the density
 
 
 def grads(step):
@@ -58,16 +61,20 @@ opt.apply(grads(0), ws)
 out["optimizer_options"] = seen_options[-1]
 out["optimizer_sent"] = opt.sent_bytes_at(0)
 
-# GradientAggregator.sent_bytes (what train prints) against the bytes moved, two buckets
+# GradientAggregator.sent_bytes (what train prints) against the bytes moved, two buckets; hitopk_half
+# at 0.2 runs as hitopk at 0.1
 out["sent"] = {}
-for name, kw in {"hitopk": dict(density=0.05),
-                 "hitopk_dense4": dict(density=0.05, algorithm_options={"hitopk": {"step4": "dense"}}),
-                 "naive_ag": dict(density=0.2), "2dtar": {}}.items():
-    agg = GradientAggregator(name.split("_dense4")[0], fusion_threshold_bytes=160,
+for name, (algorithm, kw) in {
+        "hitopk": ("hitopk", dict(density=0.05)), "hitopk_0.1": ("hitopk", dict(density=0.1)),
+        "hitopk_half": ("hitopk_half", dict(density=0.2)),
+        "hitopk_dense4": ("hitopk", dict(density=0.05, algorithm_options={"hitopk": {"step4": "dense"}})),
+        "naive_ag": ("naive_ag", dict(density=0.2)), "2dtar": ("2dtar", {})}.items():
+    agg = GradientAggregator(algorithm, fusion_threshold_bytes=160,
                              execution=ExecutionSettings(check_consistency=False), **kw)
     with link_bytes.counting() as counter:
-        agg(grads(0))
-        out["sent"][name] = {"counted": counter.result(), "formula": agg.sent_bytes()}
+        result = agg(grads(0))
+        out["sent"][name] = {"counted": counter.result(), "formula": agg.sent_bytes(),
+                             "result": [r.numpy().ravel().tolist() for r in result]}
 # SparCML's collectives through the aggregator in tf.function at density 1.0 (= the dense sum), and
 # dsar_split_ag's QSGD option reaching it (the same bits on every rank)
 out["sparcml"] = {}

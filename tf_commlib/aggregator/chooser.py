@@ -111,6 +111,16 @@ def default_candidates():
     return tuple(n for n in AUTO_CANDIDATES if n in flagged) + tuple(n for n in flagged if n not in AUTO_CANDIDATES)
 
 
+def families(names, sent):
+    """The settings of one collective among the lossy ``names`` (registered copies sharing its fn, e.g.
+    another density_scale or PowerSGD rank), each family ordered from the one that sends the most
+    (sent(name): its bytes per step) to the least; ties in the order of names."""
+    by_fn = {}
+    for name in names:
+        by_fn.setdefault(ALGORITHMS[name].fn, []).append(name)
+    return [tuple(sorted(f, key=lambda c: -sent(c))) for f in by_fn.values() if len(f) > 1]
+
+
 class AutoChooser:
     """Resolves a candidate name to the collective a bucket runs: itself, or for "auto" the cost
     model's choice for that bucket. ``plan``: the aggregator's BucketPlan (its buckets once built);

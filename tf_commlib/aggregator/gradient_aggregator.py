@@ -290,7 +290,7 @@ class GradientAggregator:
         else:
             seed = None if common is None else common * self.topo.size + self.topo.rank
             residual = self.residuals[(i, name)]
-            agg, new_residual, sent = coll.fn(flat, self.topo, self.density, self._select(seed), residual, ctx)
+            agg, new_residual, sent = coll.fn(flat, self.topo, coll.scaled(self.density), self._select(seed), residual, ctx)
             if gain is not None:   # this rank's ||g_c||^2 (sent) and ||g_e||^2 (input + residual)
                 error_fed = flat + coll.residual_to_input(tf.convert_to_tensor(residual), d, self.topo)
                 sent_part = error_fed - coll.residual_to_input(new_residual, d, self.topo)

@@ -20,7 +20,12 @@ A candidate's time to an accuracy is (the steps it needs) x (its seconds per ste
   `bench tta` hitopk measured 0.44-0.80 while it reached the target accuracy in as many epochs as
   dense. So eta counts as a guard: at or above ``guard`` (default 0.3) the candidate is taken to
   progress as exact aggregation does; below it, its time is divided by eta (a compressor that
-  keeps most of the sum in its residual, e.g. a density far too low, is not chosen).
+  keeps most of the sum in its residual, e.g. a density far too low, is not chosen). Settings of one
+  collective (``families``, e.g. hitopk at two densities, PowerSGD at two ranks) are told apart by
+  eta measured at the target density: one counts at its eta over the family's best (bench tta: hitopk at
+  density 0.001 0.63-0.65 against 0.88-0.89 at 0.01, PowerSGD at rank 1 0.83-0.84 against 0.94 at rank 4,
+  each the slower to the target), and a harder setting is tried only once the one before it has run
+  an epoch at the target density (it is cheaper by construction, so optimism would always try it first).
 
 A change of candidate traces the step again (seconds of compile time, ``switch_s``, measured as a
 traced epoch's first step less its median): given each epoch of the horizon, ``choose`` takes the
@@ -49,20 +54,47 @@ class TimeToAccuracy:
     accuracy that no epoch measures (e.g. the drift of local SGD): the margin a change to it must
     clear. Once it runs it counts at its time, and another replaces it at ``switch`` of that (bench tta:
     the DiLoCo rounds reached the target in as many epochs as dense fp16 and hitopk, and a handicap kept
-    while they ran had ``auto`` leave them for hitopk at 5 Mbit/s, paying a trace for 0.02 s a step)."""
+    while they ran had ``auto`` leave them for hitopk at 5 Mbit/s, paying a trace for 0.02 s a step).
+    ``families``: tuples of lossy candidates that are settings of one collective, from the one that sends
+    the most to the one that sends the least."""
 
     def __init__(self, candidates, lossy, switch=0.9, drift=1.5, min_efficiency=0.05, guard=0.3, margin=1.0,
-                 handicap=None):
+                 handicap=None, families=None):
         if not candidates:
             raise ValueError("candidates must name at least one collective")
         self.candidates, self.lossy = tuple(candidates), frozenset(lossy)
         self.switch, self.drift, self.min_efficiency = float(switch), float(drift), float(min_efficiency)
         self.guard, self.margin = float(guard), float(margin)
         self.handicap = dict(handicap or {})
+        self.families = None   # None: not known yet (AutoEpochs sets them from the buckets)
+        if families is not None:
+            self.set_families(families)
         self.ratio, self.efficiency = {}, {}   # name -> measured/predicted step, name -> eta
+        self.settled_efficiency = {}   # name -> eta of its last epoch at the target density
         self.current = self.last = None   # the last choice, the last candidate measured
         self.left = False   # the schedule left the choice since it was made: a return to it is a change
         self.log = []   # one dict per decision: epoch, choice, predicted time per step of progress
+
+    def set_families(self, families):
+        """families (see the class); ValueError for a name that is not a lossy candidate or is in two."""
+        families = tuple(tuple(f) for f in families if len(f) > 1)
+        named = [c for f in families for c in f]
+        if any(c not in self.lossy for c in named) or len(set(named)) != len(named):
+            raise ValueError(f"families must hold distinct lossy candidates ({sorted(self.lossy)}), got {families!r}")
+        self.families = families
+
+    def _family(self, name):
+        return next((f for f in self.families or () if name in f), (name,))
+
+    def relative_efficiency(self, name):
+        """name's eta at the target density over its family's best (1 where either is unmeasured)."""
+        own, settled = self.settled_efficiency.get(name), self.settled_efficiency
+        best = max((settled[c] for c in self._family(name) if c in settled), default=None)
+        return 1.0 if own is None or not best else min(1.0, own / best)
+
+    def waiting(self):
+        """The harder settings whose setting before them has not run an epoch at the target density."""
+        return {f[i] for f in self.families or () for i in range(1, len(f)) if f[i - 1] not in self.settled_efficiency}
 
     def kept(self):
         """The running candidate: the last choice, unless the schedule left it (None)."""
@@ -75,7 +107,7 @@ class TimeToAccuracy:
         eta = self.efficiency.get(name, 1.0)
         entered = name != self.kept() if entered is None else entered
         handicap = self.handicap.get(name, 1.0) if entered else 1.0
-        return predicted_s * ratio * handicap / (1.0 if eta >= self.guard else eta)
+        return predicted_s * ratio * handicap / (self.relative_efficiency(name) if eta >= self.guard else eta)
 
     def choose(self, predicted, epoch=None, settled=None, plan=None, switch_s=None):
         """The candidate to run next; predicted = {candidate: predicted seconds per step} (over the
@@ -98,6 +130,7 @@ class TimeToAccuracy:
 
         untried = {c for c in self.lossy if c not in self.ratio and exact and
                    cost[c] > self.margin * now and not tried_later(c)}
+        untried |= self.waiting()
         allowed = [c for c in self.candidates if c not in untried or c == self.current]
         weight = cost if not plan else self.plan_seconds(plan, allowed, switch_s)
         best = min(allowed, key=lambda c: (weight[c], self.candidates.index(c)))
@@ -135,9 +168,10 @@ class TimeToAccuracy:
             out[running] = stay
         return out
 
-    def observe(self, name, measured_s, predicted_s, efficiency=None, comparable=True, kept_s=None):
+    def observe(self, name, measured_s, predicted_s, efficiency=None, comparable=True, kept_s=None, settled=True):
         """Records an epoch of `name`: its median measured step seconds, the prediction for it and
-        (lossy) its measured efficiency; True where the measured / predicted ratio moved by more
+        (lossy) its measured efficiency (settled: measured at the target density, e.g. not in a DGC
+        warm-up: what tells a family's settings apart); True where the measured / predicted ratio moved by more
         than ``drift`` since the candidate's last epoch (the link changed). comparable=False: that
         epoch ran another setting (e.g. a DGC warm-up density), so a moved ratio says nothing of the link.
         kept_s: the prediction the kept ratio is against, where the epoch's measurements changed it
@@ -151,6 +185,8 @@ class TimeToAccuracy:
         self.ratio[name], self.last = float(kept), name
         if efficiency is not None and name in self.lossy and math.isfinite(efficiency):
             self.efficiency[name] = min(1.0, max(self.min_efficiency, float(efficiency)))
+            if settled:
+                self.settled_efficiency[name] = self.efficiency[name]
         return comparable and before is not None and max(ratio / before, before / ratio) > self.drift
 
     def recalibrated(self):
@@ -159,12 +195,15 @@ class TimeToAccuracy:
         self.last = None
 
     def state(self):
-        return {"ratio": dict(self.ratio), "efficiency": dict(self.efficiency), "current": self.current,
+        return {"ratio": dict(self.ratio), "efficiency": dict(self.efficiency),
+                "settled_efficiency": dict(self.settled_efficiency), "current": self.current,
                 "last": self.last, "left": self.left}
 
     def restore(self, state):
         self.ratio = {k: float(v) for k, v in state.get("ratio", {}).items() if k in self.candidates}
         self.efficiency = {k: float(v) for k, v in state.get("efficiency", {}).items() if k in self.lossy}
+        self.settled_efficiency = {k: float(v) for k, v in (state.get("settled_efficiency") or {}).items()
+                                   if k in self.lossy}
         self.current, self.last = (state.get(k) if state.get(k) in self.candidates else None
                                    for k in ("current", "last"))
         self.left = bool(state.get("left", False))

@@ -110,6 +110,9 @@ class Collective:
             tf_commlib.fusion.LOSSY_THRESHOLD_BYTES for a lossy collective, else DEFAULT_THRESHOLD_BYTES).
     auto_candidate: True: DistributedOptimizer(algorithm="auto") weighs it each epoch where
             Auto(candidates=...) names none (tf_commlib.aggregator.chooser.default_candidates).
+    density_scale: a lossy collective runs at the optimizer's density times this (in (0, 1]; e.g. a
+            registered copy of hitopk at 0.1: a tenth of the density). fn, time and bytes get the
+            scaled density from the aggregator and from breakdown / sent_bytes / sent_bytes_for.
     A layout the algorithm cannot run on gets time {"unsupported": math.inf}, so `auto` skips it.
     shapes: breakdown, sent_bytes, sent_bytes_for and context take ``shapes=`` (see Context; None:
             one flat vector of d). The formulas (time, bytes, actual_bytes, state_size) keep
@@ -130,6 +133,7 @@ class Collective:
     sharding: Optional[Sharding] = None
     bucket_bytes: Optional[int] = None
     auto_candidate: bool = False
+    density_scale: float = 1.0
 
     def __post_init__(self):
         if not isinstance(self.auto_candidate, bool):
@@ -141,6 +145,12 @@ class Collective:
                                               or not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 0):
             raise TypeError(f"collective {self.name!r}: bucket_bytes must be None or an int >= 0, "
                             f"got {self.bucket_bytes!r}")
+        scale = self.density_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= 1 \
+                or (scale != 1 and not self.lossy):
+            raise TypeError(f"collective {self.name!r}: density_scale must be a number in (0, 1] "
+                            f"(1 for an exact collective), got {scale!r}")
+        object.__setattr__(self, "density_scale", float(scale))
         if not callable(self.fn):
             raise TypeError(f"collective {self.name!r}: fn must be callable, got {self.fn!r}")
         object.__setattr__(self, "fn", plain_python(self.fn))
@@ -170,15 +180,20 @@ class Collective:
         return Context(step, seed, types.MappingProxyType(self.resolve_options(options)), bucket,
                        None if shapes is None else tuple(tuple(s) for s in shapes))
 
+    def scaled(self, density):
+        """The density this collective runs at where the optimizer's is `density` (density_scale)."""
+        return density if self.density_scale == 1.0 else density * self.density_scale
+
     def breakdown(self, d, m, n, density, params=None, options=None, shapes=None):
-        """Predicted seconds per step of one call."""
+        """Predicted seconds per step of one call at the optimizer's `density` (scaled: density_scale)."""
         check_layout(d, m, n, density)
-        return self.time(d, m, n, density, params or LinkParams(), self.formula_options(options, shapes, d))
+        options = self.formula_options(options, shapes, d)
+        return self.time(d, m, n, self.scaled(density), params or LinkParams(), options)
 
     def sent_bytes(self, d, m, n, density, options=None, shapes=None):
         """{"intra": B, "inter": B} one call sends, averaged over the ranks."""
         check_layout(d, m, n, density)
-        return self.bytes(d, m, n, density, self.formula_options(options, shapes, d))
+        return self.bytes(d, m, n, self.scaled(density), self.formula_options(options, shapes, d))
 
     def sharded_bytes(self, d, m, n, options=None):
         """{"intra": B, "inter": B} of the sharding's reduce-scatter + all-gather of d entries."""

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tf_commlib import costmodel, fusion
 from tf_commlib.alphabeta import LinkParams
+from tf_commlib.aggregator.chooser import families
 from tf_commlib.aggregator.time_to_accuracy import TimeToAccuracy
 from tf_commlib.collectives import ALGORITHMS, predict
 from tf_commlib.keras import auto_diloco
@@ -38,23 +39,18 @@ class AutoEpochs:
         self.local_sync_s = None   # a sync of "diloco" as its last epoch measured it (exchange included)
         self.link = self.settings.cost_params or getattr(opt, "calibrated_link", None)
         self.compute_s = self.settings.compute_s
-        # the part of the shorter of compute and communication that a step hides, until an epoch is
-        # measured: with overlap, all of it where a GPU computes; none where the ranks compute on CPU
-        # cores, which the collectives share (bench tta, 4 ranks on 2 cores: a dense step took compute
-        # plus all of its communication, and assuming it hidden made every candidate tie at epoch 0)
+        # the part of the shorter of compute and communication a step hides until an epoch is measured: all
+        # where a GPU computes; none on CPU cores, which the collectives share (docs/collectives.md)
         self.overlapped = 1.0 if opt.overlap and tf.config.list_physical_devices("GPU") else 0.0
         self.overlapped_at_start = self.overlapped
         self.sums, self.start = [], None   # per compressible variable: sum of u; residuals at the epoch's start
-        self.running = None                # the candidate of the epoch being measured
-        self.recalibrations = 0
+        self.running, self.recalibrations = None, 0   # the measured epoch's candidate; links measured again
         self.probed = getattr(opt, "probed", None)   # {candidate: measured seconds} (probe_candidates)
         self.probed_warmup = getattr(opt, "probed_warmup", None) or {}   # {candidate: {density: seconds}}
         self.probed_on = self.link   # the link the candidates were timed on (a restored one is timed again)
         if self.probed:   # the untried lossy candidates' step times were measured: no prior margin
             self.tta.margin = self.settings.switch
-        self._scales = {}
-        self.variables = []
-        self.densities = {}   # candidate -> the density of its last measured epoch
+        self._scales, self.variables, self.densities = {}, [], {}   # densities: candidate -> its last epoch's
         self.last_measured = None   # (candidate, step seconds, density, its collectives' seconds): the last epoch
         self.steps = None      # steps of the last measured epoch
         self.switch_s = None   # what a new trace of the step costs (first_s of a traced epoch, less an untraced one's)
@@ -88,8 +84,7 @@ class AutoEpochs:
             self.local.synchronize()
 
     def accumulate(self, send):
-        """The step's additions to the sums (inside the step's commit), for a lossy candidate only: the
-        step is traced for the running one, and an exact one's efficiency is 1 without them."""
+        """What the step adds to the sums (in its commit), for a lossy candidate only (an exact one's eta is 1)."""
         if self.running not in self.tta.lossy:
             return
         for i, var in self.sums.items():
@@ -306,6 +301,10 @@ class AutoEpochs:
         candidates timed again first where timed on another link than the restored one (a collective)."""
         if self.probed and self.probed_on != self.link:
             self._probe()
+        if self.tta.families is None:   # settings of one collective, by their bytes at the target density
+            buckets = [(g.aggregator, b) for g in self._groups() for b in g.aggregator.buckets]
+            self.tta.set_families(families([c for c in self.tta.candidates if c in self.tta.lossy], lambda c: sum(
+                sum(a.bucket_bytes(b, c, self.opt.target_density).values()) for a, b in buckets)))
         per = self.per_epoch(epoch)
         plan = [(self.steps, p) for p in per] if self.steps else None
         choice = self.tta.choose(self.predictions(epoch, per), epoch, settled=per[-1], plan=plan,
@@ -358,7 +357,8 @@ class AutoEpochs:
         predicted = self.step_s(self.running, density)
         if sync is not None:
             self.local_sync_s = sync
-        if self.tta.observe(self.running, measured, predicted, eta, comparable=same,
+        settled = density == self.opt.target_density   # a DGC warm-up's eta does not tell settings apart
+        if self.tta.observe(self.running, measured, predicted, eta, comparable=same, settled=settled,
                             kept_s=self.step_s(self.running, density)):
             self.recalibrate()
             if sync is not None:   # measured on the new link

@@ -42,7 +42,7 @@ def collective_fn(name, x, topo, density, graph=False):
     residual and sent indices) are ready; with graph=True inside tf.function, as in training."""
     algo = ALGORITHMS[name]
     if algo.lossy:
-        fn = lambda v: algo.fn(v, topo, density, select, None)  # noqa: E731
+        fn = lambda v: algo.fn(v, topo, algo.scaled(density), select, None)  # noqa: E731
     else:
         fn = lambda v: algo.fn(v, topo)  # noqa: E731
     if graph:
