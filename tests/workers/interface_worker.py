@@ -65,8 +65,8 @@ out["optimizer_sent"] = opt.sent_bytes_at(0)
 # at 0.2 runs as hitopk at 0.1
 out["sent"] = {}
 for name, (algorithm, kw) in {
-        "hitopk": ("hitopk", dict(density=0.05)), "hitopk_0.1": ("hitopk", dict(density=0.1)),
-        "hitopk_half": ("hitopk_half", dict(density=0.2)),
+        "hitopk": ("hitopk", dict(density=0.05)), "hitopk_0.1": ("hitopk", dict(density=0.1, seed=5)),
+        "hitopk_half": ("hitopk_half", dict(density=0.2, seed=5)),
         "hitopk_dense4": ("hitopk", dict(density=0.05, algorithm_options={"hitopk": {"step4": "dense"}})),
         "naive_ag": ("naive_ag", dict(density=0.2)), "2dtar": ("2dtar", {})}.items():
     agg = GradientAggregator(algorithm, fusion_threshold_bytes=160,
