@@ -69,7 +69,12 @@ def test_each_configuration_is_the_dawnbench_run_it_names(tmp_path):
         return args, {c: dawnbench_config.parse(tta.dawnbench_argv(args, c, os.path.join("mbit25", c)))
                       for c in tta.CONFIGS}
 
-    args, parsed = parse([])
+    from tf_commlib.collectives import ALGORITHMS
+    try:
+        args, parsed = parse([])
+    finally:   # auto_settings' copies, registered where its command line is parsed
+        for name in ("hitopk_density_scale_0.1", "powersgd_rank_1"):
+            ALGORITHMS.pop(name, None)
     assert parsed[tta.BASELINE].compression == "fp16" and not parsed[tta.BASELINE].no_overlap
     assert parsed["dense_fp32"].no_overlap and parsed["dense_fp32"].compression == "none"
     hitopk = parsed["hitopk"]
@@ -77,9 +82,15 @@ def test_each_configuration_is_the_dawnbench_run_it_names(tmp_path):
     assert hitopk.no_momentum_masking and hitopk.dgc_warmup == 2
     auto = parsed["auto"]   # where it runs hitopk: the same DGC settings; the link measured once per bandwidth
     assert auto.calibration_cache == os.path.join("mbit25", "calibration.json")
-    assert all(parsed[c].calibration_cache is None for c in tta.CONFIGS if c != "auto")
+    assert all(parsed[c].calibration_cache is None for c in tta.CONFIGS if not c.startswith("auto"))
+    # named candidates (no rounds); the harder settings are registered copies, on every rank that parses
+    assert parsed["auto_per_step"].auto_candidates == ["hitopk", "powersgd"] and parsed["auto"].auto_candidates is None
+    assert parsed["auto_settings"].auto_candidates == ["hitopk", "hitopk_density_scale_0.1", "powersgd",
+                                                       "powersgd_rank_1"]
+    assert all(parsed[c].calibrate and parsed[c].density == 0.01 for c in ("auto_per_step", "auto_settings"))
     assert (auto.density, auto.selector, auto.dgc_warmup, auto.no_momentum_masking) == (0.01, "mstopk", 2, True)
-    assert not any(parsed[c].no_momentum_masking for c in tta.CONFIGS if c not in ("hitopk", "hitopk_0.001", "auto"))
+    assert not any(parsed[c].no_momentum_masking for c in tta.CONFIGS if c not in ("hitopk", "hitopk_0.001") and
+                   not c.startswith("auto"))
     harder = parsed["hitopk_0.001"]   # hitopk's settings at a tenth of its density
     assert (harder.density, harder.dgc_warmup, harder.no_momentum_masking) == (0.001, 2, True)
     assert parsed["powersgd_r1"].powersgd_rank == 1 and parsed["powersgd"].powersgd_rank is None

@@ -155,6 +155,8 @@ def test_auto_schedule_with_the_step_breakdown(tmp_path):
     (["--synthetic", "--schedule", "0:hitopk", "--auto-candidates", "hitopk"], "--auto-candidates goes with a --schedule that runs auto"),
     (["--synthetic", "--schedule", "0:auto", "--auto-candidates", "hitopk", "nope"],
      "--auto-candidates: Auto.candidates must be distinct names of registered collectives"),
+    (["--synthetic", "--schedule", "0:auto", "--auto-candidates", "powersgd:rank=0"],
+     "--auto-candidates: 'powersgd:rank=0': algorithm_options['powersgd']['rank'] must be an int >= 1"),
     (["--tfds", "imagenet2012"], "--tfds needs --manual-dir"),
     ([], "give exactly one of --data DIR, --tfds NAME, --synthetic"),
     (["--synthetic", "--calibration-cache", "/tmp/c.json"], "--calibration-cache and --recalibrate go with --calibrate"),
@@ -217,6 +219,13 @@ def test_auto_candidates_and_powersgd_rank_reach_the_optimizer(rank0_of_2x2):
     assert chosen.algorithm_options == {"powersgd": {"rank": 1}}
     default = optimizer()
     assert default.auto.candidates == default_candidates() and default.algorithm_options is None
+    from tf_commlib.collectives import ALGORITHMS
+    try:   # a setting of a registered collective: a registered copy
+        harder = optimizer("--auto-candidates", "powersgd", "powersgd:rank=1")
+        assert harder.auto.candidates == ("powersgd", "powersgd_rank_1")
+        assert ALGORITHMS["powersgd_rank_1"].options["rank"] == 1 and not ALGORITHMS["powersgd_rank_1"].auto_candidate
+    finally:
+        ALGORITHMS.pop("powersgd_rank_1", None)
 
 
 def test_tfds_path_shards_are_random_samples(tmp_path):

@@ -306,7 +306,7 @@ def test_settings_of_one_collective_are_told_apart_by_their_measured_efficiency(
     assert tta.seconds_per_progress("hitopk_0.1", 0.4) == pytest.approx(0.4 * 0.88 / 0.6)
     assert tta.choose(predicted) == "hitopk"   # 0.5 <= 0.9 x 0.587
     # on a slower link the harder setting's step saves more than its efficiency costs
-    slower = {**predicted, "hitopk": 1.0, "hitopk_0.1": 0.5, "powersgd": 1.2}
+    slower = {**predicted, "hitopk": 1.0, "hitopk_0.1": 0.5, "powersgd": 1.2, "powersgd_r1": 1.1}
     assert tta.choose(slower) == "hitopk_0.1"   # 0.5 x 0.88 / 0.6 < 0.9 x 1
     # below the guard the absolute efficiency counts, as for any lossy candidate
     tta.observe("hitopk_0.1", 0.4, 0.4, efficiency=0.2)
@@ -314,6 +314,10 @@ def test_settings_of_one_collective_are_told_apart_by_their_measured_efficiency(
     again = TimeToAccuracy(names, lossy, families=tta.families)
     again.restore(tta.state())
     assert again.state() == tta.state() and again.settled_efficiency == {"hitopk": 0.88, "hitopk_0.1": 0.2}
+    # the settled efficiencies hold for one target density: a new one (AdaptiveDensity) clears them
+    again.at_target(0.01)
+    again.at_target(0.004)
+    assert again.settled_efficiency == {} and again.waiting() == {"hitopk_0.1", "powersgd_r1"}
     for families in ([("hitopk", "dense")], [("hitopk", "hitopk_0.1"), ("hitopk", "powersgd")]):
         with pytest.raises(ValueError, match="families must hold distinct lossy candidates"):
             TimeToAccuracy(names, lossy, families=families)
@@ -333,3 +337,19 @@ def test_families_are_registered_copies_from_the_most_bytes_to_the_least():
         assert families(["hitopk", "powersgd"], sent) == []
     finally:
         ALGORITHMS.pop("hitopk_0.1")
+
+
+def test_a_harder_setting_waits_only_for_a_setting_that_may_run():
+    """Where the setting before it is kept out (an untried lossy candidate not within the margin of the
+    fastest exact one), the harder one is weighed as a lone candidate; in a chain each waits for the one
+    before it."""
+    names, lossy = ("dense", "hitopk", "hitopk_0.1", "hitopk_0.01"), ("hitopk", "hitopk_0.1", "hitopk_0.01")
+    family = [("hitopk", "hitopk_0.1", "hitopk_0.01")]
+    predicted = {"dense": 1.0, "hitopk": 0.95, "hitopk_0.1": 0.5, "hitopk_0.01": 0.45}
+    tta = TimeToAccuracy(names, lossy, margin=0.9, families=family)
+    assert tta.waiting() == {"hitopk_0.1", "hitopk_0.01"} and tta.waiting({"hitopk"}) == {"hitopk_0.01"}
+    assert tta.choose(predicted) == "hitopk_0.1"   # hitopk: 0.95 > 0.9 x 1.0, never tried
+    tta = TimeToAccuracy(names, lossy, margin=0.9, families=family)
+    assert tta.choose({**predicted, "hitopk": 0.8}) == "hitopk"   # within the margin: it runs first
+    tta.observe("hitopk", 0.8, 0.8, efficiency=0.9)
+    assert tta.waiting() == {"hitopk_0.01"} and tta.choose({**predicted, "hitopk": 0.8}) == "hitopk_0.1"

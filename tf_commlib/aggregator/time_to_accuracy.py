@@ -24,8 +24,9 @@ A candidate's time to an accuracy is (the steps it needs) x (its seconds per ste
   collective (``families``, e.g. hitopk at two densities, PowerSGD at two ranks) are told apart by
   eta measured at the target density: one counts at its eta over the family's best (bench tta: hitopk at
   density 0.001 0.63-0.65 against 0.88-0.89 at 0.01, PowerSGD at rank 1 0.83-0.84 against 0.94 at rank 4,
-  each the slower to the target), and a harder setting is tried only once the one before it has run
-  an epoch at the target density (it is cheaper by construction, so optimism would always try it first).
+  each as slow or slower to the target), and a harder setting is tried only once the one before it has run
+  an epoch at the target density (it is cheaper by construction, so optimism would always try it first),
+  unless that one is not tried at all (not within the margin below).
 
 A change of candidate traces the step again (seconds of compile time, ``switch_s``, measured as a
 traced epoch's first step less its median): given each epoch of the horizon, ``choose`` takes the
@@ -71,6 +72,7 @@ class TimeToAccuracy:
             self.set_families(families)
         self.ratio, self.efficiency = {}, {}   # name -> measured/predicted step, name -> eta
         self.settled_efficiency = {}   # name -> eta of its last epoch at the target density
+        self.settled_target = None     # that target density (at_target)
         self.current = self.last = None   # the last choice, the last candidate measured
         self.left = False   # the schedule left the choice since it was made: a return to it is a change
         self.log = []   # one dict per decision: epoch, choice, predicted time per step of progress
@@ -92,9 +94,22 @@ class TimeToAccuracy:
         best = max((settled[c] for c in self._family(name) if c in settled), default=None)
         return 1.0 if own is None or not best else min(1.0, own / best)
 
-    def waiting(self):
-        """The harder settings whose setting before them has not run an epoch at the target density."""
-        return {f[i] for f in self.families or () for i in range(1, len(f)) if f[i - 1] not in self.settled_efficiency}
+    def waiting(self, untried=frozenset()):
+        """The harder settings whose setting before them has not run an epoch at the target density, unless
+        that one is itself kept out as ``untried`` (not within the margin; then the harder one is weighed as a
+        lone candidate would be)."""
+        out = set()
+        for family in self.families or ():
+            for before, name in zip(family, family[1:]):
+                if before not in self.settled_efficiency and (before not in untried or before in out):
+                    out.add(name)
+        return out
+
+    def at_target(self, density):
+        """The settled efficiencies hold for one target density (AdaptiveDensity may move it): another clears them."""
+        if self.settled_target is not None and density != self.settled_target:
+            self.settled_efficiency = {}
+        self.settled_target = density
 
     def kept(self):
         """The running candidate: the last choice, unless the schedule left it (None)."""
@@ -130,7 +145,7 @@ class TimeToAccuracy:
 
         untried = {c for c in self.lossy if c not in self.ratio and exact and
                    cost[c] > self.margin * now and not tried_later(c)}
-        untried |= self.waiting()
+        untried |= self.waiting(untried)
         allowed = [c for c in self.candidates if c not in untried or c == self.current]
         weight = cost if not plan else self.plan_seconds(plan, allowed, switch_s)
         best = min(allowed, key=lambda c: (weight[c], self.candidates.index(c)))
@@ -196,7 +211,8 @@ class TimeToAccuracy:
 
     def state(self):
         return {"ratio": dict(self.ratio), "efficiency": dict(self.efficiency),
-                "settled_efficiency": dict(self.settled_efficiency), "current": self.current,
+                "settled_efficiency": dict(self.settled_efficiency), "settled_target": self.settled_target,
+                "current": self.current,
                 "last": self.last, "left": self.left}
 
     def restore(self, state):
@@ -204,6 +220,7 @@ class TimeToAccuracy:
         self.efficiency = {k: float(v) for k, v in state.get("efficiency", {}).items() if k in self.lossy}
         self.settled_efficiency = {k: float(v) for k, v in (state.get("settled_efficiency") or {}).items()
                                    if k in self.lossy}
+        self.settled_target = state.get("settled_target")
         self.current, self.last = (state.get(k) if state.get(k) in self.candidates else None
                                    for k in ("current", "last"))
         self.left = bool(state.get("left", False))

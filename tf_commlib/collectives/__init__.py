@@ -33,7 +33,7 @@ from tf_commlib.collectives.interface import Collective, Context
 
 __all__ = ["ALGORITHMS", "AUTO_MARGIN", "Collective", "Context", "breakdown", "bucket_bytes", "check_margin",
            "check_seconds", "choose", "keep_exact", "predict",
-           "register",
+           "register", "setting",
            "resolve_algorithm_options", "with_compression"]
 
 ALGORITHMS = {}   # name -> Collective
@@ -47,6 +47,52 @@ def register(collective):
         raise ValueError(f"a collective named {collective.name!r} is already registered")
     ALGORITHMS[collective.name] = collective
     return collective
+
+
+def setting(spec):
+    """The name of the registered collective that ``spec`` names: a registered name as it is, or
+    ``BASE:KEY=VALUE[,KEY=VALUE...]``, a copy of the registered BASE at another setting (an option's
+    default, or density_scale: e.g. ``powersgd:rank=1``, ``hitopk:density_scale=0.1``), registered
+    under ``BASE_KEY_VALUE...`` on the first call (``powersgd_rank_1``); the same on every rank. A value
+    reads as an int, else a float, else a string. ValueError naming spec for an unknown collective,
+    option or bad value."""
+    import dataclasses
+
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"a collective setting must be a name or BASE:KEY=VALUE, got {spec!r}")
+    base, _, rest = spec.partition(":")
+    if base not in ALGORITHMS:
+        raise ValueError(f"{spec!r}: unknown collective {base!r}; known: {sorted(ALGORITHMS)}")
+    if not rest:
+        return base
+    changes = {}
+    for item in rest.split(","):
+        key, eq, text = item.partition("=")
+        if not eq or not key or not text:
+            raise ValueError(f"{spec!r}: expected BASE:KEY=VALUE[,KEY=VALUE...], got {item!r}")
+        changes[key] = next((cast(text) for cast in (int, float, str) if _reads_as(cast, text)))
+    coll, scale = ALGORITHMS[base], changes.pop("density_scale", 1.0)
+    name = "_".join([base] + [f"{k}_{v}" for k, v in sorted({**changes, **(
+        {"density_scale": scale} if scale != 1.0 else {})}.items())])
+    try:
+        copy = dataclasses.replace(coll, name=name, density_scale=scale,
+                                   options=coll.resolve_options(changes), auto_candidate=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{spec!r}: {e}") from None
+    if name not in ALGORITHMS:
+        register(copy)
+    elif (ALGORITHMS[name].fn, ALGORITHMS[name].density_scale, dict(ALGORITHMS[name].options)) != \
+            (copy.fn, copy.density_scale, dict(copy.options)):
+        raise ValueError(f"{spec!r}: another collective is registered as {name!r}")
+    return name
+
+
+def _reads_as(cast, text):
+    try:
+        cast(text)
+        return True
+    except ValueError:
+        return False
 
 
 def resolve_algorithm_options(algorithm_options):

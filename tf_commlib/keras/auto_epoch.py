@@ -52,8 +52,7 @@ class AutoEpochs:
             self.tta.margin = self.settings.switch
         self._scales, self.variables, self.densities = {}, [], {}   # densities: candidate -> its last epoch's
         self.last_measured = None   # (candidate, step seconds, density, its collectives' seconds): the last epoch
-        self.steps = None      # steps of the last measured epoch
-        self.switch_s = None   # what a new trace of the step costs (first_s of a traced epoch, less an untraced one's)
+        self.steps = self.switch_s = None   # the last measured epoch's steps; what a new trace of the step costs
         self.first_s = {}      # traced (True/False) -> the last such epoch's first step, less the others' median
 
     # -- state, built with the optimizer ----------------------------------------------------
@@ -301,6 +300,7 @@ class AutoEpochs:
         candidates timed again first where timed on another link than the restored one (a collective)."""
         if self.probed and self.probed_on != self.link:
             self._probe()
+        self.tta.at_target(self.opt.target_density)
         if self.tta.families is None:   # settings of one collective, by their bytes at the target density
             buckets = [(g.aggregator, b) for g in self._groups() for b in g.aggregator.buckets]
             self.tta.set_families(families([c for c in self.tta.candidates if c in self.tta.lossy], lambda c: sum(

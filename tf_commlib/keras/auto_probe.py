@@ -109,7 +109,9 @@ def probe_candidates(opt, variables, link, repeats=3):
         "probe": names, "shapes": [[list(v.shape), str(v.dtype)] for v in lossy], "density": opt.target_density,
         "selector": opt.selection.selector, "compression": compression, "link": link.as_list(),
         "fusion_threshold_bytes": opt.fusion_threshold_bytes, "warmup": [list(r) for r in runs[len(names):]],
-        "options": json.dumps(opt.algorithm_options, sort_keys=True, default=repr)})
+        "options": json.dumps(opt.algorithm_options, sort_keys=True, default=repr),
+        "settings": json.dumps({c: [ALGORITHMS[c].density_scale, dict(ALGORITHMS[c].options)] for c in names},
+                               sort_keys=True, default=repr)})
 
     def measure():
         grads = [tf.random.stateless_normal(v.shape, [i, topo.rank], dtype=v.dtype) * 1e-3

@@ -32,6 +32,7 @@ from tfc_apps.bench.tta_table import BASELINE, add_auto_vs_best, add_ratios, jso
 
 # DGC at density 0.01 (MSTopK): 2 warm-up epochs, momentum kept where v was sent (docs/benchmarks.md)
 HITOPK = {"density": 0.01, "selector": "mstopk", "dgc_warmup": 2, "no_momentum_masking": True}
+AUTO = {"schedule": "0:auto", "compression": "fp16", "calibrate": True, **HITOPK}
 OUTER_AVERAGE = {"outer_lr": 1.0, "outer_momentum": 0.0}   # DiLoCo's outer step: the mean of the nodes
 # name -> the DAWNBench script's options for it
 CONFIGS = {
@@ -44,7 +45,11 @@ CONFIGS = {
     "hitopk_0.001": {"schedule": "0:hitopk", **HITOPK, "density": 0.001},
     "powersgd_r1": {"schedule": "0:powersgd", "powersgd_rank": 1},
     # where auto picks hitopk for a bucket, it runs with hitopk's settings
-    "auto": {"schedule": "0:auto", "compression": "fp16", "calibrate": True, **HITOPK},
+    "auto": AUTO,
+    # auto among the per-step lossy collectives only (named candidates: no DiLoCo rounds), and the same with
+    # the harder settings beside them, told apart by their measured efficiency (docs/collectives.md)
+    "auto_per_step": {**AUTO, "auto_candidates": ("hitopk", "powersgd")},
+    "auto_settings": {**AUTO, "auto_candidates": ("hitopk", "hitopk:density_scale=0.1", "powersgd", "powersgd:rank=1")},
     # local SGD inside nodes, the nodes' pseudo-gradients averaged every H steps, overlapped
     # (tf_commlib.keras.DiLoCo); outer SGD lr 1 without momentum: the paper's Nesterov 0.7/0.9 reached
     # 0.825 top-1 in these 8 epochs against 0.911 (docs/diloco.md)
@@ -62,7 +67,7 @@ CONFIGS = {
 }
 LAYOUT = (2, 2)   # nodes x ranks per node
 PATCHES_PER_CLASS = (400, 80)   # training and validation images per class of --dataset patches
-CALIBRATION = "auto_calibration.json"   # in a bandwidth's folder: the seconds auto's calibration took
+CALIBRATION = "auto_calibration.json"   # in a bandwidth's folder: {config: the seconds its calibration took}
 
 
 def parser():
@@ -160,6 +165,8 @@ def dawnbench_argv(args, config, log_dir, seed=None):
         argv += ["--fusion-threshold-bytes", str(args.fusion_threshold_bytes)]
     argv += [f"--{flag.replace('_', '-')}" for flag in ("no_overlap", "calibrate", "no_momentum_masking")
              if opts.get(flag)]
+    if opts.get("auto_candidates"):
+        argv += ["--auto-candidates", *opts["auto_candidates"]]
     if opts.get("calibrate"):   # paid once per cluster: the bandwidth's first run measures, the others read it
         argv += ["--calibration-cache", os.path.join(os.path.dirname(os.path.normpath(log_dir)), "calibration.json")]
     return argv
@@ -186,9 +193,10 @@ def worker(args):
                 pass
             for _ in data.val(stage) or ():
                 pass
-            if "auto" in args.configs and seed == args.seed:   # paid once per cluster, before auto's runs
-                seconds = calibrate(copy.copy(parsed["auto"]), topo, data)
-                if topo.rank == 0:
+            if seed == args.seed:   # paid once per cluster, before the runs of auto (each of its candidate sets)
+                seconds = {c: calibrate(copy.copy(parsed[c]), topo, data) for c in args.configs
+                           if CONFIGS[c].get("calibrate")}
+                if seconds and topo.rank == 0:
                     with open(os.path.join(args.run_dir, CALIBRATION), "w") as f:
                         json.dump({"calibration_s": seconds}, f)
             for config in args.configs:
@@ -270,14 +278,14 @@ def measure(args):
         calibration_s = None
         if os.path.exists(calibration):
             with open(calibration) as f:
-                calibration_s = json.load(f)["calibration_s"]
+                calibration_s = json.load(f)["calibration_s"]   # {config: seconds}
         for seed in seeds(args):
             for config in args.configs:
                 rows = read_run(run_dir, run_name(args, config, seed))
                 if rows:
                     results.append(summarize(rows, config, mbit, link, args.target, seed))
-                    if config == "auto":
-                        results[-1]["calibration_s"] = calibration_s
+                    if calibration_s and config in calibration_s:
+                        results[-1]["calibration_s"] = calibration_s[config]
     add_ratios(results)
     add_auto_vs_best(results)
     return results, failed

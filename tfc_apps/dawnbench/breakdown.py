@@ -71,9 +71,10 @@ def _measure(model, optimizer, dataset, loss_fn, algorithm, density, selector, t
     out["selection"] = 0.0
     if lossy:
         flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
-        if names == {"hitopk"}:
-            flat = flat[:max(1, d // topo.n)]   # hitopk selects on its d/n shard
-        k = max(1, math.ceil(density * int(flat.shape[0])))
+        if all(ALGORITHMS[a].fn is ALGORITHMS["hitopk"].fn for a in names):
+            flat = flat[:max(1, d // topo.n)]   # hitopk (or a copy at another setting) selects on its d/n shard
+        scaled = min(ALGORITHMS[a].scaled(density) for a in names if ALGORITHMS[a].lossy)
+        k = max(1, math.ceil(scaled * int(flat.shape[0])))
         select = _traced((optimizer, "selection", selector, k, shapes),
                          lambda: tf.function(lambda f: ops.SELECTORS[selector](f, k)))
         out["selection"] = _timed(select, reps, flat)

@@ -72,8 +72,9 @@ def _interval(text):
 
 
 def check_algorithms(schedule, auto_candidates=None):
-    """Last of the checks: the registry imports TensorFlow."""
-    from tf_commlib.collectives import ALGORITHMS
+    """Last of the checks: the registry imports TensorFlow. Returns the candidates' registered names
+    (a BASE:KEY=VALUE setting registered: tf_commlib.collectives.setting)."""
+    from tf_commlib.collectives import ALGORITHMS, setting
 
     unknown = sorted(set(schedule.values()) - set(ALGORITHMS) - {"auto"})
     if unknown:
@@ -82,9 +83,11 @@ def check_algorithms(schedule, auto_candidates=None):
         from tf_commlib.keras import Auto
 
         try:
+            auto_candidates = [setting(c) for c in auto_candidates]
             Auto(candidates=tuple(auto_candidates))
         except ValueError as e:
             raise ValueError(f"--auto-candidates: {e}") from None
+    return auto_candidates
 
 
 def check_val(args):
@@ -130,7 +133,8 @@ def parser():
     a("--recalibrate", action="store_true", help="with --calibration-cache: measure again and rewrite FILE")
     a("--auto-candidates", nargs="+", default=None, metavar="ALGORITHM",
       help="the collectives the schedule's 'auto' chooses among (Auto(candidates=...); default: the library's, "
-           "with DiLoCo rounds where there are nodes); e.g. one lossy collective, to log its measured efficiency")
+           "with DiLoCo rounds where there are nodes); e.g. one lossy collective, to log its measured efficiency; "
+           "BASE:KEY=VALUE names BASE at another setting (powersgd:rank=1, hitopk:density_scale=0.1)")
     a("--shard-optimizer", action="store_true",
       help="ZeRO-1: each rank updates and keeps optimizer state for its slice only, and the weights are "
            "all-gathered (DistributedOptimizer(shard_optimizer=True)): slices of 1/P with one dense or 2dtar "
@@ -263,7 +267,7 @@ def check(args):
     if not args.outer_lr > 0 or not 0 <= args.outer_momentum < 1:
         raise ValueError(f"--outer-lr must be > 0 and --outer-momentum in [0, 1), got {args.outer_lr!r}, "
                          f"{args.outer_momentum!r}")
-    check_algorithms(args.schedule_map, args.auto_candidates)
+    args.auto_candidates = check_algorithms(args.schedule_map, args.auto_candidates)
     if args.dgc_warmup is None:   # DistributedOptimizer's default where the schedule runs "auto"
         from tf_commlib.keras.options import AUTO_WARMUP
 
