@@ -89,6 +89,13 @@ FLAGS = {
     "--calibration-cache FILE": "ResNet-50 on the emulated cluster with auto's calibration (9 min); FILE is the reader's",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs dense_fp16 auto":
         "a benchmark: 6 four-rank trainings on the emulated cluster, dense fp16 10 min each (35 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs auto_per_step auto_settings":
+        "a benchmark: 6 four-rank trainings on the emulated cluster (10 min)",
+    "python -m tfc_apps.cluster_launch -- python scripts/dawnbench_resnet50.py --data DIR --model small --optimizer sgd "
+    "--warmup-epochs 1 --stages 32:8:8 --schedule 0:auto --auto-candidates hitopk:density_scale=0.1 powersgd:rank=1 "
+    "--density 0.01 --selector mstopk --compression fp16 --dgc-warmup 2 --no-momentum-masking --breakdown-steps 0 "
+    "--seed 0 --calibrate --calibration-cache FILE":
+        "a 4-rank training on the emulated cluster (1.5 min); DIR and FILE are the reader's",
     "python -m tfc_apps.bench tta --inter-mbit 100 --repeats 3 --configs dense_fp16 hitopk auto":
         "a benchmark: 9 four-rank trainings on the emulated cluster (11 min)",
     "python -m tfc_apps.bench tta --dataset patches --inter-mbit 25 --epochs 5 --target 0.95 --repeats 3 --configs "
