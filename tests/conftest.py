@@ -122,3 +122,16 @@ def rank0_of_2x2(monkeypatch):
         monkeypatch.setattr(module, "current_topology", lambda: topo)
     monkeypatch.setattr(auto_probe, "gathered", lambda rows, name: np.repeat(rows, 4, axis=0))
     return topo
+
+
+@pytest.fixture
+def registry():
+    """The collectives' registry (ALGORITHMS), with what the test registered removed after it: a setting
+    that a parsed command line registers (tf_commlib.collectives.setting) stays out of later tests, which
+    check every registered collective."""
+    from tf_commlib.collectives import ALGORITHMS
+
+    before = set(ALGORITHMS)
+    yield ALGORITHMS
+    for name in set(ALGORITHMS) - before:
+        ALGORITHMS.pop(name)

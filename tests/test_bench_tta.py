@@ -54,7 +54,7 @@ def test_ratios_and_verdict_per_bandwidth():
         assert all(key in r for r in lines), key
 
 
-def test_each_configuration_is_the_dawnbench_run_it_names(tmp_path):
+def test_each_configuration_is_the_dawnbench_run_it_names(tmp_path, registry):
     """What each configuration trains with, through the DAWNBench script's own parser: the baseline is
     dense fp16 overlapped, fp32 waits for backprop, hitopk is DGC at density 0.01 with its momentum
     kept where v was sent (no momentum factor masking: the sent values add up to momentum SGD's)."""
@@ -69,12 +69,7 @@ def test_each_configuration_is_the_dawnbench_run_it_names(tmp_path):
         return args, {c: dawnbench_config.parse(tta.dawnbench_argv(args, c, os.path.join("mbit25", c)))
                       for c in tta.CONFIGS}
 
-    from tf_commlib.collectives import ALGORITHMS
-    try:
-        args, parsed = parse([])
-    finally:   # auto_settings' copies, registered where its command line is parsed
-        for name in ("hitopk_density_scale_0.1", "powersgd_rank_1"):
-            ALGORITHMS.pop(name, None)
+    args, parsed = parse([])   # auto_settings' copies are registered where its command line is parsed
     assert parsed[tta.BASELINE].compression == "fp16" and not parsed[tta.BASELINE].no_overlap
     assert parsed["dense_fp32"].no_overlap and parsed["dense_fp32"].compression == "none"
     hitopk = parsed["hitopk"]

@@ -94,28 +94,24 @@ def test_registry_rejects_bad_collectives():
             dataclasses.replace(coll, name="x", density_scale=scale)
 
 
-def test_a_setting_is_a_registered_copy_named_by_its_changes():
+def test_a_setting_is_a_registered_copy_named_by_its_changes(registry):
     from tf_commlib.collectives import setting
 
-    try:
-        assert setting("hitopk") == "hitopk"
-        assert setting("powersgd:rank=1") == setting("powersgd:rank=1") == "powersgd_rank_1"
-        assert ALGORITHMS["powersgd_rank_1"].options == {**ALGORITHMS["powersgd"].options, "rank": 1}
-        assert setting("hitopk:value_codec=fp16,density_scale=0.1") == "hitopk_density_scale_0.1_value_codec_fp16"
-        copy = ALGORITHMS["hitopk_density_scale_0.1_value_codec_fp16"]
-        assert copy.density_scale == 0.1 and copy.options["value_codec"] == "fp16"
-        assert copy.fn is ALGORITHMS["hitopk"].fn
-        for spec, match in (("nope:rank=1", "unknown collective 'nope'"), ("powersgd:rank", "expected BASE:KEY=VALUE"),
-                            ("powersgd:bogus=1", r"unknown option\(s\) \['bogus'\]"), ("powersgd:rank=0", "rank"),
-                            ("dense:density_scale=0.5", "density_scale must be"), ("", "a name or BASE:KEY=VALUE")):
-            with pytest.raises(ValueError, match=match):
-                setting(spec)
-        register(dataclasses.replace(ALGORITHMS["hitopk"], name="powersgd_rank_2"))
-        with pytest.raises(ValueError, match="another collective is registered as 'powersgd_rank_2'"):
-            setting("powersgd:rank=2")
-    finally:
-        for name in ("powersgd_rank_1", "powersgd_rank_2", "hitopk_density_scale_0.1_value_codec_fp16"):
-            ALGORITHMS.pop(name, None)
+    assert setting("hitopk") == "hitopk"
+    assert setting("powersgd:rank=1") == setting("powersgd:rank=1") == "powersgd_rank_1"
+    assert registry["powersgd_rank_1"].options == {**registry["powersgd"].options, "rank": 1}
+    assert setting("hitopk:value_codec=fp16,density_scale=0.1") == "hitopk_density_scale_0.1_value_codec_fp16"
+    copy = registry["hitopk_density_scale_0.1_value_codec_fp16"]
+    assert copy.density_scale == 0.1 and copy.options["value_codec"] == "fp16"
+    assert copy.fn is registry["hitopk"].fn
+    for spec, match in (("nope:rank=1", "unknown collective 'nope'"), ("powersgd:rank", "expected BASE:KEY=VALUE"),
+                        ("powersgd:bogus=1", r"unknown option\(s\) \['bogus'\]"), ("powersgd:rank=0", "rank"),
+                        ("dense:density_scale=0.5", "density_scale must be"), ("", "a name or BASE:KEY=VALUE")):
+        with pytest.raises(ValueError, match=match):
+            setting(spec)
+    register(dataclasses.replace(registry["hitopk"], name="powersgd_rank_2"))
+    with pytest.raises(ValueError, match="another collective is registered as 'powersgd_rank_2'"):
+        setting("powersgd:rank=2")
 
 
 def test_a_copy_at_a_density_scale_is_predicted_and_counted_at_the_scaled_density():

@@ -200,7 +200,7 @@ def test_the_default_schedule_is_auto_then_the_recipes_2dtar():
     assert (diloco.schedule_map, diloco.dgc_warmup, diloco.breakdown_steps) == ({0: "dense"}, 0, 0)
 
 
-def test_auto_candidates_and_powersgd_rank_reach_the_optimizer(rank0_of_2x2):
+def test_auto_candidates_and_powersgd_rank_reach_the_optimizer(rank0_of_2x2, registry):
     """--auto-candidates is Auto(candidates=...) of the optimizer the script trains with, and
     --powersgd-rank PowerSGD's rank in its algorithm_options; without them, the library's defaults."""
     from tf_commlib.aggregator.chooser import default_candidates
@@ -219,13 +219,9 @@ def test_auto_candidates_and_powersgd_rank_reach_the_optimizer(rank0_of_2x2):
     assert chosen.algorithm_options == {"powersgd": {"rank": 1}}
     default = optimizer()
     assert default.auto.candidates == default_candidates() and default.algorithm_options is None
-    from tf_commlib.collectives import ALGORITHMS
-    try:   # a setting of a registered collective: a registered copy
-        harder = optimizer("--auto-candidates", "powersgd", "powersgd:rank=1")
-        assert harder.auto.candidates == ("powersgd", "powersgd_rank_1")
-        assert ALGORITHMS["powersgd_rank_1"].options["rank"] == 1 and not ALGORITHMS["powersgd_rank_1"].auto_candidate
-    finally:
-        ALGORITHMS.pop("powersgd_rank_1", None)
+    harder = optimizer("--auto-candidates", "powersgd", "powersgd:rank=1")   # a setting: a registered copy
+    assert harder.auto.candidates == ("powersgd", "powersgd_rank_1")
+    assert registry["powersgd_rank_1"].options["rank"] == 1 and not registry["powersgd_rank_1"].auto_candidate
 
 
 def test_tfds_path_shards_are_random_samples(tmp_path):

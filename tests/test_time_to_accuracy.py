@@ -323,20 +323,14 @@ def test_settings_of_one_collective_are_told_apart_by_their_measured_efficiency(
             TimeToAccuracy(names, lossy, families=families)
 
 
-def test_families_are_registered_copies_from_the_most_bytes_to_the_least():
-    import dataclasses
-
+def test_families_are_registered_copies_from_the_most_bytes_to_the_least(registry):
     from tf_commlib.aggregator.chooser import families
-    from tf_commlib.collectives import ALGORITHMS
+    from tf_commlib.collectives import setting
 
-    copy = dataclasses.replace(ALGORITHMS["hitopk"], name="hitopk_0.1", density_scale=0.1)
-    ALGORITHMS["hitopk_0.1"] = copy
-    try:
-        sent = {"hitopk": 10, "hitopk_0.1": 1, "powersgd": 5}.get
-        assert families(["hitopk_0.1", "powersgd", "hitopk"], sent) == [("hitopk", "hitopk_0.1")]
-        assert families(["hitopk", "powersgd"], sent) == []
-    finally:
-        ALGORITHMS.pop("hitopk_0.1")
+    copy = setting("hitopk:density_scale=0.1")
+    sent = {"hitopk": 10, copy: 1, "powersgd": 5}.get
+    assert families([copy, "powersgd", "hitopk"], sent) == [("hitopk", copy)]
+    assert families(["hitopk", "powersgd"], sent) == []
 
 
 def test_a_harder_setting_waits_only_for_a_setting_that_may_run():
