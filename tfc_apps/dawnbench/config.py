@@ -83,7 +83,7 @@ def check_algorithms(schedule, auto_candidates=None):
         from tf_commlib.keras import Auto
 
         try:
-            auto_candidates = [setting(c) for c in auto_candidates]
+            auto_candidates = [setting(c) if ":" in c else c for c in auto_candidates]   # names: Auto's check
             Auto(candidates=tuple(auto_candidates))
         except ValueError as e:
             raise ValueError(f"--auto-candidates: {e}") from None
