@@ -139,7 +139,7 @@ def test_a_collective_registered_as_an_auto_candidate_is_weighed_and_chosen(rank
     assert default_candidates() == AUTO_CANDIDATES
 
 
-def test_powersgd_at_another_rank_joins_auto_by_registration(rank0_of_2x2, monkeypatch):
+def test_powersgd_at_another_rank_joins_auto_by_registration(rank0_of_2x2, monkeypatch, registry):
     """A candidate at another setting is a registered copy (docs/collectives.md): PowerSGD at rank 1
     beside the default rank 4, with its own residual (and Q) and its own bytes and predicted time. It is
     the harder setting of the same collective, so it waits for rank 4's measured epoch; then, faster on a
@@ -148,39 +148,37 @@ def test_powersgd_at_another_rank_joins_auto_by_registration(rank0_of_2x2, monke
 
     from tf_commlib import alphabeta
     from tf_commlib.collectives import ALGORITHMS, powersgd, register
+
     register(dataclasses.replace(powersgd.COLLECTIVE, name="powersgd_r1",
                                  options={**powersgd.COLLECTIVE.options, "rank": 1}, auto_candidate=True))
-    try:
-        opt = DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="auto",
-                                   auto=Auto(cost_params=alphabeta.LinkParams(beta_inter=8 / 5e6), compute_s=0.01))
-        opt.build([keras.Variable(np.zeros((500, 400), np.float32)), keras.Variable(np.zeros(64, np.float32))])
-        (agg,) = opt.lossy_aggregators()
-        state = {name: int(np.prod(var.shape)) for (_, name), var in agg.residuals.items()}
-        assert state["powersgd_r1"] == 500 * 400 + 400 * 1 < state["powersgd"] == 500 * 400 + 400 * 4
-        inter = {r: ALGORITHMS[name].sent_bytes(500 * 400, 2, 2, 0.01, shapes=[(500, 400)])["inter"]
-                 for r, name in ((1, "powersgd_r1"), (4, "powersgd"))}
-        assert inter[1] < inter[4]
-        epochs = opt.auto_epochs
-        times = {c: epochs.communication_s(c, 0.01) for c in ("powersgd", "powersgd_r1")}
-        assert times["powersgd_r1"] < times["powersgd"]
-        assert epochs.tta.families == (("powersgd", "powersgd_r1"),) and opt.algorithm_at(0) == "powersgd"
-        step = {c: epochs.step_s(c, 0.01) for c in ("powersgd", "powersgd_r1")}
-        from tf_commlib.keras import auto_epoch
-        monkeypatch.setattr(auto_epoch, "summed", lambda v: 4 * np.asarray(v, np.float64))   # 4 ranks alike
-        for epoch in range(3):   # DGC's 2 warm-up epochs do not count; then an epoch at the target density
-            assert opt.algorithm_at(epoch) == "powersgd" and "powersgd_r1" in epochs.tta.waiting()
-            epochs.end_epoch(epoch, step["powersgd"], steps=45)
-            opt.set_epoch(epoch + 1)
-        assert epochs.tta.settled_efficiency == {"powersgd": 1.0}   # nothing entered the collective here
-        assert opt.algorithm_at(3) == "powersgd_r1"
-        # its efficiency over rank 4's puts it above rank 4's time per progress (with the switch's margin)
-        relative = 0.8 * step["powersgd_r1"] / step["powersgd"]
-        epochs.tta.observe("powersgd_r1", step["powersgd_r1"], step["powersgd_r1"], efficiency=relative)
-        assert epochs.tta.relative_efficiency("powersgd_r1") == pytest.approx(relative) and relative > 0.3
-        opt.set_epoch(4)
-        assert opt.algorithm_at(4) == "powersgd"
-    finally:
-        ALGORITHMS.pop("powersgd_r1")
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="auto",
+                               auto=Auto(cost_params=alphabeta.LinkParams(beta_inter=8 / 5e6), compute_s=0.01))
+    opt.build([keras.Variable(np.zeros((500, 400), np.float32)), keras.Variable(np.zeros(64, np.float32))])
+    (agg,) = opt.lossy_aggregators()
+    state = {name: int(np.prod(var.shape)) for (_, name), var in agg.residuals.items()}
+    assert state["powersgd_r1"] == 500 * 400 + 400 * 1 < state["powersgd"] == 500 * 400 + 400 * 4
+    inter = {r: ALGORITHMS[name].sent_bytes(500 * 400, 2, 2, 0.01, shapes=[(500, 400)])["inter"]
+             for r, name in ((1, "powersgd_r1"), (4, "powersgd"))}
+    assert inter[1] < inter[4]
+    epochs = opt.auto_epochs
+    times = {c: epochs.communication_s(c, 0.01) for c in ("powersgd", "powersgd_r1")}
+    assert times["powersgd_r1"] < times["powersgd"]
+    assert epochs.tta.families == (("powersgd", "powersgd_r1"),) and opt.algorithm_at(0) == "powersgd"
+    step = {c: epochs.step_s(c, 0.01) for c in ("powersgd", "powersgd_r1")}
+    from tf_commlib.keras import auto_epoch
+    monkeypatch.setattr(auto_epoch, "summed", lambda v: 4 * np.asarray(v, np.float64))   # 4 ranks alike
+    for epoch in range(3):   # DGC's 2 warm-up epochs do not count; then an epoch at the target density
+        assert opt.algorithm_at(epoch) == "powersgd" and "powersgd_r1" in epochs.tta.waiting()
+        epochs.end_epoch(epoch, step["powersgd"], steps=45)
+        opt.set_epoch(epoch + 1)
+    assert epochs.tta.settled_efficiency == {"powersgd": 1.0}   # nothing entered the collective here
+    assert opt.algorithm_at(3) == "powersgd_r1"
+    # its efficiency over rank 4's puts it above rank 4's time per progress (with the switch's margin)
+    relative = 0.8 * step["powersgd_r1"] / step["powersgd"]
+    epochs.tta.observe("powersgd_r1", step["powersgd_r1"], step["powersgd_r1"], efficiency=relative)
+    assert epochs.tta.relative_efficiency("powersgd_r1") == pytest.approx(relative) and relative > 0.3
+    opt.set_epoch(4)
+    assert opt.algorithm_at(4) == "powersgd"
 
 
 def test_warmup_and_schedule_policy():

@@ -70,10 +70,9 @@ def setting(spec):
         key, eq, text = item.partition("=")
         if not eq or not key or not text:
             raise ValueError(f"{spec!r}: expected BASE:KEY=VALUE[,KEY=VALUE...], got {item!r}")
-        changes[key] = next((cast(text) for cast in (int, float, str) if _reads_as(cast, text)))
+        changes[key] = _value(text)
+    name = "_".join([base] + [f"{k}_{v}" for k, v in sorted(changes.items())])
     coll, scale = ALGORITHMS[base], changes.pop("density_scale", 1.0)
-    name = "_".join([base] + [f"{k}_{v}" for k, v in sorted({**changes, **(
-        {"density_scale": scale} if scale != 1.0 else {})}.items())])
     try:
         copy = dataclasses.replace(coll, name=name, density_scale=scale,
                                    options=coll.resolve_options(changes), auto_candidate=False)
@@ -87,12 +86,14 @@ def setting(spec):
     return name
 
 
-def _reads_as(cast, text):
-    try:
-        cast(text)
-        return True
-    except ValueError:
-        return False
+def _value(text):
+    """text as an int, else a float, else itself."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
 
 
 def resolve_algorithm_options(algorithm_options):
