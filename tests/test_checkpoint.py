@@ -41,6 +41,10 @@ def test_per_rank_state_across_a_restart_on_4_ranks(shared):
     floats = [[v for v in rank_values(r) if v.dtype.kind == "f"] for r in range(4)]
     for r in reports:
         assert r["broadcast_dtypes"] == ["float32", "int64", "float64", "float64", "float32"]
+        # a dtype is sent only where some rank holds other bytes than the root's
+        assert r["sent"] == ["float32", "int64", "float64"] and r["sent_again"] == []
+        assert r["sent_partly"] == ["float32"] and r["partly"] == [[1.0, 2.0], 7, 3.0]
+        assert "root_rank must be a rank, 0 to 3, got 4" in r["bad_root"]
         for got, want in zip(r["broadcast"], root):
             np.testing.assert_array_equal(np.asarray(got).reshape(want.shape), want)
         for j, got in enumerate(r["averaged"]):

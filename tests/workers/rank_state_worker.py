@@ -60,11 +60,24 @@ fit(loaded, STOP + 1, initial_epoch=STOP)
 
 # broadcast_variables / average_variables pack the variables per dtype: mixed dtypes and shapes.
 mixed = [keras.Variable(v) for v in rank_values(topo.rank)]
-broadcast_variables(mixed, root_rank=1)
+sent = broadcast_variables(mixed, root_rank=1)
+sent_again = broadcast_variables(mixed, root_rank=1)   # now the same on every rank: nothing sent
+# float32 the same on every rank but rank 2's second value, int64 and float64 the same everywhere
+partly = [keras.Variable(np.float32([1, 2 + (topo.rank == 2)])), keras.Variable(np.int64(7)),
+          keras.Variable(3.0, dtype="float64")]
+sent_partly = broadcast_variables(partly, root_rank=0)
+try:
+    broadcast_variables(mixed, root_rank=topo.size)
+    bad_root = None
+except ValueError as e:
+    bad_root = str(e)
 floats = [keras.Variable(v) for v in rank_values(topo.rank) if v.dtype.kind == "f"]
 average_variables(floats)
-report(topo.rank, {"full": _fit.weights(full), "resumed": _fit.weights(resumed), "backed_up": backed_up, "deleted": not os.path.exists(mine),
+report(topo.rank, {"full": _fit.weights(full), "resumed": _fit.weights(resumed), "backed_up": backed_up,
+                   "deleted": not os.path.exists(mine),
                    "residual": residual, "refused": refused, "after_reset": _fit.weights(loaded),
                    "broadcast": [np.asarray(v.numpy()).tolist() for v in mixed],
-                   "broadcast_dtypes": [str(v.dtype) for v in mixed],
+                   "broadcast_dtypes": [str(v.dtype) for v in mixed], "sent": sent, "sent_again": sent_again,
+                   "sent_partly": sent_partly, "partly": [np.asarray(v.numpy()).tolist() for v in partly],
+                   "bad_root": bad_root,
                    "averaged": [np.asarray(v.numpy()).tolist() for v in floats]})
