@@ -45,6 +45,9 @@ def test_per_rank_state_across_a_restart_on_4_ranks(shared):
         assert r["sent"] == ["float32", "int64", "float64"] and r["sent_again"] == []
         assert r["sent_partly"] == ["float32"] and r["partly"] == [[1.0, 2.0], 7, 3.0]
         assert "root_rank must be a rank, 0 to 3, got 4" in r["bad_root"]
+    # a cached measurement: rank 0's values, read back on every rank
+    for rank, r in enumerate(reports):
+        assert r["measured"] == [[1.5, 2.0 + rank], "measured"] and r["read_back"] == [[1.5, 2.0], "cached"]
         for got, want in zip(r["broadcast"], root):
             np.testing.assert_array_equal(np.asarray(got).reshape(want.shape), want)
         for j, got in enumerate(r["averaged"]):

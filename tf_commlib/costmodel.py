@@ -133,18 +133,30 @@ CACHE_VERSION = 1
 def calibration_key(topo, calibrate_kwargs):
     """What a cached calibration holds for: the layout, the hosts of all ranks (a hash of their
     hostnames), TensorFlow's version and calibrate's arguments. Collective: every rank calls it."""
+    import tensorflow as tf
+
+    arguments = {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(calibrate_kwargs.items())}
+    return {"version": CACHE_VERSION, "layout": [topo.m, topo.n], "hosts": _hosts(topo), "tensorflow": tf.__version__,
+            "calibrate": arguments}
+
+
+_HOSTS = {}   # (m, n): the hash of every rank's hostname, gathered once (a rank's host stays while it runs)
+
+
+def _hosts(topo):
+    """The hash of the sorted hostnames of every rank (one all-gather the first time per layout)."""
     import numpy as np
     import tensorflow as tf
 
     from tf_commlib import primitives
 
-    mine = np.frombuffer(hashlib.sha256(socket.gethostname().encode()).digest(), np.uint8)
-    every = (primitives.allgather(tf.constant(mine), topo.world, name="costmodel_hosts").numpy()
-             if topo.size > 1 else mine)
-    hosts = hashlib.sha256(b"".join(sorted(bytes(row) for row in np.reshape(every, (-1, 32))))).hexdigest()
-    arguments = {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(calibrate_kwargs.items())}
-    return {"version": CACHE_VERSION, "layout": [topo.m, topo.n], "hosts": hosts, "tensorflow": tf.__version__,
-            "calibrate": arguments}
+    if (topo.m, topo.n) not in _HOSTS:
+        mine = np.frombuffer(hashlib.sha256(socket.gethostname().encode()).digest(), np.uint8)
+        every = (primitives.allgather(tf.constant(mine), topo.world, name="costmodel_hosts").numpy()
+                 if topo.size > 1 else mine)
+        rows = sorted(bytes(row) for row in np.reshape(every, (-1, 32)))
+        _HOSTS[(topo.m, topo.n)] = hashlib.sha256(b"".join(rows)).hexdigest()
+    return _HOSTS[(topo.m, topo.n)]
 
 
 def _check_link_values(values):
@@ -196,7 +208,7 @@ def _check_path(path, remeasure):
 def cached_values(topo, path, key, measure, check=lambda values: None, remeasure=False):
     """(list of floats, "cached" or "measured"): what ``measure()`` returns (the same on every rank),
     kept in ``path`` under ``key`` (calibration_key). Rank 0 reads the file; where it holds values
-    for this key and ``remeasure`` is False, every rank gets them (sent from rank 0 as float64s);
+    for this key and ``remeasure`` is False, every rank gets them (rank 0's float64s, one all-gather);
     else every rank measures and rank 0 writes the file (0600). Collective: every rank calls it."""
     import numpy as np
     import tensorflow as tf
@@ -205,17 +217,11 @@ def cached_values(topo, path, key, measure, check=lambda values: None, remeasure
 
     path = _check_path(path, remeasure)
     values = _read_cache(path, key, check) if topo.rank == 0 and not remeasure else None
-
-    def from_rank0(array, name):   # a sum in which the other ranks add zeros
-        array = np.asarray(array, np.float64) if topo.rank == 0 else np.zeros(np.shape(array), np.float64)
-        if topo.size == 1:
-            return array
-        return primitives.allreduce(tf.constant(array), topo.world, name=name).numpy()
-
-    count = int(from_rank0([len(values) if values else 0], "costmodel_cache_count")[0])
-    if count:
-        got = from_rank0(values if topo.rank == 0 else np.zeros(count), "costmodel_cache_values")
-        return got.tolist(), "cached"
+    if topo.size > 1:   # rank 0's values on every rank, the others adding none: one all-gather
+        mine = np.asarray(values or [], np.float64) if topo.rank == 0 else np.zeros(0, np.float64)
+        values = primitives.allgather(tf.constant(mine), topo.world, name="costmodel_cache").numpy().tolist()
+    if values:
+        return [float(v) for v in values], "cached"
     measured = [float(v) for v in measure()]
     if topo.rank == 0:
         _write_cache(path, key, measured)
