@@ -89,6 +89,8 @@ FLAGS = {
     "--calibration-cache FILE": "ResNet-50 on the emulated cluster with auto's calibration (9 min); FILE is the reader's",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs dense_fp16 auto":
         "a benchmark: 6 four-rank trainings on the emulated cluster, dense fp16 10 min each (35 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs dense_fp16 auto diloco_h8_int4_no_overlap":
+        "a benchmark: 9 four-rank trainings on the emulated cluster, dense fp16 10 min each (37 min)",
     "python -m tfc_apps.bench tta --inter-mbit 5 --repeats 3 --configs auto_per_step auto_settings":
         "a benchmark: 6 four-rank trainings on the emulated cluster (10 min)",
     "python -m tfc_apps.cluster_launch -- python scripts/dawnbench_resnet50.py --data DIR --model small --optimizer sgd "
