@@ -87,7 +87,8 @@ def run_cluster(worker, tmp_path, args=(), local=None, np_per_node=None, timeout
 # Workers of several test modules that need nothing of their launch but its layout: per layout, one
 # job runs them one after another (tests/workers/sequence_worker.py), one launch (~25 s of
 # TensorFlow imports and Gloo set-up on 2 cores) instead of one per module. In this order on 2x2:
-# aggregator runs every registered collective before interface registers one of its own;
+# aggregator runs every registered collective before interface registers two of its own (removed
+# when it ends: calibrate chooses among every registered one);
 # consistency, whose ranks go out of step on purpose, last.
 # layout -> case -> (worker, its arguments, the test module that reads its reports, timeout in s).
 SHARED = {
