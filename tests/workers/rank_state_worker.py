@@ -12,7 +12,7 @@ from tests.workers import _fit
 from tests.workers._mixed import rank_values
 from tests.workers._report import report
 from tfc_apps import digits
-from tf_commlib import primitives
+from tf_commlib import costmodel, primitives
 from tf_commlib.keras import BackupAndRestore, average_variables, broadcast_variables
 
 topo = tf_commlib.init()
@@ -74,13 +74,11 @@ except ValueError as e:
 floats = [keras.Variable(v) for v in rank_values(topo.rank) if v.dtype.kind == "f"]
 average_variables(floats)
 # costmodel.cached_values: measured on every rank, rank 0's kept; read back on every rank in one all-gather
-from tf_commlib import costmodel   # noqa: E402
-
 values_path, values_key = os.path.join(shared, "values.json"), costmodel.calibration_key(topo, {"case": "values"})
 measured = costmodel.cached_values(topo, values_path, values_key, lambda: [1.5, 2.0 + topo.rank])
 read_back = costmodel.cached_values(topo, values_path, values_key, lambda: [9.0])
-report(topo.rank, {"measured": measured, "read_back": read_back,"full": _fit.weights(full), "resumed": _fit.weights(resumed), "backed_up": backed_up,
-                   "deleted": not os.path.exists(mine),
+report(topo.rank, {"full": _fit.weights(full), "resumed": _fit.weights(resumed), "backed_up": backed_up,
+                   "deleted": not os.path.exists(mine), "measured": measured, "read_back": read_back,
                    "residual": residual, "refused": refused, "after_reset": _fit.weights(loaded),
                    "broadcast": [np.asarray(v.numpy()).tolist() for v in mixed],
                    "broadcast_dtypes": [str(v.dtype) for v in mixed], "sent": sent, "sent_again": sent_again,
