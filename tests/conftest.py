@@ -111,16 +111,17 @@ def shared(request, tmp_path_factory):
 @pytest.fixture
 def rank0_of_2x2(monkeypatch):
     """One process seen as rank 0 of 2 nodes of 2 ranks by DistributedOptimizer, its AutoEpochs and the
-    DiLoCo rounds, with auto_probe's all-gather returning this rank's rows for all 4 ranks alike."""
+    DiLoCo rounds, with replicas' all-gather returning this rank's rows for all 4 ranks alike."""
     import numpy as np
 
-    from tf_commlib.keras import auto_epoch, auto_probe, diloco_sync, optimizer
+    from tf_commlib import replicas
+    from tf_commlib.keras import auto_epoch, diloco_sync, optimizer
     from tf_commlib.topology import Topology
 
     topo = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))
     for module in (optimizer, auto_epoch, diloco_sync):
         monkeypatch.setattr(module, "current_topology", lambda: topo)
-    monkeypatch.setattr(auto_probe, "gathered", lambda rows, name: np.repeat(rows, 4, axis=0))
+    monkeypatch.setattr(replicas, "gathered", lambda rows, name: np.repeat(rows, 4, axis=0))
     return topo
 
 

@@ -9,7 +9,9 @@
 * pto imports none of datacache, tfc_apps (it builds on tf_commlib);
 * no import cycle among tf_commlib's parts (its top-level modules and subpackages, a subpackage
   such as tf_commlib.collectives being one part; tf_commlib/__init__.py, the facade every submodule
-  import passes through, is none).
+  import passes through, is none);
+* no import cycle among the files of tf_commlib and pto (``from package import name`` is an import of
+  package/name.py where that file exists, else of package/__init__.py).
 
 Every import counts, at any depth (in functions, methods, ``if`` blocks, ``try``), relative ones
 resolved, and ``importlib.import_module("...")`` / ``__import__("...")`` of a literal name: a lazy
@@ -121,6 +123,22 @@ def part_graph(files, top=LIBRARY):
     return edges
 
 
+def file_graph(files, tops=(LIBRARY,)):
+    """{(path, path): ['path:line', ...]} for the imports between the files of files ({path: source})
+    under the packages `tops`."""
+    modules = {".".join(_module_of(p)[0]): p for p in files}
+    edges = {}
+    for relpath, source in files.items():
+        for line, target, names in imports_of(source, relpath):
+            if target.split(".")[0] not in tops:
+                continue
+            found = {modules.get(f"{target}.{n}") or modules.get(target) for n in names} if names \
+                else {modules.get(target)}
+            for path in found - {None, relpath}:
+                edges.setdefault((relpath, path), []).append(f"{relpath}:{line}")
+    return edges
+
+
 def cycles(edges):
     """One cycle [a, b, ..., a] per strongly connected component of the graph with these edges."""
     graph = {}
@@ -199,6 +217,14 @@ def test_no_import_cycle_among_the_parts_of_tf_commlib():
     assert not found, "import cycles among tf_commlib's parts:\n" + "\n".join(describe(c, edges) for c in found)
 
 
+def test_no_import_cycle_among_files():
+    files = {**sources(LIBRARY), **sources("pto")}
+    edges = file_graph(files, (LIBRARY, "pto"))
+    assert len(edges) > 50, f"only {len(edges)} imports between files: is the reader broken?"
+    found = cycles(edges)
+    assert not found, "import cycles among files:\n" + "\n".join(describe(c, edges) for c in found)
+
+
 # -- the checker itself: it can fail -------------------------------------------------------------
 SYNTHETIC = '''
 import os
@@ -246,3 +272,21 @@ def test_the_checker_finds_a_cycle():
     assert "tf_commlib.c -> tf_commlib.a   (tf_commlib/c/inner.py:1)" in describe(cycles(edges)[0], edges)
     del files["tf_commlib/b.py"]
     assert cycles(part_graph(files)) == []
+
+
+def test_the_checker_finds_a_cycle_between_files_of_one_part():
+    """Two files of one subpackage that import each other, one of them inside a function and one
+    through the package: a cycle between files that the part graph does not see."""
+    files = {
+        "tf_commlib/k/__init__.py": "from tf_commlib.k.opt import Opt\n",
+        "tf_commlib/k/opt.py": "from tf_commlib.k import probe\n",
+        "tf_commlib/k/probe.py": "def f():\n    from tf_commlib.k.cb import g\n",
+        "tf_commlib/k/cb.py": "from tf_commlib.k import Opt\n",   # through k/__init__.py
+    }
+    assert cycles(part_graph(files)) == []
+    edges = file_graph(files)
+    assert edges[("tf_commlib/k/probe.py", "tf_commlib/k/cb.py")] == ["tf_commlib/k/probe.py:2"]
+    assert cycles(edges) == [["tf_commlib/k/__init__.py", "tf_commlib/k/opt.py", "tf_commlib/k/probe.py",
+                              "tf_commlib/k/cb.py", "tf_commlib/k/__init__.py"]]
+    files["tf_commlib/k/probe.py"] = ""
+    assert cycles(file_graph(files)) == []

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests import hvdrun
-from tf_commlib import alphabeta
+from tf_commlib import alphabeta, replicas
 from tf_commlib.aggregator import Auto
 from tf_commlib.aggregator.time_to_accuracy import TimeToAccuracy
 from tf_commlib.keras import auto_diloco
@@ -78,14 +78,14 @@ def test_a_sequence_that_leaves_the_running_rounds_and_comes_back_counts_their_h
 
 
 def _built(fit=True, **auto):
-    """fit: as in model.fit, where CompressionScheduler counts the steps (set_fit_epochs before the build)."""
+    """fit: as in model.fit, where CompressionScheduler gives the epochs (set_fit_epochs before the build)."""
     import keras
 
     from tf_commlib.keras import DistributedOptimizer
 
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), auto=Auto(**auto))
     if fit:
-        opt.set_fit_epochs(8, steps_counted=fit is True)
+        opt.set_fit_epochs(8)
     opt.build([keras.Variable(np.zeros(s, np.float32)) for s in SHAPES])
     return opt
 
@@ -104,11 +104,9 @@ def test_chosen_on_a_slow_link_and_not_on_a_fast_one(rank0_of_2x2):
     assert slow.sent_bytes_at(0)["inter"] == pytest.approx(auto.local.sent_bytes()["inter"])
     fast = _built(cost_params=alphabeta.LinkParams(), compute_s=0.19, probe=False)
     assert fast.algorithm_at(0) != "diloco" and not fast.auto_epochs.local.running
-    # a custom loop that does not say it counts the steps (set_fit_epochs), or steps_per_execution > 1:
-    # nothing would sync the nodes every H steps
-    for fit in (False, "uncounted"):
-        loop = _built(fit=fit, cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
-        assert loop.algorithm_at(0) != "diloco" and not loop.auto_epochs.local.running
+    # a custom loop (no set_fit_epochs): its steps count themselves, so it runs the rounds too
+    loop = _built(fit=False, cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
+    assert loop.algorithm_at(0) == "diloco" and loop.auto_epochs.local.running
 
 
 def test_not_before_the_compute_per_step_is_known(rank0_of_2x2):
@@ -144,13 +142,12 @@ def test_a_measured_sync_takes_the_place_of_the_probe(rank0_of_2x2, monkeypatch)
     measures its syncs, and the next prediction and H follow from that measure (the probe leaves out the
     sync's other work; until then H is FIRST_INTERVAL); BackupAndRestore keeps it; a step that later takes
     more than Auto.drift times its prediction from the last epoch's syncs has the link measured again."""
-    from tf_commlib.keras import auto_epoch
 
-    monkeypatch.setattr(auto_epoch, "summed", lambda v: 4 * np.asarray(v, np.float64))   # 4 ranks alike
+    monkeypatch.setattr(replicas, "summed", lambda v: 4 * np.asarray(v, np.float64))   # 4 ranks alike
     opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
     auto = opt.auto_epochs
     node = 0.01
-    object.__setattr__(opt, "probed_local", (node, 0.05, node))
+    opt.measurements.local = (node, 0.05, node)
     assert auto.running == "diloco" and auto_diloco.interval(0.05, node, 0.19 + node) == 2
     auto.running = None   # as begin_window asks, before the epoch: the probe's times are not a sync's
     assert auto.local_interval() == auto_diloco.FIRST_INTERVAL == 8 != auto_diloco.interval(0.05, node, 0.19 + node)
@@ -194,18 +191,18 @@ def test_ranks_that_would_begin_different_epochs_fail_before_a_collective(rank0_
     every rank fails with a ValueError before the wrapped optimizer's state is averaged (a collective
     that the rank beginning rounds would not call: a hang). A fresh build calls no collective (a model's
     copy is built on dawnbench's evaluation thread)."""
-    from tf_commlib.keras import auto_probe, callbacks
+    from tf_commlib import replicas
 
     def no_collective(rows, name):
         raise AssertionError(f"a collective ({name}) in a fresh build")
 
     with monkeypatch.context() as fresh:
-        fresh.setattr(auto_probe, "gathered", no_collective)
+        fresh.setattr(replicas, "gathered", no_collective)
         opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
     auto, averaged = opt.auto_epochs, []
     assert auto.local.running
-    monkeypatch.setattr(callbacks, "average_variables", averaged.append)
-    monkeypatch.setattr(auto_probe, "gathered", lambda rows, name: np.concatenate([rows, rows + [[1, 0, 0, 0]]]))
+    monkeypatch.setattr(replicas, "average_variables", averaged.append)
+    monkeypatch.setattr(replicas, "gathered", lambda rows, name: np.concatenate([rows, rows + [[1, 0, 0, 0]]]))
     with pytest.raises(ValueError, match="the ranks would begin different epochs"):
         auto.begin_window("dense")
     assert not averaged and auto.local.running
@@ -242,32 +239,31 @@ def test_a_rank_that_restores_its_previous_backup_after_its_latest_ends_as_the_o
 def test_a_restored_link_has_the_candidates_timed_again_at_the_next_choice(rank0_of_2x2, monkeypatch):
     """The candidates' timings are the link's: a resumed run whose backup holds a link measured again
     during the run times them again on it (from the cache where they were) before it chooses, once."""
-    from tf_commlib.keras import auto_epoch
+    from tf_commlib.keras import auto_probe
 
     opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
     auto = opt.auto_epochs
     timed = {c: 0.1 for c in auto.settings.candidates}
     auto.probed, calls = dict(timed), []   # as if timed when fit started
-    monkeypatch.setattr(auto_epoch, "probe_candidates", lambda o, v, link: calls.append(link) or (dict(timed), {}))
-    monkeypatch.setattr(auto_epoch, "probe_local", lambda o, v, link: (0.01, 0.05, 0.01))
+    monkeypatch.setattr(auto_probe, "probe_candidates", lambda o, v, link: calls.append(link) or (dict(timed), {}))
+    monkeypatch.setattr(auto_probe, "probe_local", lambda o, v, link: (0.01, 0.05, 0.01))
     auto.choose(1)
     assert not calls
     auto.restore({**auto.state(), "link": alphabeta.LinkParams().as_list()})
     auto.choose(2)
     auto.choose(3)
     assert calls == [alphabeta.LinkParams()] and auto.probed_on == auto.link == alphabeta.LinkParams()
-    assert opt.probed_local == (0.01, 0.05, 0.01)
+    assert opt.measurements.local == (0.01, 0.05, 0.01)
 
 
 def test_an_untried_candidate_is_bounded_from_the_h_that_ran(rank0_of_2x2, monkeypatch):
     """After an epoch of "diloco" at H = 2 whose syncs choose H = 8 next, the compute that an untried
     candidate's bound rests on is the step less a node average and a sync per 2 steps, as it ran."""
-    from tf_commlib.keras import auto_epoch
 
-    monkeypatch.setattr(auto_epoch, "summed", lambda v: 4 * np.asarray(v, np.float64))   # 4 ranks alike
+    monkeypatch.setattr(replicas, "summed", lambda v: 4 * np.asarray(v, np.float64))   # 4 ranks alike
     opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
     auto, node = opt.auto_epochs, 0.01
-    object.__setattr__(opt, "probed_local", (node, 0.05, node))
+    opt.measurements.local = (node, 0.05, node)
     assert auto.running == "diloco"
     auto.local.interval, auto.local.synced, auto.local.sync_s = 2, [0.3] * 16, 16 * 0.3   # 32 steps of 0.2 s
     auto.end_epoch(0, 0.2, steps=32)

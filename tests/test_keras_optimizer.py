@@ -152,7 +152,8 @@ def test_powersgd_at_another_rank_joins_auto_by_registration(rank0_of_2x2, monke
     register(dataclasses.replace(powersgd.COLLECTIVE, name="powersgd_r1",
                                  options={**powersgd.COLLECTIVE.options, "rank": 1}, auto_candidate=True))
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1), algorithm="auto",
-                               auto=Auto(cost_params=alphabeta.LinkParams(beta_inter=8 / 5e6), compute_s=0.01))
+                               auto=Auto(cost_params=alphabeta.LinkParams(beta_inter=8 / 5e6), compute_s=0.01,
+                                         diloco=False))   # the per-step candidates' family alone
     opt.build([keras.Variable(np.zeros((500, 400), np.float32)), keras.Variable(np.zeros(64, np.float32))])
     (agg,) = opt.lossy_aggregators()
     state = {name: int(np.prod(var.shape)) for (_, name), var in agg.residuals.items()}
@@ -165,8 +166,8 @@ def test_powersgd_at_another_rank_joins_auto_by_registration(rank0_of_2x2, monke
     assert times["powersgd_r1"] < times["powersgd"]
     assert epochs.tta.families == (("powersgd", "powersgd_r1"),) and opt.algorithm_at(0) == "powersgd"
     step = {c: epochs.step_s(c, 0.01) for c in ("powersgd", "powersgd_r1")}
-    from tf_commlib.keras import auto_epoch
-    monkeypatch.setattr(auto_epoch, "summed", lambda v: 4 * np.asarray(v, np.float64))   # 4 ranks alike
+    from tf_commlib import replicas
+    monkeypatch.setattr(replicas, "summed", lambda v: 4 * np.asarray(v, np.float64))   # 4 ranks alike
     for epoch in range(3):   # DGC's 2 warm-up epochs do not count; then an epoch at the target density
         assert opt.algorithm_at(epoch) == "powersgd" and "powersgd_r1" in epochs.tta.waiting()
         epochs.end_epoch(epoch, step["powersgd"], steps=45)

@@ -37,7 +37,7 @@ import numpy as np
 
 import tensorflow as tf
 
-from tf_commlib import alphabeta
+from tf_commlib import alphabeta, replicas
 from tf_commlib.aggregator.chooser import default_candidates
 from tf_commlib.collectives import codec as codecs
 from tf_commlib.inter_mean import Exchanges, by_allreduce, shard_len
@@ -70,7 +70,6 @@ def probe(d, topo, repeats=3):
     (inter_mean, as a sync runs it), each the median of ``repeats`` calls after one warm-up call; a sync's
     work inside the node taken as one node average. A collective."""
     from tf_commlib.inter_mean import inter_mean
-    from tf_commlib.keras.auto_probe import summed
     from tf_commlib.timing import ready
 
     s, wire = shard_len(d, topo.n), codecs.get(CODEC)
@@ -86,7 +85,7 @@ def probe(d, topo, repeats=3):
             ready(call())
             times.append(time.perf_counter() - start)
         seconds.append(float(np.median(times)))
-    node, exchange = (summed(np.array(seconds, np.float64)) / topo.size).tolist()
+    node, exchange = (replicas.summed(np.array(seconds, np.float64)) / topo.size).tolist()
     return node, exchange, node
 
 
@@ -135,9 +134,7 @@ class LocalRounds(Syncs):
         index), H, whether rounds ran or a backup of them was restored. One all-gather: called where rounds
         ran or were restored, before stop's collective (a fresh build, e.g. of a model's copy on an
         evaluation thread, calls none)."""
-        from tf_commlib.keras.auto_probe import gathered
-
-        rows = gathered(np.array([[index, h, int(self.running), int(restored)]], np.int64), "auto_rounds")
+        rows = replicas.gathered(np.array([[index, h, int(self.running), int(restored)]], np.int64), "auto_rounds")
         if (rows != rows[0]).any():
             raise ValueError("algorithm 'auto': the ranks would begin different epochs, by rank (candidate "
                              f"index, H, rounds running, rounds restored): {rows.tolist()}")
@@ -146,9 +143,7 @@ class LocalRounds(Syncs):
         """Ends its epochs: the float variables ``states`` (the wrapped optimizer's, which stepped per node)
         averaged over every rank, where it ran. A collective."""
         if self.running:
-            from tf_commlib.keras.callbacks import average_variables   # (callbacks imports the optimizer)
-
-            average_variables([v for v in states if tf.as_dtype(v.dtype).is_floating])
+            replicas.average_variables([v for v in states if tf.as_dtype(v.dtype).is_floating])
         self.running = False
 
     def average(self, updates):

@@ -14,13 +14,12 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from tf_commlib import costmodel, fusion
+from tf_commlib import costmodel, fusion, replicas
 from tf_commlib.alphabeta import LinkParams
 from tf_commlib.aggregator.chooser import families
 from tf_commlib.aggregator.time_to_accuracy import TimeToAccuracy
 from tf_commlib.collectives import ALGORITHMS, predict
 from tf_commlib.keras import auto_diloco
-from tf_commlib.keras.auto_probe import gathered, probe_candidates, probe_local, summed
 from tf_commlib.topology import topology as current_topology
 
 
@@ -37,7 +36,7 @@ class AutoEpochs:
         self.local = None   # the LocalRounds of candidate "diloco" (built with the optimizer where it is one)
         self.local_restored = False   # a backup written while "diloco" ran: the next epoch begins from its end
         self.local_sync_s = None   # a sync of "diloco" as its last epoch measured it (exchange included)
-        self.link = self.settings.cost_params or getattr(opt, "calibrated_link", None)
+        self.link = self.settings.cost_params or opt.measurements.link
         self.compute_s = self.settings.compute_s
         # the part of the shorter of compute and communication a step hides until an epoch is measured: all
         # where a GPU computes; none on CPU cores, which the collectives share (docs/collectives.md)
@@ -45,8 +44,8 @@ class AutoEpochs:
         self.overlapped_at_start = self.overlapped
         self.sums, self.start = [], None   # per compressible variable: sum of u; residuals at the epoch's start
         self.running, self.recalibrations = None, 0   # the measured epoch's candidate; links measured again
-        self.probed = getattr(opt, "probed", None)   # {candidate: measured seconds} (probe_candidates)
-        self.probed_warmup = getattr(opt, "probed_warmup", None) or {}   # {candidate: {density: seconds}}
+        self.probed = opt.measurements.probed   # {candidate: measured seconds} (probe_candidates)
+        self.probed_warmup = opt.measurements.probed_warmup   # {candidate: {density: seconds}}
         self.probed_on = self.link   # the link the candidates were timed on (a restored one is timed again)
         if self.probed:   # the untried lossy candidates' step times were measured: no prior margin
             self.tta.margin = self.settings.switch
@@ -165,7 +164,7 @@ class AutoEpochs:
             last[0], float(last[1]), float(last[2]), float(last[3]))
         link = state.get("link")   # measured again during the run (recalibrate)
         self.link, self.recalibrations = (LinkParams.from_list(link), 1) if link is not None else (
-            self.settings.cost_params or getattr(self.opt, "calibrated_link", None), 0)
+            self.settings.cost_params or self.opt.measurements.link, 0)
         self._scales, self.running, self.start = {}, None, None   # not the choice of the build the load made
         if self.local is not None:
             self.local.running = False   # rounds that ran before the backup: local_restored
@@ -179,7 +178,7 @@ class AutoEpochs:
         if self.local is not None:   # whether the step runs the node average of "diloco"
             stale = int(stale or (self.local.traced is not None and self.local.traced != self.local.running))
             mine += [int(self.local.running), int(self.local.interval)]
-        rows = gathered(np.array([mine + [stale]], np.int64), "auto_agree")
+        rows = replicas.gathered(np.array([mine + [stale]], np.int64), "auto_agree")
         if any((row[:-1] != rows[0][:-1]).any() for row in rows):
             names = {r: [a.candidates[i] for a, i in zip(aggs, row)] + row[len(aggs):-1]
                      for r, row in enumerate(rows.tolist())}
@@ -224,7 +223,7 @@ class AutoEpochs:
         """(communication seconds per step, H) of "diloco" (auto_diloco.communication_s; in the epoch that
         runs it, at the H it runs); where probed, a sync at what its last epoch measured once one ran (the
         probe times its exchange and one node average, not the sync's other work on every variable)."""
-        topo, times = current_topology(), getattr(self.opt, "probed_local", None)
+        topo, times = current_topology(), self.opt.measurements.local
         h = self.local.interval if self.running == auto_diloco.NAME else None
         if self.local_sync_s is not None and times is not None:
             times = (times[0], self.local_sync_s, 0.0)
@@ -233,17 +232,16 @@ class AutoEpochs:
 
     def local_interval(self):
         """The H "diloco" runs with: where probed, auto_diloco.FIRST_INTERVAL until its syncs are measured."""
-        unmeasured = self.local_sync_s is None and getattr(self.opt, "probed_local", None)
+        unmeasured = self.local_sync_s is None and self.opt.measurements.local
         return auto_diloco.FIRST_INTERVAL if unmeasured else self._local()[1]
 
     def step_s(self, name, density):
         """compute + communication, less the overlapped part: ``overlapped`` (measured) of the shorter
-        (none for "diloco", whose node average waits for the whole of backprop). "diloco" is infinite where
-        nothing counts the steps (a loop without CompressionScheduler that did not call set_fit_epochs),
-        and until the compute per step is known (Auto(compute_s=...) or an epoch measured): its margin
-        is on whole steps, and with the compute taken as 0 it would weigh the link alone."""
-        if name == auto_diloco.NAME and (not self.opt.steps_counted or self.compute_s is None):
-            return math.inf   # nothing would sync the nodes; or its margin, on whole steps, cannot be judged
+        (none for "diloco", whose node average waits for the whole of backprop). "diloco" is infinite until
+        the compute per step is known (Auto(compute_s=...) or an epoch measured): its margin is on whole
+        steps, and with the compute taken as 0 it would weigh the link alone."""
+        if name == auto_diloco.NAME and self.compute_s is None:
+            return math.inf   # its margin, on whole steps, cannot be judged
         comm, compute = self.communication_s(name, density), self.compute_s or 0.0
         hidden = 0.0 if name == auto_diloco.NAME else self.overlapped * min(compute, comm)
         return compute + comm - hidden
@@ -325,12 +323,12 @@ class AutoEpochs:
             synced = self.local.synced
             if steps:   # its syncs run after the batches' ends
                 measured_s += self.local.sync_s / steps
-        totals = summed(np.concatenate([self._delivered_here(),   # one allreduce
+        totals = replicas.summed(np.concatenate([self._delivered_here(),   # one allreduce
                                          [measured_s, steps or 0, first_s or 0.0, first_s is not None,
                                           sum(synced), len(synced)]]))
         num, den, measured, steps, first, firsts, sync_total, syncs = totals
         sync = None
-        if syncs and getattr(self.opt, "probed_local", None):   # a sync as measured, in place of the probe's
+        if syncs and self.opt.measurements.local:   # a sync as measured, in place of the probe's
             sync = float(sync_total / syncs)                      # times (of a part of it)
         size = current_topology().size
         eta = 1.0 + num / den if den > 0 else 1.0   # over every rank (1 for an exact candidate)
@@ -385,10 +383,9 @@ class AutoEpochs:
     def _probe(self):
         """The candidates timed on self.link (probe_candidates, probe_local; from the cache where timed there
         before). A collective."""
-        self.probed, self.probed_warmup = probe_candidates(self.opt, self.variables, self.link)
-        object.__setattr__(self.opt, "probed", self.probed)
-        object.__setattr__(self.opt, "probed_warmup", self.probed_warmup)
-        object.__setattr__(self.opt, "probed_local", probe_local(self.opt, self.variables, self.link))
+        measurements = self.opt.measurements
+        measurements.probe(self.opt, self.variables, self.link)
+        self.probed, self.probed_warmup = measurements.probed, measurements.probed_warmup
         self.probed_on, self._scales = self.link, {}
 
 

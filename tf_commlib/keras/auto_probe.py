@@ -9,7 +9,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from tf_commlib import costmodel, fusion, primitives
+from tf_commlib import costmodel, fusion, replicas
 from tf_commlib.alphabeta import LinkParams
 from tf_commlib.collectives import ALGORITHMS, bucket_bytes, predict
 from tf_commlib.topology import topology as current_topology
@@ -24,37 +24,57 @@ def cache_path():
     return os.path.join(root, "calibration.json")
 
 
-def calibrate_link(opt, variables):
-    """For a DistributedOptimizer whose schedule runs "auto": without Auto(cost_params=...), the
-    link parameters measured once per cluster at the sizes of these variables' buckets, kept as
-    ``opt.calibrated_link`` for the predictions; where the link is measured (or Auto(probe=True)),
-    each candidate's aggregation timed on it (``probe_candidates``), kept as ``opt.probed`` (and at
-    the DGC warm-up's densities, ``opt.probed_warmup``). A collective: CompressionScheduler calls
-    it on every rank when fit starts (before the optimizer is built)."""
-    if "auto" not in opt.schedule.values():
-        return
-    topo = current_topology()
-    if opt.auto.cost_params is None and getattr(opt, "calibrated_link", None) is None:
-        opt.size_buckets(variables)
-        largest = fusion.largest_bucket(variables, opt.fusion_threshold_bytes)
-        link = LinkParams() if topo.size == 1 else costmodel.cached_calibration(
-            topo, cache_path(), **costmodel.sizes_for(largest))[0]
-        object.__setattr__(opt, "calibrated_link", link)   # not tracked by Keras
-    probe = opt.auto.cost_params is None if opt.auto.probe is None else opt.auto.probe
-    if probe and topo.size > 1 and getattr(opt, "probed", None) is None and not opt.selection.qrgc:
-        link = opt.auto.cost_params or getattr(opt, "calibrated_link", None) or LinkParams()
-        probed, warm = probe_candidates(opt, variables, link)
-        cap = lossy_bucket_bytes(opt, probed)
-        if cap is not None:   # the run's buckets are that candidate's: timed again where they differ
-            specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables if not opt.dense_layers(v)]
-            before = [b.sizes for b in fusion.plan(specs, opt.fusion_threshold_bytes)]
-            opt.bucket_cap = cap
+class Measurements:
+    """What "auto" of one DistributedOptimizer measured on the cluster, owned by it
+    (``opt.measurements``): ``link`` (the LinkParams measured, None before), ``probed`` ({candidate:
+    seconds} of each candidate's aggregation of the model's buckets at the target density, None where
+    not timed), ``probed_warmup`` ({candidate: {density: seconds}} at the DGC warm-up's densities) and
+    ``local`` (the DiLoCo rounds' (node_s, exchange_s, sync_s), None without them)."""
+
+    def __init__(self):
+        self.link, self.probed, self.probed_warmup, self.local = None, None, {}, None
+
+    def calibrate(self, opt, variables):
+        """For opt, whose schedule runs "auto": without Auto(cost_params=...), the link parameters
+        measured once per cluster at the sizes of these variables' buckets (the cache keeps them:
+        cache_path); where the link is measured (or Auto(probe=True)), every candidate timed on it
+        (probe). A collective: DistributedOptimizer.build calls it on every rank, before it builds its
+        aggregators (where no earlier call measured)."""
+        probe = opt.auto.cost_params is None if opt.auto.probe is None else opt.auto.probe
+        measure = opt.auto.cost_params is None and self.link is None
+        if not measure and not (probe and self.probed is None):
+            return
+        topo = current_topology()
+        if measure:
             opt.size_buckets(variables)
-            if [b.sizes for b in fusion.plan(specs, opt.fusion_threshold_bytes)] != before:
-                probed, warm = probe_candidates(opt, variables, link)
-        object.__setattr__(opt, "probed", probed)
-        object.__setattr__(opt, "probed_warmup", warm)
-        object.__setattr__(opt, "probed_local", probe_local(opt, variables, link))
+            largest = fusion.largest_bucket(variables, opt.fusion_threshold_bytes)
+            self.link = LinkParams() if topo.size == 1 else costmodel.cached_calibration(
+                topo, cache_path(), **costmodel.sizes_for(largest))[0]
+        if probe and topo.size > 1 and self.probed is None and not opt.selection.qrgc:
+            link = opt.auto.cost_params or self.link or LinkParams()
+            probed, warm = probe_candidates(opt, variables, link)
+            cap = lossy_bucket_bytes(opt, probed)
+            if cap is not None:   # the run's buckets are that candidate's: timed again where they differ
+                specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables if not opt.dense_layers(v)]
+                before = [b.sizes for b in fusion.plan(specs, opt.fusion_threshold_bytes)]
+                opt.use_bucket_cap(cap, variables)
+                if [b.sizes for b in fusion.plan(specs, opt.fusion_threshold_bytes)] != before:
+                    probed, warm = probe_candidates(opt, variables, link)
+            self.probed, self.probed_warmup = probed, warm
+            self.local = probe_local(opt, variables, link)
+
+    def probe(self, opt, variables, link):
+        """Every candidate (and the DiLoCo rounds) timed again on ``link`` (a link measured again during
+        the run), from the cache where timed there before. A collective."""
+        self.probed, self.probed_warmup = probe_candidates(opt, variables, link)
+        self.local = probe_local(opt, variables, link)
+
+
+def calibrate_link(opt, variables):
+    """opt.measurements.calibrate(opt, variables) for a DistributedOptimizer whose schedule runs "auto"
+    (nothing otherwise). A collective."""
+    if "auto" in opt.schedule.values():
+        opt.measurements.calibrate(opt, variables)
 
 
 def lossy_bucket_bytes(opt, probed):
@@ -129,7 +149,7 @@ def probe_candidates(opt, variables, link, repeats=3):
                 ready(step(grads))
                 times.append(time.perf_counter() - start)
             seconds.append(float(np.median(times)))
-        return (summed(np.array(seconds, np.float64)) / topo.size).tolist()
+        return (replicas.summed(np.array(seconds, np.float64)) / topo.size).tolist()
 
     def check(values):
         if len(values) != len(runs):
@@ -170,17 +190,3 @@ def cached_probe(topo, key, measure, check):
 
     name = "probe-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".json"
     return costmodel.cached_values(topo, os.path.join(os.path.dirname(cache_path()), name), key, measure, check)[0]
-
-
-def summed(values):
-    """values (float64) summed over every rank (one allreduce; as they are on one rank)."""
-    topo = current_topology()
-    x = tf.constant(values, tf.float64)
-    return (primitives.allreduce(x, topo.world) if topo.size > 1 else x).numpy()
-
-
-def gathered(rows, name):
-    """rows (int64, one row per rank) of every rank, in rank order (one all-gather; as they are on one rank)."""
-    topo = current_topology()
-    x = tf.constant(rows, tf.int64)
-    return (primitives.allgather(x, topo.world, name=name) if topo.size > 1 else x).numpy()

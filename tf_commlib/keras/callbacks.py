@@ -1,5 +1,4 @@
 """Keras callbacks like Horovod's, for the Keras 3 DistributedOptimizer."""
-import hashlib
 import json
 import time
 import os
@@ -10,60 +9,11 @@ import numpy as np
 import tensorflow as tf
 
 from tf_commlib import internals, primitives
-from tf_commlib.keras.auto_probe import calibrate_link
+from tf_commlib.replicas import average_variables, broadcast_variables  # noqa: F401 (re-exported)
 from tf_commlib.keras.loss_scale import global_loss_scale
 from tf_commlib.keras.diloco import DiLoCo
 from tf_commlib.keras.optimizer import DistributedOptimizer, distributed_optimizer
 from tf_commlib.topology import topology as current_topology
-
-
-def _by_dtype(variables):
-    """[(the variables of one dtype, their values packed into one flat tensor)], in the variables'
-    order (the same on every rank): one collective per dtype instead of one per variable (ResNet-50's
-    320 variables one by one cost ~1 s per call on 4 ranks)."""
-    groups = {}
-    for v in variables:
-        groups.setdefault(str(v.dtype), []).append(v)
-    return [(group, tf.concat([tf.reshape(tf.convert_to_tensor(v), [-1]) for v in group], 0))
-            for group in groups.values()]
-
-
-def _assign(group, flat):
-    for v, part in zip(group, tf.split(flat, [int(np.prod(v.shape, dtype=np.int64)) for v in group])):
-        v.assign(tf.reshape(part, v.shape))
-
-
-def _digest(flat):
-    """63 bits of the sha256 of a tensor's bytes."""
-    return int.from_bytes(hashlib.sha256(np.ascontiguousarray(flat.numpy()).tobytes()).digest()[:8], "big") >> 1
-
-
-def broadcast_variables(variables, root_rank=0):
-    """Sets every variable to its value on root_rank; returns the dtypes it sent. One all-gather of
-    a digest per dtype first: a dtype whose values are already the same bytes on every rank (a model
-    built from one seed on every rank, an optimizer's state after the same first update) is not sent
-    (ResNet-50's 100 MB take 8 s at 100 Mbit/s)."""
-    topo = current_topology()
-    if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < topo.size:
-        raise ValueError(f"root_rank must be a rank, 0 to {topo.size - 1}, got {root_rank!r}")
-    groups = _by_dtype(variables)
-    if not groups or topo.size == 1:
-        return []
-    mine = tf.constant([[_digest(flat) for _, flat in groups]], tf.int64)
-    every = primitives.allgather(mine, topo.world, name="broadcast_digests").numpy()
-    sent = []
-    for j, (group, flat) in enumerate(groups):
-        if (every[:, j] != every[root_rank, j]).any():
-            _assign(group, primitives.broadcast(flat, int(root_rank), topo.world))
-            sent.append(flat.dtype.name)
-    return sent
-
-
-def average_variables(variables):
-    """Sets every variable to its mean over the ranks (e.g. batch-norm statistics)."""
-    world = current_topology().world
-    for group, flat in _by_dtype(variables):
-        _assign(group, primitives.allreduce(flat, world, average=True))
 
 
 class BroadcastGlobalVariables(keras.callbacks.Callback):
@@ -118,12 +68,12 @@ class CompressionScheduler(keras.callbacks.Callback):
     makes the finite check of the LossScaleOptimizer that compile adds under mixed_float16 global
     (global_loss_scale). It refuses a model compiled with XLA (jit_compile=True, also what Keras'
     default "auto" means on a GPU) before the first step, on every rank. A DiLoCo gets the model's
-    batch-norm statistics to average, each batch's end (its step count) and each epoch's end (a sync);
-    a DistributedOptimizer gets the batch and epoch ends, for auto's candidate "diloco".
-    For algorithm="auto" it times every batch and hands each epoch's median step to the optimizer,
-    which chooses the next epoch's collective (and traces the step again when it changed); without
-    Auto(cost_params=...) it has the link measured
-    when fit starts (once per cluster: tf_commlib.keras.auto_probe.calibrate_link)."""
+    batch-norm statistics to average and each epoch's end (a sync: evaluation sees the same weights on
+    every rank); a DistributedOptimizer each epoch's end, for auto's candidate "diloco". The steps
+    count themselves (the optimizers' count_step), so nothing of the training's result depends on it
+    but the statistics' average. For algorithm="auto" it times every batch and hands each epoch's
+    median step to the optimizer, which chooses the next epoch's collective (and traces the step again
+    when it changed)."""
 
     def on_train_begin(self, logs=None):
         if getattr(self.model, "jit_compile", False) is True:
@@ -132,17 +82,11 @@ class CompressionScheduler(keras.callbacks.Callback):
                              "Keras' default jit_compile='auto' turns XLA on)")
         global_loss_scale(self.model)
         dist = _distributed_or_none(self.model)
-        if dist is not None and not dist.built:   # "auto" without link parameters: measured once per cluster
-            calibrate_link(dist, self.model.trainable_variables)
         if dist is not None:   # "auto" weighs a candidate over the epochs this fit runs (and counts its steps)
-            dist.set_fit_epochs(self.params.get("epochs"),
-                                steps_counted=getattr(self.model, "steps_per_execution", 1) in (1, None))
+            dist.set_fit_epochs(self.params.get("epochs"))
         opt = _of_kind(self.model, DiLoCo)
         if opt is not None and not opt.built:
             opt.track_statistics(self.model.non_trainable_variables)
-        if opt is not None and getattr(self.model, "steps_per_execution", 1) not in (1, None):
-            raise ValueError("model.compile(steps_per_execution > 1): DiLoCo counts its inner steps per batch; "
-                             "compile with steps_per_execution=1")
 
     def on_epoch_begin(self, epoch, logs=None):
         opt = distributed_optimizer(self.model)
@@ -155,8 +99,7 @@ class CompressionScheduler(keras.callbacks.Callback):
             self.model.make_train_function(force=True)
         # the first epoch with a new train function traces the step (what "auto" weighs a change by);
         # kept on the optimizer: a later fit with new callbacks reuses the model's train function
-        self._traced = self.model.train_function is not getattr(opt, "_traced_function", None)
-        object.__setattr__(opt, "_traced_function", self.model.train_function)   # not tracked by Keras
+        self._traced = opt.new_trace(self.model.train_function) if isinstance(opt, DistributedOptimizer) else False
         self._step_seconds, self._batch_start = [], None
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -165,9 +108,6 @@ class CompressionScheduler(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if getattr(self, "_batch_start", None) is not None:
             self._step_seconds.append(time.perf_counter() - self._batch_start)
-        opt = _of_kind(self.model, (DiLoCo, DistributedOptimizer))   # DiLoCo's, or auto's "diloco" steps
-        if opt is not None:
-            opt.end_step()
 
     def on_epoch_end(self, epoch, logs=None):
         _synchronize(self.model)

@@ -22,9 +22,13 @@ hierarchical local SGD). For links between nodes too slow for per-step compressi
   the same on every rank. BackupAndRestore keeps the start weights, the outer optimizer's state, the
   residuals and the step count (the optimizer's variables).
 
-The inner step count is driven by ``end_step()`` (model.fit: CompressionScheduler calls it after each
-batch, whether a loss-scaled step was skipped or not, so nodes never disagree on when to sync; a custom
-loop calls it after each step, then ``synchronize()`` at its end). Under mixed_float16 the finite check of
+The optimizer's own step counts the inner steps and runs the sync every H of them (a tf.py_function at
+the end of a traced step): model.fit with or without callbacks, steps_per_execution > 1 and a custom loop
+of ``apply_gradients`` sync alike. tf_commlib.keras.LossScaleOptimizer counts a step it skips too, so
+nodes never disagree on when to sync. The end of model.fit synchronises (finalize_variable_values); a
+custom loop calls ``synchronize()`` at its end, where its step count is not a multiple of H. Without
+CompressionScheduler nothing passes the model's batch-norm statistics (``track_statistics``): they stay
+per node. Under mixed_float16 the finite check of
 tf_commlib.keras.LossScaleOptimizer is node-wide: the ranks of a node skip a step together, and no
 traffic leaves the node between syncs; a non-finite mean pseudo-gradient is skipped by every rank.
 
@@ -210,10 +214,24 @@ class DiLoCo(InnerSteps, Syncs, keras.optimizers.Optimizer):
             self.built = True
         tvs = trainable_variables or internals.trainable_variables(self)
         self.inner_optimizer.apply(node_average(grads, tvs), tvs)
+        if not self._count_deferred:
+            self.count_step(tvs)
 
     def end_step(self):
-        """Counts one inner step; syncs across nodes every sync_every steps. Call it after every step
-        (CompressionScheduler does in model.fit), skipped steps included, on every rank."""
+        """Nothing: the step counts itself (count_step). Kept so that a loop that calls it after each
+        step runs unchanged."""
+
+    def finalize_variable_values(self, var_list):
+        """The end of model.fit: synchronize(), so that every rank ends with the same weights."""
+        super().finalize_variable_values(var_list)
+        self.synchronize()
+
+    def _counts_steps(self):
+        return True
+
+    def _step_done(self):
+        """Counts one inner step; syncs across nodes every sync_every steps (on every rank: every rank
+        counts every step, a loss-scaled skipped one included)."""
         if not self.built:
             return
         now = time.perf_counter()

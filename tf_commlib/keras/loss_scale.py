@@ -37,8 +37,11 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     @plain_python
     def apply(self, grads, trainable_variables=None):
         inner = self.inner_optimizer
-        if not isinstance(inner, DistributedOptimizer):
-            return super().apply(grads, trainable_variables)
+        if not isinstance(inner, DistributedOptimizer):   # DiLoCo: counts a skipped step too
+            with inner.counted_by_wrapper():
+                super().apply(grads, trainable_variables)
+            inner.count_step(trainable_variables or internals.trainable_variables(self))
+            return
         if not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
@@ -64,6 +67,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             self.dynamic_scale.assign(tf.where(grow, self.dynamic_scale * 2.0, self.dynamic_scale))
 
         tf.cond(finite, step, lambda: internals.handle_non_finite(self))
+        inner.count_step(tvs)   # applied or skipped: auto's DiLoCo rounds count every step
 
 
 def global_loss_scale(model):

@@ -19,6 +19,8 @@ global by ``global_loss_scale(model)`` (CompressionScheduler, in default_callbac
 starts).
 """
 
+import weakref
+
 import keras
 import tensorflow as tf
 
@@ -27,6 +29,7 @@ from tf_commlib.aggregator import Auto, ExecutionSettings, GradientAggregator, c
 from tf_commlib.collectives import bucket_bytes, with_compression
 from tf_commlib.collectives.interface import plain_python
 from tf_commlib.keras.auto_epoch import AutoEpochs
+from tf_commlib.keras.auto_probe import Measurements
 from tf_commlib.keras import step
 from tf_commlib.keras.groups import Group
 from tf_commlib.keras.options import (DGC, MOVED, Selection, as_schedule, check_density, check_flags, default_dgc,
@@ -119,6 +122,8 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         self._sharded = None
         self._epoch = 0
         self.auto_epochs = None   # AutoEpochs where the schedule runs "auto" (made by build)
+        self.measurements = Measurements()   # what "auto" measured on the cluster (filled by build)
+        self._traced_ref = None   # a weak reference to the train function the last epoch ran (new_trace)
 
     # -- the epoch plan ----------------------------------------------------------------------
     @property
@@ -186,11 +191,10 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
             return False
         return self.auto_epochs.agree()
 
-    def set_fit_epochs(self, epochs, steps_counted=True):
+    def set_fit_epochs(self, epochs):
         """The epoch at which the running fit ends (CompressionScheduler: fit's ``epochs``); "auto"
-        weighs each candidate over the epochs up to it (AutoEpochs.horizon). None: the next epoch.
-        steps_counted: end_step follows every step and synchronize every epoch, as "diloco" needs."""
-        self.fit_epochs, self.steps_counted = None if epochs is None else int(epochs), bool(steps_counted)
+        weighs each candidate over the epochs up to it (AutoEpochs.horizon). None: the next epoch."""
+        self.fit_epochs = None if epochs is None else int(epochs)
 
     def end_epoch(self, epoch, step_s, steps=None, first_s=None, traced=False):
         """An epoch ended, as CompressionScheduler measured it: for "auto", what the next choice
@@ -203,18 +207,59 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         return self.auto_epochs is not None and self.auto_epochs.running_local()
 
     def end_step(self):
-        """A step ended (CompressionScheduler calls it after every batch): auto's "diloco" counts it."""
-        if self.auto_epochs is not None and self.built:
+        """Nothing: the step counts itself (count_step). Kept so that a loop that calls it after each
+        step runs unchanged."""
+
+    def _counts_steps(self):   # auto's "diloco" counts its steps and syncs every H of them
+        return self.auto_epochs is not None and self.auto_epochs.local is not None
+
+    def _step_done(self):
+        if self.built:
             self.auto_epochs.end_step()
+
+    def finalize_variable_values(self, var_list):
+        """The end of model.fit: synchronize() (auto's "diloco"), so that every rank ends with the same
+        weights."""
+        super().finalize_variable_values(var_list)
+        self.synchronize()
 
     def synchronize(self):
         """Every rank's weights made the same where auto's "diloco" runs (at an epoch's end). A collective."""
         if self.auto_epochs is not None and self.built:
             self.auto_epochs.synchronize()
 
+    def new_trace(self, train_function):
+        """Whether train_function (a model's) is another than the one the last epoch ran with, which
+        then traces the step in its first batch (what "auto" weighs a change of collective by); kept
+        on the optimizer: a later fit with new callbacks reuses the model's train function."""
+        new = self._traced_ref is None or self._traced_ref() is not train_function
+        self._traced_ref = weakref.ref(train_function)
+        return new
+
+    @property
+    def calibrated_link(self):
+        """The LinkParams "auto" measured (None before build, or where Auto(cost_params=...) gave them)."""
+        return self.measurements.link
+
+    @property
+    def probed(self):
+        """{candidate: seconds} of each candidate's aggregation timed on the link (None: not timed)."""
+        return self.measurements.probed
+
+    @property
+    def probed_warmup(self):
+        """{candidate: {density: seconds}}: the same at the DGC warm-up's densities."""
+        return self.measurements.probed_warmup
+
+    def use_bucket_cap(self, cap, variables):
+        """The compressible variables' bucket size fitted from ``cap`` bytes (auto: a lossy candidate's
+        size where its timed aggregation is the fastest, auto_probe.lossy_bucket_bytes)."""
+        self.bucket_cap = cap
+        self.size_buckets(variables)
+
     # -- state -----------------------------------------------------------------------------
     timeline = None   # a tf_commlib.overlap.Timeline (set before the first step), or None
-    fit_epochs, steps_counted = None, False   # set_fit_epochs
+    fit_epochs = None   # set_fit_epochs
 
     def size_buckets(self, variables):
         """Where no fusion_threshold_bytes was given: the compressible variables' bucket size for
@@ -231,6 +276,9 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         if self.built:
             return
         topo, sel = current_topology(), self.selection
+        if "auto" in self.schedule.values():   # the link measured (cached per cluster), candidates timed
+            with tf.init_scope():
+                self.measurements.calibrate(self, var_list)
         self.size_buckets(var_list)
         dense_idx = [i for i, v in enumerate(var_list) if self.dense_layers(v)]
         lossy_idx = [i for i, v in enumerate(var_list) if not self.dense_layers(v)]
@@ -351,6 +399,8 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         update, commit = self.aggregate(grads)
         commit()
         self.apply_update(update, trainable_variables)
+        if not self._count_deferred:
+            self.count_step(trainable_variables or internals.trainable_variables(self))
 
     @plain_python
     def apply_update(self, update, trainable_variables=None):

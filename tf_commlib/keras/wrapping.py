@@ -2,9 +2,11 @@
 it wraps: which optimizers are wrappers (``WRAPPERS``, each class adds itself), that an optimizer
 steps for one wrapper only, DGC's momentum handover, the forwarding of learning rate, step count and
 final values (``InnerSteps``), and finding the wrapper of a model (``distributed_optimizer``)."""
+import contextlib
 import weakref
 
 import keras
+import tensorflow as tf
 
 from tf_commlib import internals
 
@@ -67,6 +69,41 @@ class InnerSteps:
 
     def finalize_variable_values(self, var_list):
         self.inner_optimizer.finalize_variable_values(var_list)
+
+    # -- the end of a step, counted by the step itself ----------------------------------------
+    _count_deferred = False   # True while a LossScaleOptimizer steps it: that one counts the step
+
+    def _step_done(self):
+        """What the wrapper does in Python once a step's updates are written (count it, sync every H
+        steps); nothing by default."""
+
+    def _counts_steps(self):
+        """Whether the step must run _step_done (a tf.py_function in a traced step costs ~0.1 ms)."""
+        return False
+
+    def count_step(self, variables):
+        """Runs _step_done once this step's updates of ``variables`` are written: at once eagerly; in a
+        traced step (model.fit's train function, a custom loop's tf.function) as a tf.py_function after
+        reads of the variables, so every step counts, whatever calls it and whether or not a callback
+        follows it. A LossScaleOptimizer around the wrapper calls it after its finite check, skipped
+        steps included (counted_by_wrapper)."""
+        if not self._counts_steps():
+            return
+        if tf.executing_eagerly():
+            self._step_done()
+            return
+        with tf.control_dependencies([tf.identity(v) for v in variables]):
+            tf.py_function(self._step_done, [], [])
+
+    @contextlib.contextmanager
+    def counted_by_wrapper(self):
+        """While a wrapper (tf_commlib.keras.LossScaleOptimizer) traces this one's step inside its finite
+        check: apply() leaves the count to the wrapper, which calls count_step once, applied or skipped."""
+        before, self._count_deferred = self._count_deferred, True
+        try:
+            yield
+        finally:
+            self._count_deferred = before
 
 
 

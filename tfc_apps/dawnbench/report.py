@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_commlib import primitives
-from tf_commlib.keras.callbacks import average_variables
+from tf_commlib.replicas import average_variables
 from tf_commlib.keras.optimizer import distributed_optimizer
 
 PENDING = "pending_row.json"   # rank 0: the last epoch's row while its evaluation runs (for a resume)
