@@ -27,8 +27,12 @@ def test_distributed_optimizer_is_found_through_wrappers(float16_policy):
     assert tk.distributed_optimizer(model) is opt and tk.distributed_optimizer(model.optimizer) is opt
     assert tk.distributed_optimizer(opt) is opt
     wrapped = model.optimizer
-    tk.global_loss_scale(model)   # the same instance, its finite check made global
-    assert model.optimizer is wrapped and type(wrapped) is tk.LossScaleOptimizer
+    tk.global_loss_scale(model)   # a tf_commlib one around the same optimizer: its finite check is global
+    assert type(model.optimizer) is tk.LossScaleOptimizer and model.optimizer.inner_optimizer is opt
+    assert (model.optimizer.initial_scale, model.optimizer.name) == (wrapped.initial_scale, wrapped.name)
+    again = model.optimizer
+    tk.global_loss_scale(model)
+    assert model.optimizer is again
     with pytest.raises(ValueError, match="model_or_optimizer has no DistributedOptimizer"):
         tk.distributed_optimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)))
     with pytest.raises(ValueError, match="model_or_optimizer has no DistributedOptimizer"):

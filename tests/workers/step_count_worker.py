@@ -2,7 +2,8 @@
 batches. Reports the weights of every rank after
 * a custom loop of ``apply_gradients`` alone with DiLoCo (H = 3, 7 steps, then ``synchronize()``);
 * model.fit without callbacks with DiLoCo (H = 3, 2 epochs of the first 4 batches), steps_per_execution 1 and 2;
-* a custom loop of ``apply_gradients`` alone with the default DistributedOptimizer (algorithm "auto");
+* a custom loop of ``apply_gradients`` alone with the default DistributedOptimizer (algorithm "auto"), on a
+  kernel of WIDE entries (one that a lossy candidate could aggregate);
 * LossScaleOptimizer(DiLoCo(H = 4)) where node 0 skips step 2 (an infinite loss on rank 0);
 and the numbers tests/test_step_count.py simulates them from (the per-rank data)."""
 import keras
@@ -16,16 +17,19 @@ from tf_commlib.keras import DiLoCo, DistributedOptimizer, LossScaleOptimizer
 D, BATCH, STEPS = 5, 4, 8
 
 
-def data(rank):
-    """(x [STEPS * BATCH, D], y [STEPS * BATCH, 1]) of a rank: the test rebuilds them from the same seed."""
+WIDE = 1200   # a kernel of 1200 entries: compressible (RedSync sends tensors under 1024 entries dense)
+
+
+def data(rank, d=D):
+    """(x [STEPS * BATCH, d], y [STEPS * BATCH, 1]) of a rank: the test rebuilds them from the same seed."""
     rng = np.random.default_rng(100 + rank)
-    x = rng.standard_normal((STEPS * BATCH, D)).astype(np.float32)
-    y = (x @ np.arange(1, D + 1, dtype=np.float32)[:, None] + rank).astype(np.float32)
+    x = rng.standard_normal((STEPS * BATCH, d)).astype(np.float32)
+    y = (x @ np.linspace(-1, 1, d, dtype=np.float32)[:, None] + rank).astype(np.float32)
     return x, y
 
 
-def model():
-    return keras.Sequential([keras.Input((D,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+def model(d=D):
+    return keras.Sequential([keras.Input((d,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
 
 
 def loop(net, opt, x, y, rank, steps, scaled=False, blow_at=None):
@@ -72,11 +76,15 @@ def main():
         out[f"fit_{spe}"] = kernel(net)
         out[f"fit_{spe}_steps"] = int(opt.steps_done.numpy())
 
-    # the default optimizer in a custom loop of apply_gradients alone
-    net, opt = model(), DistributedOptimizer(keras.optimizers.SGD(0.05))
-    loop(net, opt, x, y, topo.rank, STEPS)
+    # the default optimizer ("auto") in a custom loop of apply_gradients alone, on a compressible kernel:
+    # it measures the link and times its candidates itself when it is built
+    wide_x, wide_y = data(topo.rank, WIDE)
+    net, opt = model(WIDE), DistributedOptimizer(keras.optimizers.SGD(0.01))
+    loop(net, opt, wide_x, wide_y, topo.rank, STEPS)
     out["default"] = kernel(net)
     out["default_algorithm"] = opt.algorithm_at(0)
+    out["default_measured"] = [opt.calibrated_link is not None, sorted(opt.probed or {})]
+    out["default_log"] = opt.auto_log
 
     # a loss-scaled step skipped by node 0 inside an interval: counted on every rank all the same
     net = model()

@@ -137,7 +137,8 @@ class TimeToAccuracy:
             raise ValueError(f"predicted has no time for {missing}")
         cost = {c: self.seconds_per_progress(c, predicted[c]) for c in self.candidates}
         later = cost if settled is None else {c: self.seconds_per_progress(c, settled[c]) for c in self.candidates}
-        exact = [c for c in self.candidates if c not in self.lossy]
+        # the exact aggregations: neither lossy nor with an accuracy cost no epoch measures (a handicap)
+        exact = [c for c in self.candidates if c not in self.lossy and c not in self.handicap]
         now, then = (min((t[e] for e in exact), default=math.inf) for t in (cost, later))
 
         def tried_later(c):   # no slower over the run, within the margin once settled: start on it

@@ -180,10 +180,10 @@ class AdaptiveDensity(keras.callbacks.Callback):
         opt, outer = distributed_optimizer(self.model), self.model.optimizer
         if not getattr(opt, "adaptive", False):
             raise ValueError("AdaptiveDensity needs DistributedOptimizer(density='adaptive')")
-        restored = opt.__dict__.pop("_restored_adaptive_state", None)   # from tf_commlib.keras.BackupAndRestore
+        restored = opt.plan.take_restored()   # from tf_commlib.keras.BackupAndRestore
         if restored:
             self.set_state(restored)
-            _keep_state(opt, self.get_state())
+            opt.plan.keep_adaptive_state(self.get_state())
         if epoch < opt.dgc.warmup:
             return
         if not outer.built:   # model.fit builds it at the first step; the profiling needs it now
@@ -203,7 +203,7 @@ class AdaptiveDensity(keras.callbacks.Callback):
             print(f"[adaptive] epoch {epoch + 1} density {opt.target_density:.4g} (gain {gain_text}"
                   f"{', re-profiled: ' + reason if reason else ''})", flush=True)
         self.last_sums = gain_sums(opt)
-        _keep_state(opt, self.get_state())
+        opt.plan.keep_adaptive_state(self.get_state())
 
     def get_state(self):
         """The choice's state as JSON values: the link it was profiled for, the baseline gain and
@@ -237,12 +237,6 @@ class AdaptiveDensity(keras.callbacks.Callback):
         opt.set_target_density(min(1.0, max(density, min(opt.candidates))))
         self.profiled_link, self.baseline, self.last_sums = self.link_params, None, None
         return rows
-
-
-def _keep_state(opt, state):
-    """What tf_commlib.keras.BackupAndRestore saves with the rank's backup (a plain attribute:
-    Keras' attribute tracking would wrap a dict)."""
-    object.__setattr__(opt, "_adaptive_state", state)
 
 
 def profile_batches(x, y, batch_size, count=2):

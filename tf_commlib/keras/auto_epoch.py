@@ -305,9 +305,12 @@ class AutoEpochs:
                 sum(a.bucket_bytes(b, c, self.opt.target_density).values()) for a, b in buckets)))
         per = self.per_epoch(epoch)
         plan = [(self.steps, p) for p in per] if self.steps else None
+        before = self.tta.current
         choice = self.tta.choose(self.predictions(epoch, per), epoch, settled=per[-1], plan=plan,
                                  switch_s=self.switch_s)
         self.tta.log[-1].update(density=self.opt.density_at(epoch), horizon=len(per))
+        if choice != before and current_topology().rank == 0:
+            print(announcement(self.tta.log[-1], before), flush=True)
         return choice
 
     def end_epoch(self, epoch, measured_s, steps=None, first_s=None, traced=False):
@@ -387,6 +390,16 @@ class AutoEpochs:
         measurements.probe(self.opt, self.variables, self.link)
         self.probed, self.probed_warmup = measurements.probed, measurements.probed_warmup
         self.probed_on, self._scales = self.link, {}
+
+
+def announcement(decision, before):
+    """The line rank 0 prints where auto's choice changes: the epoch, the change, and the predicted seconds
+    per step of exact aggregation's progress that decided it (over the horizon where a plan was weighed)."""
+    weights = decision.get("plan_s") or decision["seconds_per_progress"]
+    kind = "s over the horizon" if decision.get("plan_s") else "s per step of progress"
+    ranked = ", ".join(f"{c} {t:.4g}" for c, t in sorted(weights.items(), key=lambda item: item[1]))
+    return (f"tf_commlib auto: epoch {decision['epoch']}: {before or 'start'} -> {decision['choice']} "
+            f"(predicted {kind}: {ranked})")
 
 
 def delivered(r_start, r_end, sum_u):

@@ -50,7 +50,8 @@ class Measurements:
             largest = fusion.largest_bucket(variables, opt.fusion_threshold_bytes)
             self.link = LinkParams() if topo.size == 1 else costmodel.cached_calibration(
                 topo, cache_path(), **costmodel.sizes_for(largest))[0]
-        if probe and topo.size > 1 and self.probed is None and not opt.selection.qrgc:
+        compressible = any(not opt.dense_layers(v) for v in variables)   # else auto has nothing to choose
+        if probe and topo.size > 1 and self.probed is None and not opt.selection.qrgc and compressible:
             link = opt.auto.cost_params or self.link or LinkParams()
             probed, warm = probe_candidates(opt, variables, link)
             cap = lossy_bucket_bytes(opt, probed)

@@ -63,17 +63,12 @@ class MetricAverage(keras.callbacks.Callback):
         logs.update(dict(zip(keys, values.tolist())))
 
 
-class CompressionScheduler(keras.callbacks.Callback):
-    """Drives DistributedOptimizer's density warm-up and collective schedule from model.fit, and
-    makes the finite check of the LossScaleOptimizer that compile adds under mixed_float16 global
-    (global_loss_scale). It refuses a model compiled with XLA (jit_compile=True, also what Keras'
-    default "auto" means on a GPU) before the first step, on every rank. A DiLoCo gets the model's
-    batch-norm statistics to average and each epoch's end (a sync: evaluation sees the same weights on
-    every rank); a DistributedOptimizer each epoch's end, for auto's candidate "diloco". The steps
-    count themselves (the optimizers' count_step), so nothing of the training's result depends on it
-    but the statistics' average. For algorithm="auto" it times every batch and hands each epoch's
-    median step to the optimizer, which chooses the next epoch's collective (and traces the step again
-    when it changed)."""
+class CompileGuard(keras.callbacks.Callback):
+    """Makes a compiled model safe for the collectives before the first step, on every rank: refuses
+    XLA (jit_compile=True, also what Keras' default "auto" means on a GPU: the collectives have no XLA
+    kernels), and makes the finite check of the LossScaleOptimizer that compile adds under
+    mixed_float16 global (global_loss_scale: a rank that overflowed would skip a collective the others
+    wait in)."""
 
     def on_train_begin(self, logs=None):
         if getattr(self.model, "jit_compile", False) is True:
@@ -81,12 +76,37 @@ class CompressionScheduler(keras.callbacks.Callback):
                              "tf_commlib's ops) have no XLA kernels; compile with jit_compile=False (on a GPU, "
                              "Keras' default jit_compile='auto' turns XLA on)")
         global_loss_scale(self.model)
-        dist = _distributed_or_none(self.model)
-        if dist is not None:   # "auto" weighs a candidate over the epochs this fit runs (and counts its steps)
-            dist.set_fit_epochs(self.params.get("epochs"))
+
+
+class NodeSync(keras.callbacks.Callback):
+    """Every rank holds the same weights where model.fit looks at them: at each epoch's end and before
+    validation, the sync of a DiLoCo or of auto's "diloco" rounds (their steps sync every H steps by
+    themselves; the end of fit syncs too). A DiLoCo also gets the model's float non-trainable variables
+    (batch-norm statistics) to average at its syncs."""
+
+    def on_train_begin(self, logs=None):
         opt = _of_kind(self.model, DiLoCo)
         if opt is not None and not opt.built:
             opt.track_statistics(self.model.non_trainable_variables)
+
+    def on_epoch_end(self, epoch, logs=None):
+        _synchronize(self.model)
+
+    def on_test_begin(self, logs=None):   # fit's validation runs before on_epoch_end
+        _synchronize(self.model)
+
+
+class CompressionScheduler(keras.callbacks.Callback):
+    """Drives DistributedOptimizer's epochs from model.fit: the density warm-up and the collective
+    schedule (set_epoch), and for algorithm="auto" the epochs the fit runs, each batch timed and each
+    epoch's median step handed to the optimizer, which chooses the next epoch's collective (the step
+    is traced again when it changed). The steps count themselves (the optimizers' count_step): no
+    result depends on this callback, only auto's choices after the first epoch."""
+
+    def on_train_begin(self, logs=None):
+        dist = _distributed_or_none(self.model)
+        if dist is not None:   # "auto" weighs a candidate over the epochs this fit runs
+            dist.set_fit_epochs(self.params.get("epochs"))
 
     def on_epoch_begin(self, epoch, logs=None):
         opt = distributed_optimizer(self.model)
@@ -110,15 +130,11 @@ class CompressionScheduler(keras.callbacks.Callback):
             self._step_seconds.append(time.perf_counter() - self._batch_start)
 
     def on_epoch_end(self, epoch, logs=None):
-        _synchronize(self.model)
         opt = _distributed_or_none(self.model)
         steps = getattr(self, "_step_seconds", None)
         if opt is not None and steps:   # "auto" learns from the epoch's steps, and what a new trace cost
             first = steps[0] - float(np.median(steps[1:])) if len(steps) > 1 else None
             opt.end_epoch(epoch, float(np.median(steps)), len(steps), first, self._traced)
-
-    def on_test_begin(self, logs=None):   # fit's validation runs before on_epoch_end
-        _synchronize(self.model)
 
 
 def _synchronize(model):
@@ -209,8 +225,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             if state and opt is not None:
                 if state.get("target_density") is not None:
                     opt.set_target_density(state["target_density"])
-                # AdaptiveDensity takes it up (a plain attribute: Keras' tracking would wrap a dict)
-                object.__setattr__(opt, "_restored_adaptive_state", state.get("adaptive"))
+                opt.plan.restore_adaptive_state(state.get("adaptive"))   # AdaptiveDensity takes it up
                 if state.get("auto") and opt.auto_epochs is not None:
                     opt.auto_epochs.restore(state["auto"])
 
@@ -229,7 +244,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         opt = _distributed_or_none(self.model)
         if opt is not None:
             metadata["tf_commlib"] = {"target_density": float(opt.target_density),
-                                      "adaptive": getattr(opt, "_adaptive_state", None),
+                                      "adaptive": opt.plan.adaptive_state,
                                       "auto": None if opt.auto_epochs is None else opt.auto_epochs.state()}
         tmp = weights + ".tmp.weights.h5"
         self.model.save_weights(filepath=tmp, overwrite=True)
@@ -293,5 +308,8 @@ def _common_epoch(rank_dir, mine, previous):
 
 
 def default_callbacks(root_rank=0):
-    """The callbacks every tf_commlib model.fit needs, in the right order."""
-    return [BroadcastGlobalVariables(root_rank), CompressionScheduler(), MetricAverage()]
+    """The callbacks a tf_commlib model.fit wants, in this order: the start broadcast, the compiled
+    model's check, the nodes' sync at epoch ends, the epochs' schedule and auto's measurements, and the
+    metrics' average (each one job; BroadcastGlobalVariables and CompileGuard are needed by a model
+    whose ranks start apart or that compile wrapped in a per-rank loss scale, which otherwise fails)."""
+    return [BroadcastGlobalVariables(root_rank), CompileGuard(), NodeSync(), CompressionScheduler(), MetricAverage()]

@@ -133,9 +133,7 @@ class DiLoCo(InnerSteps, Syncs, keras.optimizers.Optimizer):
         self.wire = wire
         self.timeline = None   # a list: (event, index, perf_counter seconds) appended when set
         self._statistics, self._exchanges, self._pending = [], Exchanges(), None
-        self._finite_checked_globally = False
 
-    _wrapped_by_loss_scale = False
 
     def __setattr__(self, name, value):
         # plain Python objects: Keras' tracking would copy a list or dict, and take the model's variables

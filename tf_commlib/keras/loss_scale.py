@@ -23,7 +23,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     finite step writes state (DistributedOptimizer.aggregate's commit) and updates the weights."""
 
     def check_finite(self, grads):
-        distributed_optimizer(self)._finite_checked_globally = True
+        distributed_optimizer(self).mark_checked_globally()
         return self._globally(super().check_finite(grads))
 
     def _globally(self, finite):
@@ -46,7 +46,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
             self.built = True
-        inner._finite_checked_globally = True
+        inner.mark_checked_globally()
         inner._ensure_built(trainable_variables)
         tvs = trainable_variables or internals.trainable_variables(self)
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
@@ -72,15 +72,24 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
 def global_loss_scale(model):
     """Makes the finite check of the keras.optimizers.LossScaleOptimizer that model.compile puts around a
-    DistributedOptimizer under mixed_float16 global: the instance (its state kept) becomes a
-    tf_commlib.keras.LossScaleOptimizer, which only overrides check_finite. Call it before the first
-    step; CompressionScheduler (default_callbacks()) calls it when model.fit starts."""
+    tf_commlib optimizer under mixed_float16 global: ``model.optimizer`` becomes a
+    tf_commlib.keras.LossScaleOptimizer around the same optimizer, with the same initial scale, growth
+    steps and name (and, where the Keras one has stepped, its scale and growth counter). Call it before
+    the first step; CompressionScheduler (default_callbacks()) calls it when model.fit starts. Nothing
+    to do where the model's optimizer is no Keras LossScaleOptimizer (or a tf_commlib one already)."""
     opt = model.optimizer
-    target = distributed_optimizer(model)   # ValueError if there is none
-    while opt is not target:
-        if type(opt) is keras.optimizers.LossScaleOptimizer:
-            opt.__class__ = LossScaleOptimizer
-        opt = opt.inner_optimizer
+    distributed_optimizer(model)   # ValueError if there is none
+    if type(opt) is not keras.optimizers.LossScaleOptimizer:
+        return
+    replacement = LossScaleOptimizer(opt.inner_optimizer, initial_scale=opt.initial_scale,
+                                     dynamic_growth_steps=opt.dynamic_growth_steps, name=opt.name)
+    if opt.built:
+        with tf.init_scope():
+            replacement.build(internals.trainable_variables(opt))
+            replacement.step_counter.assign(opt.step_counter)
+            replacement.dynamic_scale.assign(opt.dynamic_scale)
+            replacement.iterations.assign(opt.iterations)
+    model.optimizer = replacement
 
 
 def with_loss_scale(optimizer, **options):

@@ -237,6 +237,13 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         return new
 
     @property
+    def auto_log(self):
+        """"auto"'s decisions and measured epochs, one dict each ({"epoch", "choice",
+        "seconds_per_progress", ...} for a choice; {"epoch", "ran", "measured_s", "efficiency", ...} for an
+        epoch that ran); [] without "auto". Rank 0 prints a line for each change of choice."""
+        return [] if self.auto_epochs is None else list(self.auto_epochs.tta.log)
+
+    @property
     def calibrated_link(self):
         """The LinkParams "auto" measured (None before build, or where Auto(cost_params=...) gave them)."""
         return self.measurements.link
@@ -344,10 +351,6 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
     def variables(self):
         outer = self.auto_epochs.local_variables() if self.auto_epochs is not None else []
         return internals.optimizer_variables(self) + self.inner_optimizer.variables + outer
-
-    # keras.optimizers.LossScaleOptimizer sets its inner optimizer's loss_scale_factor to None: the
-    # one sign that a LossScaleOptimizer wraps this one (apply() refuses one whose check is per rank)
-    _wrapped_by_loss_scale = _finite_checked_globally = False
 
     def __setattr__(self, name, value):
         # a setattr hook, not a property: Keras' tracking skips a setter whose getter already

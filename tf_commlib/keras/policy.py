@@ -24,6 +24,20 @@ class EpochPlan:
     def __init__(self, schedule, dgc, target_density, candidates=()):
         self.schedule, self.dgc = dict(schedule), dgc
         self.target_density, self.candidates = float(target_density), tuple(candidates)
+        self.adaptive_state = None   # AdaptiveDensity's state (JSON values), which BackupAndRestore saves
+        self._restored = None        # what a restore read, until AdaptiveDensity takes it up
+
+    def keep_adaptive_state(self, state):
+        self.adaptive_state = state
+
+    def restore_adaptive_state(self, state):
+        """A backup's AdaptiveDensity state, for take_restored (BackupAndRestore)."""
+        self._restored = state
+
+    def take_restored(self):
+        """The adaptive state a restore read (once; None without one)."""
+        state, self._restored = self._restored, None
+        return state
 
     @property
     def adaptive(self):

@@ -70,6 +70,15 @@ class InnerSteps:
     def finalize_variable_values(self, var_list):
         self.inner_optimizer.finalize_variable_values(var_list)
 
+    # -- loss scaling around it -----------------------------------------------------------------
+    # keras.optimizers.LossScaleOptimizer sets its inner optimizer's loss_scale_factor to None: the one
+    # sign that a LossScaleOptimizer wraps this one (apply() refuses one whose finite check is per rank)
+    _wrapped_by_loss_scale = _finite_checked_globally = False
+
+    def mark_checked_globally(self):
+        """A tf_commlib.keras.LossScaleOptimizer around this one checks finiteness on every rank."""
+        self._finite_checked_globally = True
+
     # -- the end of a step, counted by the step itself ----------------------------------------
     _count_deferred = False   # True while a LossScaleOptimizer steps it: that one counts the step
 

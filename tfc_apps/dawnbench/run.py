@@ -225,7 +225,7 @@ def train(args, topo, data):
             print(f"time-to-accuracy: top-5 {args.target_top5} not reached", flush=True)
         if isinstance(opt, DistributedOptimizer) and opt.auto_epochs is not None:   # "auto"'s decisions and
             with open(os.path.join(args.log_dir, "auto_log.jsonl"), "a" if start else "w") as f:   # their grounds
-                f.writelines(json.dumps(row, default=float) + "\n" for row in opt.auto_epochs.tta.log)
+                f.writelines(json.dumps(row, default=float) + "\n" for row in opt.auto_log)
         log.plot(os.path.join(args.log_dir, "accuracy_throughput.png"))
     return log.rows
 
