@@ -115,7 +115,8 @@ def rank0_of_2x2(monkeypatch):
     import numpy as np
 
     from tf_commlib import replicas
-    from tf_commlib.keras import auto_epoch, diloco_sync, optimizer
+    from tf_commlib import diloco_sync
+    from tf_commlib.keras import auto_epoch, optimizer
     from tf_commlib.topology import Topology
 
     topo = Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2))

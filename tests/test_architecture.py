@@ -217,6 +217,24 @@ def test_no_import_cycle_among_the_parts_of_tf_commlib():
     assert not found, "import cycles among tf_commlib's parts:\n" + "\n".join(describe(c, edges) for c in found)
 
 
+def test_auto_decides_without_tensorflow_horovod_or_keras():
+    """tf_commlib/auto/decide.py, the choice from measurements: the standard library only."""
+    found = [f"{line} imports {module}" for line, module, _ in imports_of(*_source("tf_commlib/auto/decide.py"))
+             if module.split(".")[0] not in ("math", "dataclasses", "json", "functools", "itertools")]
+    assert not found, found
+
+
+def test_tf_commlib_auto_does_not_import_tf_commlib_keras():
+    found = violations({p: s for p, s in sources(LIBRARY).items() if p.startswith("tf_commlib/auto/")}, ())
+    found += [f"{p}:{line} imports {module}" for p, s in sources(LIBRARY).items() if p.startswith("tf_commlib/auto/")
+              for line, module, _ in imports_of(s, p) if module.startswith("tf_commlib.keras")]
+    assert not found, found
+
+
+def _source(relpath):
+    return (ROOT / relpath).read_text(encoding="utf-8"), relpath
+
+
 def test_no_import_cycle_among_files():
     files = {**sources(LIBRARY), **sources("pto")}
     edges = file_graph(files, (LIBRARY, "pto"))

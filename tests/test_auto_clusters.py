@@ -47,7 +47,8 @@ def shapes():
 @pytest.fixture
 def gpu_cluster(monkeypatch):
     """One process seen as rank 0 of 4 nodes of 8 GPUs."""
-    from tf_commlib.keras import auto_epoch, diloco_sync, optimizer
+    from tf_commlib import diloco_sync
+    from tf_commlib.keras import auto_epoch, optimizer
     from tf_commlib.topology import Topology
 
     topo = Topology(m=M, n=N, rank=0, node=0, local=0, intra_ranks=tuple(range(N)),

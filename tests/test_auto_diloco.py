@@ -1,4 +1,4 @@
-"""DistributedOptimizer(algorithm="auto")'s candidate "diloco" (tf_commlib.keras.auto_diloco): local SGD
+"""DistributedOptimizer(algorithm="auto")'s candidate "diloco" (tf_commlib.auto.rounds): local SGD
 inside the nodes, DiLoCo's sync across them every H steps, chosen where predicted well below every
 per-step candidate."""
 import json
@@ -9,8 +9,8 @@ import pytest
 from tests import hvdrun
 from tf_commlib import alphabeta, replicas
 from tf_commlib.aggregator import Auto
-from tf_commlib.aggregator.time_to_accuracy import TimeToAccuracy
-from tf_commlib.keras import auto_diloco
+from tf_commlib.auto.decide import TimeToAccuracy
+from tf_commlib.auto import rounds
 
 SHAPES = [(3, 3, 64, 64), (3, 3, 64, 128), (128, 10), (64,)]
 
@@ -20,7 +20,7 @@ def test_times_are_the_alpha_beta_formulas():
     all-gather of each rank's slice in 4 bits over the nodes, the node's ranks sharing its link."""
     link = alphabeta.LinkParams(alpha_intra=1e-5, beta_intra=1e-9, alpha_inter=1e-3, beta_inter=8 / 5e6)
     d, m, n = 1000, 2, 2
-    node, exchange, sync = auto_diloco.times(d, m, n, link)
+    node, exchange, sync = rounds.times(d, m, n, link)
     assert node == pytest.approx(1e-5 + 0.5 * 4000 * 1e-9 + 1e-5 + 4 * 500 * 1e-9)
     from tf_commlib.collectives import codec
 
@@ -30,14 +30,14 @@ def test_times_are_the_alpha_beta_formulas():
 
 @pytest.mark.parametrize("exchange, step, h", [(0.001, 0.1, 1), (0.05, 0.1, 4), (10.0, 0.1, 8)])
 def test_h_is_the_smallest_whose_sync_stays_within_a_fifth_of_its_steps(exchange, step, h):
-    assert auto_diloco.interval(exchange, 0.0, step) == h
+    assert rounds.interval(exchange, 0.0, step) == h
 
 
 def test_its_time_counts_at_one_over_the_margin():
     """Predicted at 0.85 of the best per-step candidate, "diloco" is not chosen; at 0.75 it is."""
     for share, choice in ((0.85, "powersgd"), (0.75, "diloco")):
         tta = TimeToAccuracy(("dense", "powersgd", "diloco"), ["powersgd"],
-                             handicap={"diloco": 1 / auto_diloco.MARGIN})
+                             handicap={"diloco": 1 / rounds.MARGIN})
         assert tta.choose({"dense": 2.0, "powersgd": 1.0, "diloco": share}) == choice
 
 
@@ -47,7 +47,7 @@ def test_running_it_counts_at_its_time():
     0.128 s a step against their 0.131 s (bench tta at 5 Mbit/s: 6 epochs of 47 steps left, a 2.4 s trace),
     for hitopk at 0.10 s; a running per-step candidate is not left for them at 0.128 s against 0.131 s."""
     def running(name, times):
-        tta = TimeToAccuracy(("dense", "hitopk", "diloco"), ["hitopk"], handicap={"diloco": 1 / auto_diloco.MARGIN})
+        tta = TimeToAccuracy(("dense", "hitopk", "diloco"), ["hitopk"], handicap={"diloco": 1 / rounds.MARGIN})
         tta.current = name
         return tta.choose(times, plan=[(47, times)] * 6, switch_s=2.4)
 
@@ -60,16 +60,16 @@ def test_running_it_counts_at_its_time():
 def test_a_sequence_that_leaves_the_running_rounds_and_comes_back_counts_their_handicap():
     """Running rounds at 0.131 s a step, hitopk at 0.10 for one epoch (say a cheaper density) and 0.2 after:
     leaving for that epoch and coming back costs two traces and the rounds' handicap after the return."""
-    tta = TimeToAccuracy(("dense", "hitopk", "diloco"), ["hitopk"], handicap={"diloco": 1 / auto_diloco.MARGIN})
+    tta = TimeToAccuracy(("dense", "hitopk", "diloco"), ["hitopk"], handicap={"diloco": 1 / rounds.MARGIN})
     tta.current = "diloco"
     cheap, later = {"dense": 1.5, "hitopk": 0.10, "diloco": 0.131}, {"dense": 1.5, "hitopk": 0.2, "diloco": 0.131}
     plan = [(47, cheap)] + [(47, later)] * 5
     weight = tta.plan_seconds(plan, ["dense", "hitopk", "diloco"], switch_s=0.1)
     assert weight["diloco"] == pytest.approx(6 * 47 * 0.131)
-    assert weight["hitopk"] == pytest.approx(0.1 + 47 * 0.10 + 0.1 + 5 * 47 * 0.131 / auto_diloco.MARGIN)
+    assert weight["hitopk"] == pytest.approx(0.1 + 47 * 0.10 + 0.1 + 5 * 47 * 0.131 / rounds.MARGIN)
     tta.left = True   # the schedule left "auto" the epoch before: the rounds are changed to
     assert tta.plan_seconds(plan, ["dense", "hitopk", "diloco"], switch_s=0.1)["diloco"] == pytest.approx(
-        6 * 47 * 0.131 / auto_diloco.MARGIN)
+        6 * 47 * 0.131 / rounds.MARGIN)
     assert tta.choose(cheap, plan=plan, switch_s=0.1) == "hitopk" and not tta.left   # no hysteresis for them
     restored = TimeToAccuracy(("dense", "hitopk", "diloco"), ["hitopk"])
     tta.left = True
@@ -99,7 +99,7 @@ def test_chosen_on_a_slow_link_and_not_on_a_fast_one(rank0_of_2x2):
     assert auto.tta.candidates[-1] == "diloco" and auto.local is not None
     predicted = auto.predictions(0)
     best = min(t for c, t in predicted.items() if c != "diloco")
-    assert predicted["diloco"] < auto_diloco.MARGIN * best
+    assert predicted["diloco"] < rounds.MARGIN * best
     assert slow.algorithm_at(0) == "diloco" and auto.local.running and auto.local.interval == 8
     assert slow.sent_bytes_at(0)["inter"] == pytest.approx(auto.local.sent_bytes()["inter"])
     fast = _built(cost_params=alphabeta.LinkParams(), compute_s=0.19, probe=False)
@@ -148,9 +148,9 @@ def test_a_measured_sync_takes_the_place_of_the_probe(rank0_of_2x2, monkeypatch)
     auto = opt.auto_epochs
     node = 0.01
     opt.measurements.local = (node, 0.05, node)
-    assert auto.running == "diloco" and auto_diloco.interval(0.05, node, 0.19 + node) == 2
+    assert auto.running == "diloco" and rounds.interval(0.05, node, 0.19 + node) == 2
     auto.running = None   # as begin_window asks, before the epoch: the probe's times are not a sync's
-    assert auto.local_interval() == auto_diloco.FIRST_INTERVAL == 8 != auto_diloco.interval(0.05, node, 0.19 + node)
+    assert auto.local_interval() == rounds.FIRST_INTERVAL == 8 != rounds.interval(0.05, node, 0.19 + node)
     auto.running = "diloco"
 
     def epoch(e, sync_s):   # 32 steps of 0.2 s and 4 syncs, at H = 8
@@ -163,7 +163,7 @@ def test_a_measured_sync_takes_the_place_of_the_probe(rank0_of_2x2, monkeypatch)
     epoch(0, 0.3)
     assert auto.local_sync_s == pytest.approx(0.3) and not recalibrated
     auto.running = None   # the next choice's H and prediction
-    assert auto_diloco.interval(0.3, 0.0, 0.19 + node) == 8 == auto.local_interval()
+    assert rounds.interval(0.3, 0.0, 0.19 + node) == 8 == auto.local_interval()
     assert auto.communication_s("diloco", 0.01) == pytest.approx(node + 0.3 / 8)
     auto.running = "diloco"
     again = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
@@ -239,14 +239,14 @@ def test_a_rank_that_restores_its_previous_backup_after_its_latest_ends_as_the_o
 def test_a_restored_link_has_the_candidates_timed_again_at_the_next_choice(rank0_of_2x2, monkeypatch):
     """The candidates' timings are the link's: a resumed run whose backup holds a link measured again
     during the run times them again on it (from the cache where they were) before it chooses, once."""
-    from tf_commlib.keras import auto_probe
+    from tf_commlib.auto import measure
 
     opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
     auto = opt.auto_epochs
     timed = {c: 0.1 for c in auto.settings.candidates}
     auto.probed, calls = dict(timed), []   # as if timed when fit started
-    monkeypatch.setattr(auto_probe, "probe_candidates", lambda o, v, link: calls.append(link) or (dict(timed), {}))
-    monkeypatch.setattr(auto_probe, "probe_local", lambda o, v, link: (0.01, 0.05, 0.01))
+    monkeypatch.setattr(measure, "probe_candidates", lambda o, v, link: calls.append(link) or (dict(timed), {}))
+    monkeypatch.setattr(measure, "probe_local", lambda o, v, link: (0.01, 0.05, 0.01))
     auto.choose(1)
     assert not calls
     auto.restore({**auto.state(), "link": alphabeta.LinkParams().as_list()})

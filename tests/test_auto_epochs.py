@@ -102,7 +102,7 @@ def test_a_warm_up_density_is_predicted_from_its_own_timing(rank0_of_2x2):
 
     from tf_commlib import alphabeta
     from tf_commlib.keras import DGC, DistributedOptimizer
-    from tf_commlib.keras.auto_probe import warmup_densities
+    from tf_commlib.auto.measure import warmup_densities
 
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
                                auto=Auto(cost_params=alphabeta.LinkParams(beta_inter=8 / 5e6), compute_s=0.19,

@@ -126,8 +126,8 @@ def test_resume_from_backup_is_bit_identical(two_by_two):
 def test_an_exchange_that_traced_is_no_measure_of_one(monkeypatch):
     """An exchange that traced the codec's functions is recorded as NaN (every rank records one): with no
     other, H is not chosen yet; with one timed, its median (one process)."""
-    from tf_commlib.keras import interval
-    from tf_commlib.keras.interval import Window, measured_times
+    from tf_commlib.auto import interval
+    from tf_commlib.auto.interval import Window, measured_times
     from tf_commlib.topology import Topology
 
     monkeypatch.setattr(interval, "current_topology", lambda: Topology(m=1, n=1, rank=0, node=0, local=0, intra_ranks=(0,), inter_ranks=(0,)))

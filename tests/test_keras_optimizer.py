@@ -209,7 +209,7 @@ def test_the_bucket_size_follows_the_collectives_unless_given(monkeypatch):
     given size wins everywhere and is what get_config keeps (None for the default)."""
     from tf_commlib import collectives, fusion
     from tf_commlib.keras import optimizer as module
-    from tf_commlib.keras.auto_probe import lossy_bucket_bytes
+    from tf_commlib.auto.measure import lossy_bucket_bytes
     from tf_commlib.keras.optimizer import default_fusion_threshold
     from tf_commlib.topology import Topology
 

@@ -1,12 +1,12 @@
 """The choice of DistributedOptimizer(algorithm="auto") by predicted time to accuracy, from given
-measurements (tf_commlib.aggregator.time_to_accuracy), and the efficiency it measures against a numpy
+measurements (tf_commlib.auto.decide), and the efficiency it measures against a numpy
 reference of error feedback."""
 import numpy as np
 import pytest
 
 from tf_commlib.aggregator import Auto
 from tf_commlib.aggregator.chooser import AUTO_CANDIDATES
-from tf_commlib.aggregator.time_to_accuracy import TimeToAccuracy, delivered_fraction
+from tf_commlib.auto.decide import TimeToAccuracy, delivered_fraction
 
 CANDIDATES = ("dense", "2dtar", "hitopk", "powersgd")
 LOSSY = ("hitopk", "powersgd")

@@ -13,7 +13,7 @@ from tests.workers._report import report
 from tf_commlib import alphabeta, link_bytes
 from tf_commlib.aggregator import Auto
 from tf_commlib.keras import DGC, BackupAndRestore, DiLoCo, DistributedOptimizer, default_callbacks
-from tf_commlib.keras import auto_diloco
+from tf_commlib.auto import rounds
 from tfc_apps import digits
 
 topo = tf_commlib.init()
@@ -77,7 +77,7 @@ def against_diloco():
         any(v is w for w in opt.variables) for v in local.outer_optimizer.variables)
     reference = digits.small_cnn(seed=1)
     reference.compile(DiLoCo(keras.optimizers.SGD(0.05, momentum=0.9), sync_every=local.interval,
-                             outer_optimizer=keras.optimizers.SGD(1.0), inter_compression=auto_diloco.CODEC,
+                             outer_optimizer=keras.optimizers.SGD(1.0), inter_compression=rounds.CODEC,
                              overlap=False), LOSS, jit_compile=False)
     reference.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=default_callbacks())
     out["diff"] = float(np.abs(flat(model) - flat(reference)).max())

@@ -11,7 +11,7 @@ import tf_commlib
 from tests.workers._report import report
 from tf_commlib import costmodel
 from tf_commlib.aggregator import Auto
-from tf_commlib.aggregator.time_to_accuracy import TimeToAccuracy
+from tf_commlib.auto.decide import TimeToAccuracy
 from tf_commlib.fusion import DEFAULT_THRESHOLD_BYTES
 from tf_commlib.keras import DGC, DistributedOptimizer, default_callbacks
 from tfc_apps import digits

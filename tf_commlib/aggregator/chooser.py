@@ -5,7 +5,7 @@ seconds overlapped aggregation hides under, the candidates of DistributedOptimiz
 to accuracy, the margin of GradientAggregator's choice per bucket); ``AutoChooser`` applies them to
 a GradientAggregator's buckets (collectives.choose per bucket, collectives.keep_exact for the whole
 step). DistributedOptimizer(algorithm="auto") chooses among ``Auto.candidates`` per epoch by
-predicted time to accuracy (time_to_accuracy.py).
+predicted time to accuracy (tf_commlib.auto.decide).
 """
 import dataclasses
 
@@ -39,19 +39,19 @@ class Auto:
     DistributedOptimizer(algorithm="auto") runs one of ``candidates`` (registered collective names;
     default default_candidates(): every registered one with auto_candidate=True) on its compressible
     variables each epoch: the one with the least
-    predicted time to accuracy (time_to_accuracy.TimeToAccuracy: the cost model's step time on
+    predicted time to accuracy (tf_commlib.auto.decide.TimeToAccuracy: the cost model's step time on
     ``cost_params``, corrected by the measured step times, over the measured efficiency of a lossy
     one); another candidate replaces the running one only where it is predicted ``switch`` times
     its time or less; a candidate whose measured / predicted step time moves by more than ``drift``
     between two of its epochs makes the link be calibrated again. ``probe``: when fit starts, each
-    candidate's aggregation of the model's buckets is timed on the link (auto_probe.probe_candidates,
+    candidate's aggregation of the model's buckets is timed on the link (tf_commlib.auto.measure.probe_candidates,
     kept with the calibration) and the predictions are scaled to those times; a lossy candidate that
     has not run yet is then tried where it is predicted ``switch`` times the fastest exact one's or
     less. None (default): probe where the link is measured (no cost_params). Without a probe, such a
     candidate is tried only at ``margin`` times or less (``margin`` is also
     GradientAggregator(algorithm="auto")'s per-bucket rule). ``diloco``: True: where there are
     several nodes, "auto" may also run an epoch as DiLoCo rounds (local steps inside the nodes, a sync
-    across them every H steps: tf_commlib.keras.auto_diloco) where predicted well below every
+    across them every H steps: tf_commlib.auto.rounds) where predicted well below every
     candidate's time; None (default): so where ``candidates`` is the default; False: never.
     """
     cost_params: LinkParams = None

@@ -1,5 +1,5 @@
 """DistributedOptimizer(algorithm="auto"): each epoch, the candidate collective with the least
-predicted time to accuracy (tf_commlib.aggregator.time_to_accuracy) on the compressible variables.
+predicted time to accuracy (tf_commlib.auto.decide) on the compressible variables.
 
 ``AutoEpochs`` is composed into the optimizer: it predicts each candidate's step from the
 optimizer's buckets, keeps per compressible variable the sum of what entered the collective over
@@ -7,7 +7,7 @@ the epoch and the residuals at its start (the efficiency of a lossy candidate), 
 measured step time (tf_commlib.keras.CompressionScheduler times the batches) into the next choice.
 The decision is made from numbers summed over all ranks, so every rank makes it; a rank that did
 not would fail the aggregators' consistency check at its next step. With several nodes it may also run
-an epoch as DiLoCo rounds (tf_commlib.keras.auto_diloco: the candidate "diloco", its own H).
+an epoch as DiLoCo rounds (tf_commlib.auto.rounds: the candidate "diloco", its own H).
 """
 import math
 
@@ -17,9 +17,9 @@ import tensorflow as tf
 from tf_commlib import costmodel, fusion, replicas
 from tf_commlib.alphabeta import LinkParams
 from tf_commlib.aggregator.chooser import families
-from tf_commlib.aggregator.time_to_accuracy import TimeToAccuracy
+from tf_commlib.auto import rounds
+from tf_commlib.auto.decide import TimeToAccuracy
 from tf_commlib.collectives import ALGORITHMS, predict
-from tf_commlib.keras import auto_diloco
 from tf_commlib.topology import topology as current_topology
 
 
@@ -28,11 +28,11 @@ class AutoEpochs:
 
     def __init__(self, opt):
         self.opt, self.settings = opt, opt.auto
-        local = auto_diloco.enabled(self.settings, current_topology(), opt)
-        self.tta = TimeToAccuracy(self.settings.candidates + ((auto_diloco.NAME,) if local else ()),
+        local = rounds.enabled(self.settings, current_topology(), opt)
+        self.tta = TimeToAccuracy(self.settings.candidates + ((rounds.NAME,) if local else ()),
                                   [c for c in self.settings.candidates if ALGORITHMS[c].lossy],
                                   switch=self.settings.switch, drift=self.settings.drift, margin=self.settings.margin,
-                                  handicap={auto_diloco.NAME: 1 / auto_diloco.MARGIN})
+                                  handicap={rounds.NAME: 1 / rounds.MARGIN})
         self.local = None   # the LocalRounds of candidate "diloco" (built with the optimizer where it is one)
         self.local_restored = False   # a backup written while "diloco" ran: the next epoch begins from its end
         self.local_sync_s = None   # a sync of "diloco" as its last epoch measured it (exchange included)
@@ -58,8 +58,8 @@ class AutoEpochs:
     def build(self, var_list, lossy_indices):
         self.variables = list(var_list)
         self.sums = {i: self.opt.add_variable_from_reference(var_list[i], "auto_progress") for i in lossy_indices}
-        if auto_diloco.NAME in self.tta.candidates:
-            self.local = auto_diloco.LocalRounds(self.opt, var_list)
+        if rounds.NAME in self.tta.candidates:
+            self.local = rounds.LocalRounds(self.opt, var_list)
 
     def local_variables(self):
         """The outer optimizer's variables of candidate "diloco" (the rest are the optimizer's own)."""
@@ -109,12 +109,12 @@ class AutoEpochs:
         sums zeroed and residuals noted (eagerly; an exact one adds nothing to them); "diloco" started
         or, where it ran (also before a restored backup), stopped."""
         if self.local is not None:
-            h = self.local_interval() if running == auto_diloco.NAME else 0
+            h = self.local_interval() if running == rounds.NAME else 0
             if self.local.running or self.local_restored:   # before stop's collective: an error, not a hang
                 self.local.check_begin(self.tta.candidates.index(running) if running else -1, h, self.local_restored)
             if self.local_restored:
                 self.local.running, self.local_restored = True, False
-            if running == auto_diloco.NAME:
+            if running == rounds.NAME:
                 self.local.start(h)
             else:   # the wrapped optimizer's state made the same on every rank again
                 self.local.stop(self.opt.inner_optimizer.variables)
@@ -189,8 +189,8 @@ class AutoEpochs:
     def communication_s(self, name, density):
         """Predicted seconds of a step's collectives with `name` on the compressible variables (the
         cost model's, scaled to the probed time where probed: at this density where it was timed there,
-        e.g. a DGC warm-up's, else at the target density); for "diloco" auto_diloco's, every variable."""
-        if name == auto_diloco.NAME:
+        e.g. a DGC warm-up's, else at the target density); for "diloco" rounds.communication_s, every variable."""
+        if name == rounds.NAME:
             return self._local()[0]
         total = 0.0
         for group in self.opt._groups:
@@ -220,30 +220,30 @@ class AutoEpochs:
         return self._scales[(name, at)]
 
     def _local(self):
-        """(communication seconds per step, H) of "diloco" (auto_diloco.communication_s; in the epoch that
+        """(communication seconds per step, H) of "diloco" (rounds.communication_s; in the epoch that
         runs it, at the H it runs); where probed, a sync at what its last epoch measured once one ran (the
         probe times its exchange and one node average, not the sync's other work on every variable)."""
         topo, times = current_topology(), self.opt.measurements.local
-        h = self.local.interval if self.running == auto_diloco.NAME else None
+        h = self.local.interval if self.running == rounds.NAME else None
         if self.local_sync_s is not None and times is not None:
             times = (times[0], self.local_sync_s, 0.0)
-        return auto_diloco.communication_s(self.local.size, topo.m, topo.n, self.link or LinkParams(),
+        return rounds.communication_s(self.local.size, topo.m, topo.n, self.link or LinkParams(),
                                            self.compute_s or 0.0, times, h)
 
     def local_interval(self):
-        """The H "diloco" runs with: where probed, auto_diloco.FIRST_INTERVAL until its syncs are measured."""
+        """The H "diloco" runs with: where probed, rounds.FIRST_INTERVAL until its syncs are measured."""
         unmeasured = self.local_sync_s is None and self.opt.measurements.local
-        return auto_diloco.FIRST_INTERVAL if unmeasured else self._local()[1]
+        return rounds.FIRST_INTERVAL if unmeasured else self._local()[1]
 
     def step_s(self, name, density):
         """compute + communication, less the overlapped part: ``overlapped`` (measured) of the shorter
         (none for "diloco", whose node average waits for the whole of backprop). "diloco" is infinite until
         the compute per step is known (Auto(compute_s=...) or an epoch measured): its margin is on whole
         steps, and with the compute taken as 0 it would weigh the link alone."""
-        if name == auto_diloco.NAME and self.compute_s is None:
+        if name == rounds.NAME and self.compute_s is None:
             return math.inf   # its margin, on whole steps, cannot be judged
         comm, compute = self.communication_s(name, density), self.compute_s or 0.0
-        hidden = 0.0 if name == auto_diloco.NAME else self.overlapped * min(compute, comm)
+        hidden = 0.0 if name == rounds.NAME else self.overlapped * min(compute, comm)
         return compute + comm - hidden
 
     def untried_bound(self, density):
@@ -322,7 +322,7 @@ class AutoEpochs:
         if self.running is None:
             return
         synced = []
-        if self.running == auto_diloco.NAME:
+        if self.running == rounds.NAME:
             synced = self.local.synced
             if steps:   # its syncs run after the batches' ends
                 measured_s += self.local.sync_s / steps
@@ -346,11 +346,11 @@ class AutoEpochs:
         comm = self.communication_s(self.running, density)
         if self.compute_s is None:   # first epoch: what the collectives do not explain is compute
             self.compute_s = max(0.0, measured - comm)
-        elif self.opt.overlap and self.running != auto_diloco.NAME and min(comm, self.compute_s) > 0:
+        elif self.opt.overlap and self.running != rounds.NAME and min(comm, self.compute_s) > 0:
             # how much of the shorter one the step hid (a "diloco" step hides nothing)
             self.overlapped = float(np.clip((self.compute_s + comm - measured) / min(comm, self.compute_s), 0, 1))
         # a warm-up density moves a collective's ratio by itself ("diloco" sends no density)
-        same = self.running == auto_diloco.NAME or self.densities.get(self.running) == density
+        same = self.running == rounds.NAME or self.densities.get(self.running) == density
         self.densities[self.running] = density
         # "diloco": a step that moved by more than drift against its prediction from the last epoch's syncs
         # means the link changed (a sync's own time is no such sign: the ranks' wait at a sync grows with H);
@@ -368,7 +368,7 @@ class AutoEpochs:
         self.last_measured = (self.running, float(measured), density, float(self.communication_s(self.running, density)))
         self.tta.log.append({"epoch": epoch, "ran": self.running, "measured_s": float(measured), "efficiency": float(eta),
                              "switch_s": self.switch_s})
-        if self.running == auto_diloco.NAME:
+        if self.running == rounds.NAME:
             self.tta.log[-1].update(sync_every=self.local.interval, sync_s=self.local_sync_s)
         self.running = None
 
@@ -403,7 +403,7 @@ def announcement(decision, before):
 
 
 def delivered(r_start, r_end, sum_u):
-    """time_to_accuracy.delivered_fraction of tensors, in TensorFlow (no copy to numpy: a
+    """tf_commlib.auto.decide.delivered_fraction of tensors, in TensorFlow (no copy to numpy: a
     ResNet-50's 25M entries per epoch): (<r_start - r_end, sum_u>, ||sum_u||^2) as float64s."""
     s = tf.cast(sum_u, tf.float32)
     num = tf.reduce_sum((tf.cast(r_start, tf.float32) - tf.cast(r_end, tf.float32)) * s)

@@ -15,7 +15,7 @@ hierarchical local SGD). For links between nodes too slow for per-step compressi
   the eager/streaming variants): each node then continues from the new start weights plus its own
   progress of the last interval. The link is hidden unless it takes longer than ``sync_every`` steps.
 * ``sync_every="auto"``: H chosen at each ``synchronize()`` from the measured step, exchange and sync-work
-  times, the same on every rank (tf_commlib.keras.interval); AUTO_START before the first choice.
+  times, the same on every rank (tf_commlib.auto.interval); AUTO_START before the first choice.
 * At each epoch end (``synchronize()``, which the callback CompressionScheduler in
   ``default_callbacks()`` calls) a pending exchange is applied and the steps since the last sync are
   synchronised without overlap: evaluation, checkpoints and the end of training see weights that are
@@ -33,7 +33,7 @@ tf_commlib.keras.LossScaleOptimizer is node-wide: the ranks of a node skip a ste
 traffic leaves the node between syncs; a non-finite mean pseudo-gradient is skipped by every rank.
 
 This file is the Keras optimizer (arguments, state, the inner step, when to sync);
-tf_commlib.keras.diloco_sync is the sync itself (send, exchange, outer step, restart).
+tf_commlib.diloco_sync is the sync itself (send, exchange, outer step, restart).
 """
 import time
 
@@ -45,8 +45,8 @@ from tf_commlib import internals, primitives
 from tf_commlib.collectives import codec as codecs
 from tf_commlib.collectives.interface import plain_python
 from tf_commlib.inter_mean import Exchanges
-from tf_commlib.keras.diloco_sync import Syncs, node_average
-from tf_commlib.keras.interval import (AUTO_INTERVALS, AUTO_START, EXPOSED, HIDDEN, SYNC_WORK,  # noqa: F401
+from tf_commlib.diloco_sync import Syncs, node_average
+from tf_commlib.auto.interval import (AUTO_INTERVALS, AUTO_START, EXPOSED, HIDDEN, SYNC_WORK,  # noqa: F401
                                        Window, choose_interval, measured_times)
 from tf_commlib.keras.optimizer import DistributedOptimizer
 from tf_commlib.keras.wrapping import WRAPPERS, InnerSteps

@@ -29,7 +29,7 @@ from tf_commlib.aggregator import Auto, ExecutionSettings, GradientAggregator, c
 from tf_commlib.collectives import bucket_bytes, with_compression
 from tf_commlib.collectives.interface import plain_python
 from tf_commlib.keras.auto_epoch import AutoEpochs
-from tf_commlib.keras.auto_probe import Measurements
+from tf_commlib.auto.measure import Measurements
 from tf_commlib.keras import step
 from tf_commlib.keras.groups import Group
 from tf_commlib.keras.options import (DGC, MOVED, Selection, as_schedule, check_density, check_flags, default_dgc,
@@ -260,7 +260,7 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
 
     def use_bucket_cap(self, cap, variables):
         """The compressible variables' bucket size fitted from ``cap`` bytes (auto: a lossy candidate's
-        size where its timed aggregation is the fastest, auto_probe.lossy_bucket_bytes)."""
+        size where its timed aggregation is the fastest, tf_commlib.auto.measure.lossy_bucket_bytes)."""
         self.bucket_cap = cap
         self.size_buckets(variables)
 

@@ -73,6 +73,6 @@ def qrgc_options(algorithm_options):
 def default_fusion_threshold(algorithms):
     """The bucket size of the compressible variables where fusion_threshold_bytes is None: the largest
     that the collectives `algorithms` (a schedule's names) ask for (tf_commlib.collectives.bucket_bytes);
-    "auto" starts with the exact collectives' (auto_probe.lossy_bucket_bytes may raise it)."""
+    "auto" starts with the exact collectives' (tf_commlib.auto.measure.lossy_bucket_bytes may raise it)."""
     named = [a for a in algorithms if a != "auto"]
     return bucket_bytes(named) if named else fusion.DEFAULT_THRESHOLD_BYTES

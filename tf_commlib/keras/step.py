@@ -1,6 +1,6 @@
 """One step's aggregation in a DistributedOptimizer: DGC's local clipping and momentum
 correction, each variable group through its aggregator's collectives (or, in an epoch of auto's
-"diloco", every variable averaged inside the node: tf_commlib.keras.auto_diloco), and the commit that writes
+"diloco", every variable averaged inside the node: tf_commlib.auto.rounds), and the commit that writes
 what the step changed (DGC momentum, the residuals, momentum masking, auto's sums) only once every
 rank's step is known to be applied."""
 import math

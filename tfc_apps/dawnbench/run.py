@@ -140,7 +140,7 @@ def calibrate(args, topo, data):
     buckets; the next runs read them. Returns the seconds it took (rank 0's)."""
     import time
 
-    from tf_commlib.keras.auto_probe import calibrate_link
+    from tf_commlib.auto.measure import calibrate_link
 
     if not args.calibrate or not args.calibration_cache:
         raise ValueError("calibrate() keeps what it measures: give --calibrate and --calibration-cache FILE")

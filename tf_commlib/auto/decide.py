@@ -228,9 +228,8 @@ class TimeToAccuracy:
 
 
 def delivered_fraction(r_start, r_end, sum_u):
-    """(numerator, denominator) of eta = 1 + <r_start - r_end, sum_u> / ||sum_u||^2 for numpy
-    vectors (one bucket, one rank): add them over buckets and ranks, then eta = 1 + num / den."""
-    import numpy as np
-
-    s = np.asarray(sum_u, np.float64)
-    return float(np.dot(np.asarray(r_start, np.float64) - np.asarray(r_end, np.float64), s)), float(np.dot(s, s))
+    """(numerator, denominator) of eta = 1 + <r_start - r_end, sum_u> / ||sum_u||^2 for sequences of
+    numbers (one bucket, one rank): add them over buckets and ranks, then eta = 1 + num / den."""
+    s = [float(x) for x in sum_u]
+    num = math.fsum((float(a) - float(b)) * x for a, b, x in zip(r_start, r_end, s))
+    return num, math.fsum(x * x for x in s)

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from tf_commlib import costmodel, fusion, replicas
 from tf_commlib.alphabeta import LinkParams
+from tf_commlib.auto import rounds
 from tf_commlib.collectives import ALGORITHMS, bucket_bytes, predict
 from tf_commlib.topology import topology as current_topology
 
@@ -164,23 +165,21 @@ def probe_candidates(opt, variables, link, repeats=3):
 
 
 def probe_local(opt, variables, link):
-    """auto_diloco.probe for the model's variables where "auto" of opt has the candidate "diloco" (else
+    """rounds.probe for the model's variables where "auto" of opt has the candidate "diloco" (else
     None), kept in the cache folder beside probe_candidates' timings (under a key that holds ``link``).
     A collective."""
-    from tf_commlib.keras import auto_diloco
-
     topo = current_topology()
-    if not auto_diloco.enabled(opt.auto, topo, opt):
+    if not rounds.enabled(opt.auto, topo, opt):
         return None
     d = sum(int(np.prod(v.shape)) for v in variables)
-    key = costmodel.calibration_key(topo, {"probe": auto_diloco.NAME, "d": d, "codec": auto_diloco.CODEC,
+    key = costmodel.calibration_key(topo, {"probe": rounds.NAME, "d": d, "codec": rounds.CODEC,
                                            "link": link.as_list(), "codec_traced": True})
 
     def check(values):
         if len(values) != 3:
             raise ValueError(f"a probe of diloco must hold 3 numbers, got {len(values)}")
 
-    return tuple(cached_probe(topo, key, lambda: auto_diloco.probe(d, topo), check))
+    return tuple(cached_probe(topo, key, lambda: rounds.probe(d, topo), check))
 
 
 def cached_probe(topo, key, measure, check):

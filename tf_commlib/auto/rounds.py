@@ -41,8 +41,8 @@ from tf_commlib import alphabeta, replicas
 from tf_commlib.aggregator.chooser import default_candidates
 from tf_commlib.collectives import codec as codecs
 from tf_commlib.inter_mean import Exchanges, by_allreduce, shard_len
-from tf_commlib.keras.diloco_sync import Syncs, node_average
-from tf_commlib.keras.interval import AUTO_INTERVALS, AUTO_START, Window, choose_interval
+from tf_commlib.diloco_sync import Syncs, node_average
+from tf_commlib.auto.interval import AUTO_INTERVALS, AUTO_START, Window, choose_interval
 
 NAME = "diloco"     # its name among auto's candidates
 CODEC = "int4"      # the pseudo-gradients' codec between nodes
