@@ -300,3 +300,29 @@ def test_the_collectives_variable_is_made_with_the_aggregators_state(monkeypatch
     with tf.variable_creator_scope(creator):
         tf.function(lambda x: primitives._unfoldable(x, "Allreduce", None)[0])(tf.ones(4))
     assert created == []
+
+
+def test_build_calls_no_collective_and_measure_does(rank0_of_2x2, monkeypatch):
+    """auto measures the link before the first step (DistributedOptimizer.measure, a collective), never
+    in build(): Keras builds a fresh copy of the optimizer on one thread of one rank when it clones a
+    compiled model (the DAWNBench script's evaluation copy), where a collective would hang or collide."""
+    from tf_commlib import costmodel
+    from tf_commlib.auto import measure
+
+    monkeypatch.setattr(measure, "current_topology", lambda: rank0_of_2x2)
+
+    def collective(*args, **kwargs):
+        raise AssertionError("a collective")
+
+    monkeypatch.setattr(costmodel, "cached_calibration", collective)
+    variables = [keras.Variable(np.zeros((500, 400), np.float32)), keras.Variable(np.zeros(64, np.float32))]
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")
+    clone = keras.models.clone_model(model)   # compiles the clone with a fresh copy, which it builds
+    assert clone.optimizer is not model.optimizer and clone.optimizer.built
+    fresh = DistributedOptimizer(keras.optimizers.SGD(0.1))
+    fresh.build(variables)
+    assert fresh.calibrated_link is None
+    with pytest.raises(AssertionError, match="a collective"):
+        DistributedOptimizer(keras.optimizers.SGD(0.1)).measure(variables)
+

@@ -347,3 +347,29 @@ def test_a_harder_setting_waits_only_for_a_setting_that_may_run():
     assert tta.choose({**predicted, "hitopk": 0.8}) == "hitopk"   # within the margin: it runs first
     tta.observe("hitopk", 0.8, 0.8, efficiency=0.9)
     assert tta.waiting() == {"hitopk_0.01"} and tta.choose({**predicted, "hitopk": 0.8}) == "hitopk_0.1"
+
+
+def test_a_logged_decision_replays_to_its_choice():
+    """Each decision logs its inputs (the settings, the state before it, the predictions, the plan and a
+    trace's cost); tf_commlib.auto.decide.replay makes the same choice from them, after a round trip
+    through JSON, through margins, a family, a handicap, measured epochs and a plan."""
+    import json
+
+    from tf_commlib.auto.decide import replay
+
+    tta = TimeToAccuracy(CANDIDATES + ("hitopk_x", "diloco"), LOSSY + ("hitopk_x",), margin=0.5,
+                         handicap={"diloco": 1.25}, families=[("hitopk", "hitopk_x")])
+    times = {"dense": 1.0, "2dtar": 0.8, "hitopk": 0.45, "powersgd": 0.5, "hitopk_x": 0.3, "diloco": 0.35}
+    for epoch in range(6):
+        plan = [(40, {c: t * (1 + 0.1 * e) for c, t in times.items()}) for e in range(3)] if epoch >= 2 else None
+        choice = tta.choose(times, epoch, settled=times, plan=plan, switch_s=2.0 if epoch >= 2 else None)
+        ran = {"hitopk": 0.55, "powersgd": 0.5}.get(choice, times[choice] * 1.1)
+        tta.observe(choice, ran, times[choice], efficiency=0.2 if choice == "hitopk_x" else 0.7)
+        times = {**times, "diloco": 0.33 + 0.05 * epoch}
+    decisions = [json.loads(json.dumps(row)) for row in tta.log if "choice" in row]
+    assert len({d["choice"] for d in decisions}) > 1   # the choice moved: the state before each one matters
+    assert [replay(d) for d in decisions] == [d["choice"] for d in decisions]
+    moved = json.loads(json.dumps(decisions[-1]))
+    moved["inputs"]["predicted"] = {c: (0.01 if c == "dense" else 9.0) for c in moved["inputs"]["predicted"]}
+    moved["inputs"]["plan"] = None
+    assert replay(moved) == "dense"   # the inputs decide: a replay is no lookup of the logged choice

@@ -124,6 +124,13 @@ class TimeToAccuracy:
         handicap = self.handicap.get(name, 1.0) if entered else 1.0
         return predicted_s * ratio * handicap / (self.relative_efficiency(name) if eta >= self.guard else eta)
 
+    def settings(self):
+        """What the choice is made with besides the measurements (JSON values): replay's ``settings``."""
+        return {"candidates": list(self.candidates), "lossy": sorted(self.lossy), "switch": self.switch,
+                "drift": self.drift, "min_efficiency": self.min_efficiency, "guard": self.guard,
+                "margin": self.margin, "handicap": dict(self.handicap),
+                "families": None if self.families is None else [list(f) for f in self.families]}
+
     def choose(self, predicted, epoch=None, settled=None, plan=None, switch_s=None):
         """The candidate to run next; predicted = {candidate: predicted seconds per step} (over the
         run), settled = the same where the run has settled (its last epochs' density; default
@@ -155,8 +162,11 @@ class TimeToAccuracy:
                 steps * self.seconds_per_progress(self.kept(), times[self.kept()]) for steps, times in plan)
             if weight[best] > self.switch * stay:
                 best = self.kept()
+        inputs = {"settings": self.settings(), "state": self.state(), "predicted": dict(predicted),
+                  "settled": None if settled is None else dict(settled),
+                  "plan": None if not plan else [[steps, dict(times)] for steps, times in plan], "switch_s": switch_s}
         self.current, self.left = best, False
-        self.log.append({"epoch": epoch, "choice": best, "seconds_per_progress": cost})
+        self.log.append({"epoch": epoch, "choice": best, "seconds_per_progress": cost, "inputs": inputs})
         if plan:
             self.log[-1].update(plan_s=weight, switch_s=switch_s)
         return best
@@ -225,6 +235,18 @@ class TimeToAccuracy:
         self.current, self.last = (state.get(k) if state.get(k) in self.candidates else None
                                    for k in ("current", "last"))
         self.left = bool(state.get("left", False))
+
+
+def replay(decision):
+    """The choice that a logged decision's inputs give (a row of DistributedOptimizer.auto_log with
+    "choice", whose "inputs" hold the settings, the state before it and the predictions)."""
+    inputs = decision["inputs"]
+    settings = dict(inputs["settings"])
+    tta = TimeToAccuracy(settings.pop("candidates"), settings.pop("lossy"), **settings)
+    tta.restore(inputs["state"])
+    plan = None if not inputs["plan"] else [(steps, times) for steps, times in inputs["plan"]]
+    return tta.choose(inputs["predicted"], decision.get("epoch"), settled=inputs["settled"], plan=plan,
+                      switch_s=inputs["switch_s"])
 
 
 def delivered_fraction(r_start, r_end, sum_u):

@@ -107,6 +107,7 @@ class CompressionScheduler(keras.callbacks.Callback):
         dist = _distributed_or_none(self.model)
         if dist is not None:   # "auto" weighs a candidate over the epochs this fit runs
             dist.set_fit_epochs(self.params.get("epochs"))
+            dist.measure(self.model.trainable_variables)   # "auto": before on_epoch_begin builds it
 
     def on_epoch_begin(self, epoch, logs=None):
         opt = distributed_optimizer(self.model)

@@ -43,6 +43,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             inner.count_step(trainable_variables or internals.trainable_variables(self))
             return
         if not self.built:
+            if trainable_variables is not None:   # Keras passes them at the first step
+                inner.measure(trainable_variables)
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
             self.built = True

@@ -283,9 +283,6 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         if self.built:
             return
         topo, sel = current_topology(), self.selection
-        if "auto" in self.schedule.values():   # the link measured (cached per cluster), candidates timed
-            with tf.init_scope():
-                self.measurements.calibrate(self, var_list)
         self.size_buckets(var_list)
         dense_idx = [i for i, v in enumerate(var_list) if self.dense_layers(v)]
         lossy_idx = [i for i, v in enumerate(var_list) if not self.dense_layers(v)]
@@ -412,8 +409,19 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
             return self._sharded.step(update)
         self.inner_optimizer.apply(update, trainable_variables or internals.trainable_variables(self))
 
+    def measure(self, variables):
+        """Before the build, where the schedule runs "auto": the link measured (cached per cluster) and the
+        candidates timed at these variables' buckets (Measurements.calibrate). A collective: every rank
+        calls it before its first step (apply does; CompressionScheduler when fit starts). Not part of
+        build(): Keras builds a fresh copy of the optimizer on one thread of one rank (clone_model of a
+        compiled model), where a collective would wait for ranks that never call it."""
+        if not self.built and "auto" in self.schedule.values():
+            with tf.init_scope():
+                self.measurements.calibrate(self, variables)
+
     def _ensure_built(self, trainable_variables):
         if not self.built:
+            self.measure(trainable_variables)
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
             self.built = True
