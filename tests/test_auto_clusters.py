@@ -86,9 +86,8 @@ def test_auto_on_a_gpu_cluster(gpu_cluster, shapes, model, gbit, wanted):
 
 
 def test_the_rounds_are_no_exact_baseline_for_trying_a_compressed_candidate(gpu_cluster, shapes):
-    """ResNet-50 at 1 Gbit/s: the DiLoCo rounds (0.30 s per step of progress with their handicap) are
-    not exact aggregation; PowerSGD (0.2 s, hidden under the compute) is tried against 2dtar (0.64 s),
-    not against half the rounds' time."""
+    """ResNet-50 at 1 Gbit/s: the DiLoCo rounds (0.24 s a step) are not exact aggregation; PowerSGD (0.2 s,
+    hidden under the compute) is tried against 2dtar (0.64 s), not against half the rounds' time."""
     choices, log = _choices(*shapes["resnet50"], 1, epochs=1)
     costs = log[-1]["seconds_per_progress"]
     assert costs["powersgd"] < costs["diloco"] < costs["2dtar"] and choices == ["powersgd"]

@@ -20,7 +20,7 @@ def test_an_untried_candidate_is_tried_by_its_saving_without_overlap(rank0_of_2x
 
     link = alphabeta.LinkParams(beta_inter=8 / 100e6)
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
-                               auto=Auto(cost_params=link, compute_s=1.0, margin=0.9))
+                               auto=Auto(cost_params=link, compute_s=1.0, margin=0.9, diloco=False))   # per step
     opt.build([keras.Variable(np.zeros((500, 400), np.float32)), keras.Variable(np.zeros(64, np.float32))])
     auto = opt.auto_epochs
     assert auto.overlapped == 0.0   # no GPU: the collectives share the cores, nothing hidden until measured

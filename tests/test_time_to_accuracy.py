@@ -352,13 +352,13 @@ def test_a_harder_setting_waits_only_for_a_setting_that_may_run():
 def test_a_logged_decision_replays_to_its_choice():
     """Each decision logs its inputs (the settings, the state before it, the predictions, the plan and a
     trace's cost); tf_commlib.auto.decide.replay makes the same choice from them, after a round trip
-    through JSON, through margins, a family, a handicap, measured epochs and a plan."""
+    through JSON, through margins, a family, the rounds, measured epochs and a plan."""
     import json
 
     from tf_commlib.auto.decide import replay
 
     tta = TimeToAccuracy(CANDIDATES + ("hitopk_x", "diloco"), LOSSY + ("hitopk_x",), margin=0.5,
-                         handicap={"diloco": 1.25}, families=[("hitopk", "hitopk_x")])
+                         rounds=["diloco"], families=[("hitopk", "hitopk_x")])
     times = {"dense": 1.0, "2dtar": 0.8, "hitopk": 0.45, "powersgd": 0.5, "hitopk_x": 0.3, "diloco": 0.35}
     for epoch in range(6):
         plan = [(40, {c: t * (1 + 0.1 * e) for c, t in times.items()}) for e in range(3)] if epoch >= 2 else None

@@ -50,23 +50,21 @@ import math
 
 class TimeToAccuracy:
     """The choice among ``candidates`` (collective names, ties going to the earlier one), of which
-    ``lossy`` are lossy; all ranks make it from the same (allreduced) measurements. ``handicap``:
-    {candidate: factor} its time counts at where it is not the running candidate (``kept``), for a cost to
-    accuracy that no epoch measures (e.g. the drift of local SGD): the margin a change to it must
-    clear. Once it runs it counts at its time, and another replaces it at ``switch`` of that (bench tta:
-    the DiLoCo rounds reached the target in as many epochs as dense fp16 and hitopk, and a handicap kept
-    while they ran had ``auto`` leave them for hitopk at 5 Mbit/s, paying a trace for 0.02 s a step).
+    ``lossy`` are lossy; all ranks make it from the same (allreduced) measurements. ``rounds``: candidates
+    that are no exact aggregation and whose efficiency no epoch measures (the DiLoCo rounds): their steps
+    count as exact aggregation's (bench tta: the rounds at H = 8 reached the target in as many epochs as
+    dense fp16, and in fewer than PowerSGD), and they are no baseline for trying a lossy candidate.
     ``families``: tuples of lossy candidates that are settings of one collective, from the one that sends
     the most to the one that sends the least."""
 
     def __init__(self, candidates, lossy, switch=0.9, drift=1.5, min_efficiency=0.05, guard=0.3, margin=1.0,
-                 handicap=None, families=None):
+                 rounds=(), families=None):
         if not candidates:
             raise ValueError("candidates must name at least one collective")
         self.candidates, self.lossy = tuple(candidates), frozenset(lossy)
         self.switch, self.drift, self.min_efficiency = float(switch), float(drift), float(min_efficiency)
         self.guard, self.margin = float(guard), float(margin)
-        self.handicap = dict(handicap or {})
+        self.rounds = frozenset(rounds)
         self.families = None   # None: not known yet (AutoEpochs sets them from the buckets)
         if families is not None:
             self.set_families(families)
@@ -115,20 +113,17 @@ class TimeToAccuracy:
         """The running candidate: the last choice, unless the schedule left it (None)."""
         return None if self.left else self.current
 
-    def seconds_per_progress(self, name, predicted_s, entered=None):
-        """Predicted seconds per step of exact aggregation's progress (time to accuracy / steps of exact);
-        entered: the candidate is changed to (its handicap counts), default: unless it is running."""
+    def seconds_per_progress(self, name, predicted_s):
+        """Predicted seconds per step of exact aggregation's progress (time to accuracy / steps of exact)."""
         ratio = self.ratio.get(name, self.ratio.get(self.last, 1.0))
         eta = self.efficiency.get(name, 1.0)
-        entered = name != self.kept() if entered is None else entered
-        handicap = self.handicap.get(name, 1.0) if entered else 1.0
-        return predicted_s * ratio * handicap / (self.relative_efficiency(name) if eta >= self.guard else eta)
+        return predicted_s * ratio / (self.relative_efficiency(name) if eta >= self.guard else eta)
 
     def settings(self):
         """What the choice is made with besides the measurements (JSON values): replay's ``settings``."""
         return {"candidates": list(self.candidates), "lossy": sorted(self.lossy), "switch": self.switch,
                 "drift": self.drift, "min_efficiency": self.min_efficiency, "guard": self.guard,
-                "margin": self.margin, "handicap": dict(self.handicap),
+                "margin": self.margin, "rounds": sorted(self.rounds),
                 "families": None if self.families is None else [list(f) for f in self.families]}
 
     def choose(self, predicted, epoch=None, settled=None, plan=None, switch_s=None):
@@ -144,8 +139,7 @@ class TimeToAccuracy:
             raise ValueError(f"predicted has no time for {missing}")
         cost = {c: self.seconds_per_progress(c, predicted[c]) for c in self.candidates}
         later = cost if settled is None else {c: self.seconds_per_progress(c, settled[c]) for c in self.candidates}
-        # the exact aggregations: neither lossy nor with an accuracy cost no epoch measures (a handicap)
-        exact = [c for c in self.candidates if c not in self.lossy and c not in self.handicap]
+        exact = [c for c in self.candidates if c not in self.lossy and c not in self.rounds]
         now, then = (min((t[e] for e in exact), default=math.inf) for t in (cost, later))
 
         def tried_later(c):   # no slower over the run, within the margin once settled: start on it
@@ -175,8 +169,7 @@ class TimeToAccuracy:
         """{candidate: predicted seconds of the horizon's progress where the next epoch runs it}: the
         cheapest sequence of ``allowed`` candidates over plan's epochs (steps x seconds per progress
         each), every change costing switch_s, also from the running candidate to another (None: no
-        change after the next epoch, and a change to it costs nothing). A candidate changed to counts
-        with its handicap, also the running one where a sequence leaves it and comes back."""
+        change after the next epoch, and a change to it costs nothing)."""
         change = math.inf if switch_s is None else float(switch_s)
         running = self.kept() if self.kept() in allowed else None
         # the cheapest rest of the horizon after the epoch, running c in it: entered by a change, or
@@ -185,8 +178,8 @@ class TimeToAccuracy:
         for steps, times in reversed(plan):
             cheapest = min(entered.values())
             if running is not None:
-                stay = steps * self.seconds_per_progress(running, times[running], False) + min(stay, change + cheapest)
-            entered = {c: steps * self.seconds_per_progress(c, times[c], True) + min(entered[c], change + cheapest)
+                stay = steps * self.seconds_per_progress(running, times[running]) + min(stay, change + cheapest)
+            entered = {c: steps * self.seconds_per_progress(c, times[c]) + min(entered[c], change + cheapest)
                        for c in allowed}
         start = 0.0 if switch_s is None or running is None else change   # none running: every candidate alike
         out = {c: entered[c] + (start if c != self.current else 0.0) for c in allowed}

@@ -32,7 +32,7 @@ class AutoEpochs:
         self.tta = TimeToAccuracy(self.settings.candidates + ((rounds.NAME,) if local else ()),
                                   [c for c in self.settings.candidates if ALGORITHMS[c].lossy],
                                   switch=self.settings.switch, drift=self.settings.drift, margin=self.settings.margin,
-                                  handicap={rounds.NAME: 1 / rounds.MARGIN})
+                                  rounds=(rounds.NAME,) if local else ())
         self.local = None   # the LocalRounds of candidate "diloco" (built with the optimizer where it is one)
         self.local_restored = False   # a backup written while "diloco" ran: the next epoch begins from its end
         self.local_sync_s = None   # a sync of "diloco" as its last epoch measured it (exchange included)

@@ -132,10 +132,11 @@ class CompressionScheduler(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         opt = _distributed_or_none(self.model)
-        steps = getattr(self, "_step_seconds", None)
-        if opt is not None and steps:   # "auto" learns from the epoch's steps, and what a new trace cost
-            first = steps[0] - float(np.median(steps[1:])) if len(steps) > 1 else None
-            opt.end_epoch(epoch, float(np.median(steps)), len(steps), first, self._traced)
+        calls = getattr(self, "_step_seconds", None)   # one per batch callback: steps_per_execution steps
+        if opt is not None and calls:   # "auto" learns from the epoch's steps, and what a new trace cost
+            per_call = int(getattr(self.model, "steps_per_execution", 1) or 1)
+            first = calls[0] - float(np.median(calls[1:])) if len(calls) > 1 else None
+            opt.end_epoch(epoch, float(np.median(calls)) / per_call, len(calls) * per_call, first, self._traced)
 
 
 def _synchronize(model):
