@@ -343,3 +343,13 @@ def test_under_mixed_float16(run):
 def test_a_fast_link_runs_a_collective_every_step(run):
     assert {r["fast_ran"] for r in run} <= {"dense", "2dtar", "hitopk", "powersgd"}
     assert len({r["fast_digest"] for r in run}) == 1
+
+
+def test_an_epoch_shorter_than_h_syncs_at_its_end():
+    """Every epoch of the rounds ends with a sync, so an epoch of 4 steps pays a sync every 4 steps at
+    H = 8, one of 45 steps 6 syncs, and with the epoch unknown a sync every H steps."""
+    node, exchange, sync = 0.01, 0.4, 0.2
+    times = (node, exchange, sync)
+    for steps, syncs in ((4, 1 / 4), (45, 6 / 45), (None, 1 / 8), (16, 2 / 16)):
+        comm, h = rounds.communication_s(10**6, 2, 2, alphabeta.LinkParams(), 0.1, times, 8, steps)
+        assert h == 8 and comm == pytest.approx(node + (exchange + sync) * syncs), steps

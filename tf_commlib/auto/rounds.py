@@ -94,13 +94,17 @@ def interval(exchange_s, sync_s, step_s):
     return min(choose_interval(exchange_s, sync_s, step_s, overlap=False), MAX_INTERVAL)
 
 
-def communication_s(d, m, n, params, compute_s, probed=None, h=None):
+def communication_s(d, m, n, params, compute_s, probed=None, h=None, epoch_steps=None):
     """(predicted seconds of communication per step over an interval, its H): the node average, and a
     sync's exchange and work spread over the interval's H steps of compute_s + the node average; from
-    probed (probe's measured times) where given, else the formulas (times); H chosen unless given."""
+    probed (probe's measured times) where given, else the formulas (times); H chosen unless given. An
+    epoch of ``epoch_steps`` steps ends with a sync too: ceil(epoch_steps / H) syncs in it (an epoch of 4
+    steps syncs every 4 steps whatever H is; ResNet-50 in 4-step epochs at 500 Mbit/s measured 1.9 s a
+    step against 1.07 predicted at H = 8)."""
     node, exchange, sync = probed or times(d, m, n, params)
     h = h or interval(exchange, sync, compute_s + node)
-    return node + (exchange + sync) / h, h
+    syncs_per_step = 1 / h if not epoch_steps else -(-int(epoch_steps) // h) / int(epoch_steps)
+    return node + (exchange + sync) * syncs_per_step, h
 
 
 class LocalRounds(Syncs):

@@ -228,7 +228,7 @@ class AutoEpochs:
         if self.local_sync_s is not None and times is not None:
             times = (times[0], self.local_sync_s, 0.0)
         return rounds.communication_s(self.local.size, topo.m, topo.n, self.link or LinkParams(),
-                                           self.compute_s or 0.0, times, h)
+                                      self.compute_s or 0.0, times, h, self.steps)
 
     def local_interval(self):
         """The H "diloco" runs with: where probed, rounds.FIRST_INTERVAL until its syncs are measured."""
