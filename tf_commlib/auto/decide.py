@@ -53,7 +53,8 @@ class TimeToAccuracy:
     ``lossy`` are lossy; all ranks make it from the same (allreduced) measurements. ``rounds``: candidates
     that are no exact aggregation and whose efficiency no epoch measures (the DiLoCo rounds): their steps
     count as exact aggregation's (bench tta: the rounds at H = 8 reached the target in as many epochs as
-    dense fp16, and in fewer than PowerSGD), and they are no baseline for trying a lossy candidate.
+    dense fp16, and in fewer than PowerSGD); like a lossy candidate they are tried only within the margin
+    of the fastest exact one, and they are no baseline for trying a lossy candidate.
     ``families``: tuples of lossy candidates that are settings of one collective, from the one that sends
     the most to the one that sends the least."""
 
@@ -145,7 +146,9 @@ class TimeToAccuracy:
         def tried_later(c):   # no slower over the run, within the margin once settled: start on it
             return settled is not None and cost[c] <= now and later[c] <= self.margin * then
 
-        untried = {c for c in self.lossy if c not in self.ratio and exact and
+        # a candidate that is not exact aggregation (lossy, or the rounds) and has not run is tried only
+        # where predicted within the margin of the fastest exact one
+        untried = {c for c in self.lossy | self.rounds if c not in self.ratio and exact and
                    cost[c] > self.margin * now and not tried_later(c)}
         untried |= self.waiting(untried)
         allowed = [c for c in self.candidates if c not in untried or c == self.current]

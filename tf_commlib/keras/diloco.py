@@ -16,7 +16,7 @@ hierarchical local SGD). For links between nodes too slow for per-step compressi
   progress of the last interval. The link is hidden unless it takes longer than ``sync_every`` steps.
 * ``sync_every="auto"``: H chosen at each ``synchronize()`` from the measured step, exchange and sync-work
   times, the same on every rank (tf_commlib.auto.interval); AUTO_START before the first choice.
-* At each epoch end (``synchronize()``, which the callback CompressionScheduler in
+* At each epoch end (``synchronize()``, which the callback NodeSync in
   ``default_callbacks()`` calls) a pending exchange is applied and the steps since the last sync are
   synchronised without overlap: evaluation, checkpoints and the end of training see weights that are
   the same on every rank. BackupAndRestore keeps the start weights, the outer optimizer's state, the
@@ -27,7 +27,7 @@ the end of a traced step): model.fit with or without callbacks, steps_per_execut
 of ``apply_gradients`` sync alike. tf_commlib.keras.LossScaleOptimizer counts a step it skips too, so
 nodes never disagree on when to sync. The end of model.fit synchronises (finalize_variable_values); a
 custom loop calls ``synchronize()`` at its end, where its step count is not a multiple of H. Without
-CompressionScheduler nothing passes the model's batch-norm statistics (``track_statistics``): they stay
+NodeSync nothing passes the model's batch-norm statistics (``track_statistics``): they stay
 per node. Under mixed_float16 the finite check of
 tf_commlib.keras.LossScaleOptimizer is node-wide: the ranks of a node skip a step together, and no
 traffic leaves the node between syncs; a non-finite mean pseudo-gradient is skipped by every rank.
@@ -173,7 +173,7 @@ class DiLoCo(InnerSteps, Syncs, keras.optimizers.Optimizer):
 
     def track_statistics(self, variables):
         """Averages these float non-trainable variables (e.g. batch-norm statistics) at each sync;
-        before the first step (CompressionScheduler passes the model's)."""
+        before the first step (NodeSync passes the model's)."""
         if self.built:
             raise ValueError("track_statistics: the optimizer has already stepped; call it before the first step")
         self._statistics = [v for v in variables if tf.as_dtype(v.dtype).is_floating and not v.trainable]
@@ -253,7 +253,8 @@ class DiLoCo(InnerSteps, Syncs, keras.optimizers.Optimizer):
 
     def synchronize(self):
         """Makes every rank hold the same weights: applies a pending exchange, then syncs the steps since
-        the last sync without overlap (CompressionScheduler calls it at each epoch end). A collective."""
+        the last sync without overlap (NodeSync calls it at each epoch end, and the end of model.fit). A
+        collective."""
         if not self.built:
             return
         self._flush()

@@ -77,7 +77,7 @@ def global_loss_scale(model):
     tf_commlib optimizer under mixed_float16 global: ``model.optimizer`` becomes a
     tf_commlib.keras.LossScaleOptimizer around the same optimizer, with the same initial scale, growth
     steps and name (and, where the Keras one has stepped, its scale and growth counter). Call it before
-    the first step; CompressionScheduler (default_callbacks()) calls it when model.fit starts. Nothing
+    the first step; CompileGuard (in default_callbacks()) calls it when model.fit starts. Nothing
     to do where the model's optimizer is no Keras LossScaleOptimizer (or a tf_commlib one already)."""
     opt = model.optimizer
     distributed_optimizer(model)   # ValueError if there is none
@@ -90,7 +90,6 @@ def global_loss_scale(model):
             replacement.build(internals.trainable_variables(opt))
             replacement.step_counter.assign(opt.step_counter)
             replacement.dynamic_scale.assign(opt.dynamic_scale)
-            replacement.iterations.assign(opt.iterations)
     model.optimizer = replacement
 
 

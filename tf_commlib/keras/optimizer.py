@@ -15,7 +15,7 @@ DistributedOptimizer, so the gradients are unscaled before they reach DGC moment
 ``tf_commlib.keras.LossScaleOptimizer(DistributedOptimizer(opt))``, whose finite check is global (one
 1-element allreduce per step): every rank applies or skips a step together. The
 keras.optimizers.LossScaleOptimizer that Keras' compile puts around a DistributedOptimizer is made
-global by ``global_loss_scale(model)`` (CompressionScheduler, in default_callbacks(), calls it when fit
+global by ``global_loss_scale(model)`` (CompileGuard, in default_callbacks(), calls it when fit
 starts).
 """
 
