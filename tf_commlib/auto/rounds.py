@@ -26,8 +26,9 @@ H steps beats every per-step collective by a margin.
 * Accuracy: what drift between nodes costs is not measured within an epoch (its pseudo-gradient is all
   delivered at each sync, so error feedback's efficiency would call it exact). ``auto`` counts its steps
   as exact aggregation's: in bench tta the rounds at H = 8 reached the target in as many epochs as dense
-  fp16 (digits, 5 to 100 Mbit/s) and in fewer than PowerSGD (digits, 25 Mbit/s: 4 epochs against 5), so
-  they run where their step is predicted the cheapest (decide.TimeToAccuracy's ``rounds``).
+  fp16 (digits, 5 to 100 Mbit/s) and in fewer than PowerSGD (digits, 25 Mbit/s: 4 epochs against 5). Like
+  an untried lossy candidate they are first tried only within the margin of the fastest exact collective;
+  then they run where their step is predicted the cheapest (decide.TimeToAccuracy's ``rounds``).
   Batch-norm statistics stay per rank, as in a per-step epoch (tf_commlib.keras.DiLoCo averages them at
   its syncs).
 """
