@@ -68,6 +68,8 @@ FLAGS = {
         "a benchmark: 4 four-rank trainings and 2 calibrations (6 min)",
     "python -m tfc_apps.bench tta --inter-mbit 100 0 --configs auto diloco_h8_int4_no_overlap dense_fp16":
         "a benchmark: 6 four-rank trainings and 2 calibrations (7 min)",
+    "python -m tfc_apps.bench tta --inter-mbit 0 --repeats 3 --configs dense_fp16 auto":
+        "a benchmark: 6 four-rank trainings (6 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs powersgd powersgd_r1 hitopk hitopk_0.001":
         "a benchmark: 12 four-rank trainings (14 min)",
     "python -m tfc_apps.bench tta --dataset patches --inter-mbit 100 --epochs 5 --target 0.95 --repeats 3 --configs "
