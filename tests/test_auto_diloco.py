@@ -367,3 +367,18 @@ def test_untried_they_need_the_margin_as_a_lossy_candidate_does():
     ran = TimeToAccuracy(("dense", "hitopk", "diloco"), ["hitopk"], margin=0.5, rounds=["diloco"])
     ran.observe("diloco", 0.96, 0.96)
     assert ran.choose(times) == "diloco"
+
+
+def test_an_epoch_after_rounds_starts_from_synced_weights(rank0_of_2x2, monkeypatch):
+    """Where the rounds ran, the next epoch (rounds again, or a per-step collective) begins with the sync
+    of the steps since the last one, whether or not a callback synced at the epoch's end: a per-step
+    collective averages gradients, not weights, and new rounds start from the weights they find."""
+    opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
+    auto, synced = opt.auto_epochs, []
+    assert auto.local.running
+    monkeypatch.setattr(auto.local, "synchronize", lambda: synced.append(True))
+    monkeypatch.setattr(replicas, "average_variables", lambda variables: None)
+    auto.begin_window("dense")
+    assert synced == [True] and not auto.local.running
+    auto.begin_window("dense")   # no rounds ran: nothing to sync
+    assert synced == [True]

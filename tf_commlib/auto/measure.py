@@ -39,8 +39,8 @@ class Measurements:
         """For opt, whose schedule runs "auto": without Auto(cost_params=...), the link parameters
         measured once per cluster at the sizes of these variables' buckets (the cache keeps them:
         cache_path); where the link is measured (or Auto(probe=True)), every candidate timed on it
-        (probe). A collective: DistributedOptimizer.build calls it on every rank, before it builds its
-        aggregators (where no earlier call measured)."""
+        (probe). A collective: DistributedOptimizer.measure calls it on every rank before the optimizer
+        is built (never build() itself, which Keras runs on one rank's thread for a cloned model)."""
         probe = opt.auto.cost_params is None if opt.auto.probe is None else opt.auto.probe
         measure = opt.auto.cost_params is None and self.link is None
         if not measure and not (probe and self.probed is None):

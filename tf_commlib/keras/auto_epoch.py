@@ -114,6 +114,8 @@ class AutoEpochs:
                 self.local.check_begin(self.tta.candidates.index(running) if running else -1, h, self.local_restored)
             if self.local_restored:
                 self.local.running, self.local_restored = True, False
+            if self.local.running:   # the steps since the last sync (none where NodeSync synced at the
+                self.local.synchronize()   # epoch's end): the next epoch starts from the same weights
             if running == rounds.NAME:
                 self.local.start(h)
             else:   # the wrapped optimizer's state made the same on every rank again
