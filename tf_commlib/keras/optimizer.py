@@ -210,8 +210,11 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         """Nothing: the step counts itself (count_step). Kept so that a loop that calls it after each
         step runs unchanged."""
 
-    def _counts_steps(self):   # auto's "diloco" counts its steps and syncs every H of them
-        return self.auto_epochs is not None and self.auto_epochs.local is not None
+    def _counts_steps(self):
+        """Where the traced step runs auto's "diloco" (it counts its steps and syncs every H of them); a
+        step traced with a per-step collective has no py_function: a change in or out of the rounds
+        traces the step again (stale_trace)."""
+        return self.auto_epochs is not None and self.auto_epochs.running_local()
 
     def _step_done(self):
         if self.built:
