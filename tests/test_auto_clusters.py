@@ -44,13 +44,14 @@ def test_auto_on_a_gpu_cluster(table, model, gbit, wanted):
     row = table[f"{model} {gbit}"]
     choices, last = row["choices"], row["decisions"][-1]
     assert set(choices) <= wanted, (choices, last)
-    # what decided it: the choice is the least predicted seconds per step of progress
-    assert last[choices[-1]] == pytest.approx(min(last.values()))
+    # what decided it: the choice is within the noise of the least predicted time (decide.NOISE)
+    assert last[choices[-1]] <= (1 + 0.07) * min(last.values())
 
 
-def test_the_rounds_are_no_exact_baseline_for_trying_a_compressed_candidate(table):
-    """ResNet-50 at 1 Gbit/s: the DiLoCo rounds (0.24 s a step) are not exact aggregation; PowerSGD (0.2 s,
-    hidden under the compute) is tried against 2dtar (0.64 s), not against half the rounds' time."""
+def test_at_1_gbit_a_compressed_candidate_hides_where_the_rounds_do_not(table):
+    """ResNet-50 at 1 Gbit/s: PowerSGD and hitopk hide under the compute (0.2 s a step, a tie that the
+    earlier candidate takes); the DiLoCo rounds add a sync every H (0.24 s); 2dtar takes 0.64 s."""
     row = table["resnet50 1"]
     costs = row["decisions"][0]
-    assert costs["powersgd"] < costs["diloco"] < costs["2dtar"] and row["choices"][0] == "powersgd"
+    assert max(costs["powersgd"], costs["hitopk"]) < costs["diloco"] < costs["2dtar"]
+    assert row["choices"][0] == "hitopk"

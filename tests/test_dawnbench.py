@@ -137,7 +137,7 @@ def test_auto_schedule_with_the_step_breakdown(tmp_path):
     with open(tmp_path / "auto_log.jsonl") as f:   # each decision with the predictions behind it
         decisions = [json.loads(line) for line in f]
     assert [d["ran"] for d in decisions if "ran" in d] == [r["algorithm"] for r in _rows(tmp_path)]
-    assert set(decisions[0]["seconds_per_progress"]) >= set(AUTO_CANDIDATES)
+    assert set(decisions[0]["predicted_s"]) >= set(AUTO_CANDIDATES)
     assert re.search(r"calibrated; forward\+backward \d+ ms per step \(auto_compute_s\)", out), out[-3000:]
 
 

@@ -151,8 +151,8 @@ def _run_reshaped(worker, tmp_path, first_mbit, then_mbit):
 
 
 def test_auto_follows_a_link_that_changes_mid_run(cluster, tmp_path):
-    """DistributedOptimizer(algorithm="auto") (its per-step candidates: Auto(diloco=False), since DiLoCo
-    rounds win on either link for this model of a few ms of compute) trains 2 epochs at FAST_MBIT, the
+    """DistributedOptimizer(algorithm="auto") (dense and hitopk at density 0.25: DiLoCo rounds or a sparser
+    candidate win on either link for this model of a few ms of compute) trains 2 epochs at FAST_MBIT, the
     link is re-shaped to RESHAPED_MBIT (scripts/emulate_cluster.sh reshape), and within two epochs the
     step time it measures has it calibrate the link again and run what it would choose from scratch there."""
     from tf_commlib.collectives import ALGORITHMS

@@ -109,7 +109,7 @@ def test_the_default_optimizer_in_a_custom_loop_measures_and_trains_alike_on_eve
     assert measured and {"dense", "2dtar", "hitopk", "powersgd"} <= set(probed)
     decisions = [d for d in reports[0]["default_log"] if "choice" in d]   # what it chose, and why
     assert decisions[0]["choice"] == reports[0]["default_algorithm"] and decisions[0]["epoch"] == 0
-    assert set(decisions[0]["seconds_per_progress"]) >= set(probed)
+    assert set(decisions[0]["predicted_s"]) >= set(probed)
     got = np.array(reports[0]["default"])
 
     def loss(v):

@@ -31,7 +31,7 @@ def choices(shapes, step_s, gbit, epochs=4):
     for epoch in range(1, epochs):   # DGC's warm-up epochs, then the target density
         opt.set_epoch(epoch)
         out.append(opt.algorithm_at(epoch))
-    return {"choices": out, "decisions": [d["seconds_per_progress"] for d in opt.auto_log if "choice" in d]}
+    return {"choices": out, "decisions": [d["predicted_s"] for d in opt.auto_log if "choice" in d]}
 
 
 def main(path):

@@ -30,10 +30,13 @@ link = costmodel.calibrate(topo, **costmodel.sizes_for(largest))
 compute_s = costmodel.compute_seconds(topo, model, x[:16], y[:16], loss)
 calibration_s = time.perf_counter() - started
 # no DGC warm-up (auto's default has 2 epochs): a ratio is compared across epochs of one density
-# only, and the link changes after epoch 1. The per-step candidates only: this model's compute is a few
-# ms, so DiLoCo rounds (every 8 steps across nodes) are predicted the fastest on either link
-opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm="auto", dgc=DGC(),
-                           auto=Auto(cost_params=link, compute_s=compute_s, diloco=False))
+# only, and the link changes after epoch 1. dense and hitopk at density 0.25 only: this model's compute
+# is a few ms, so DiLoCo rounds (every 8 steps across nodes) or a sparser candidate would be predicted
+# the fastest on either link; at 0.25 hitopk sends half of dense's bytes, within the noise on the fast
+# link (dense runs) and well below on the slow one
+opt = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm="auto", dgc=DGC(), density=0.25,
+                           auto=Auto(cost_params=link, compute_s=compute_s, candidates=("dense", "hitopk"),
+                                     diloco=False))
 model.compile(opt, loss, jit_compile=False)
 
 
@@ -48,10 +51,9 @@ class Reshape(keras.callbacks.Callback):
 started = time.perf_counter()
 model.fit(x, y, batch_size=16, epochs=5, verbose=0, callbacks=default_callbacks() + [Reshape()])
 auto = opt.auto_epochs
-# what a run starting on the new link would choose first: the same predictions and rules (its margin
-# for an untried lossy candidate), nothing measured yet
-fresh = TimeToAccuracy(auto.tta.candidates, auto.tta.lossy, margin=auto.tta.margin).choose(
-    {c: auto.step_s(c, opt.density_at(4)) for c in auto.tta.candidates})
+# what a run starting on the new link would choose first: the same predictions, nothing measured yet
+fresh = TimeToAccuracy(auto.tta.candidates, auto.tta.lossy).choose(
+    [(None, {c: auto.step_s(c, opt.density_at(4)) for c in auto.tta.candidates})])
 report(topo.rank, {"choices": [row["choice"] for row in auto.tta.log if "choice" in row], "from_scratch": fresh,
                    "log": auto.tta.log, "recalibrations": auto.recalibrations,
                    "beta_inter": [link.beta_inter, auto.link.beta_inter],

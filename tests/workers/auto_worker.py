@@ -57,5 +57,4 @@ out["calibrated_beta_inter"] = opt.calibrated_link.beta_inter
 out["probed"] = opt.probed
 out["probed_warmup"] = {c: sorted([d, s] for d, s in t.items()) for c, t in opt.probed_warmup.items()}
 out["scaled_at"] = sorted([c, d] for c, d in opt.auto_epochs._scales)   # (candidate, density) of each ratio used
-out["probe_margin"] = opt.auto_epochs.tta.margin
 report(topo.rank, out)

@@ -38,21 +38,18 @@ class Auto:
 
     DistributedOptimizer(algorithm="auto") runs one of ``candidates`` (registered collective names;
     default default_candidates(): every registered one with auto_candidate=True) on its compressible
-    variables each epoch: the one with the least
-    predicted time to accuracy (tf_commlib.auto.decide.TimeToAccuracy: the cost model's step time on
-    ``cost_params``, corrected by the measured step times, over the measured efficiency of a lossy
-    one); another candidate replaces the running one only where it is predicted ``switch`` times
-    its time or less; a candidate whose measured / predicted step time moves by more than ``drift``
+    variables each epoch: the first of the sequence of candidates with the least predicted time over the
+    epochs left (tf_commlib.auto.decide: the cost model's step time on ``cost_params``, corrected by the
+    measured step times, over the measured efficiency of a lossy one, each change of candidate paying a
+    trace of the step); a candidate whose measured / predicted step time moves by more than ``drift``
     between two of its epochs makes the link be calibrated again. ``probe``: when fit starts, each
     candidate's aggregation of the model's buckets is timed on the link (tf_commlib.auto.measure.probe_candidates,
-    kept with the calibration) and the predictions are scaled to those times; a lossy candidate that
-    has not run yet is then tried where it is predicted ``switch`` times the fastest exact one's or
-    less. None (default): probe where the link is measured (no cost_params). Without a probe, such a
-    candidate is tried only at ``margin`` times or less (``margin`` is also
-    GradientAggregator(algorithm="auto")'s per-bucket rule). ``diloco``: True: where there are
-    several nodes, "auto" may also run an epoch as DiLoCo rounds (local steps inside the nodes, a sync
-    across them every H steps: tf_commlib.auto.rounds) where predicted well below every
-    candidate's time; None (default): so where ``candidates`` is the default; False: never.
+    kept with the calibration) and the predictions are scaled to those times; None (default): probe
+    where the link is measured (no cost_params). ``switch``: with a probe, a lossy candidate's larger
+    buckets are used where its timed aggregation is at most ``switch`` times the fastest exact one's
+    (measure.lossy_bucket_bytes). ``diloco``: True: where there are several nodes, "auto" may also run an
+    epoch as DiLoCo rounds (local steps inside the nodes, a sync across them every H steps:
+    tf_commlib.auto.rounds); None (default): so where ``candidates`` is the default; False: never.
     """
     cost_params: LinkParams = None
     margin: float = AUTO_MARGIN
@@ -109,16 +106,6 @@ def default_candidates():
     AUTO_CANDIDATES' first in their order, then any other in the order it was registered."""
     flagged = [name for name, coll in ALGORITHMS.items() if coll.auto_candidate]
     return tuple(n for n in AUTO_CANDIDATES if n in flagged) + tuple(n for n in flagged if n not in AUTO_CANDIDATES)
-
-
-def families(names, sent):
-    """The settings of one collective among the lossy ``names`` (registered copies sharing its fn, e.g.
-    another density_scale or PowerSGD rank), each family ordered from the one that sends the most
-    (sent(name): its bytes per step) to the least; ties in the order of names."""
-    by_fn = {}
-    for name in names:
-        by_fn.setdefault(ALGORITHMS[name].fn, []).append(name)
-    return [tuple(sorted(f, key=lambda c: -sent(c))) for f in by_fn.values() if len(f) > 1]
 
 
 class AutoChooser:

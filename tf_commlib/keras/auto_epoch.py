@@ -16,7 +16,6 @@ import tensorflow as tf
 
 from tf_commlib import costmodel, fusion, replicas
 from tf_commlib.alphabeta import LinkParams
-from tf_commlib.aggregator.chooser import families
 from tf_commlib.auto import rounds
 from tf_commlib.auto.decide import TimeToAccuracy
 from tf_commlib.collectives import ALGORITHMS, predict
@@ -31,8 +30,7 @@ class AutoEpochs:
         local = rounds.enabled(self.settings, current_topology(), opt)
         self.tta = TimeToAccuracy(self.settings.candidates + ((rounds.NAME,) if local else ()),
                                   [c for c in self.settings.candidates if ALGORITHMS[c].lossy],
-                                  switch=self.settings.switch, drift=self.settings.drift, margin=self.settings.margin,
-                                  rounds=(rounds.NAME,) if local else ())
+                                  drift=self.settings.drift, rounds=(rounds.NAME,) if local else ())
         self.local = None   # the LocalRounds of candidate "diloco" (built with the optimizer where it is one)
         self.local_restored = False   # a backup written while "diloco" ran: the next epoch begins from its end
         self.local_sync_s = None   # a sync of "diloco" as its last epoch measured it (exchange included)
@@ -47,10 +45,7 @@ class AutoEpochs:
         self.probed = opt.measurements.probed   # {candidate: measured seconds} (probe_candidates)
         self.probed_warmup = opt.measurements.probed_warmup   # {candidate: {density: seconds}}
         self.probed_on = self.link   # the link the candidates were timed on (a restored one is timed again)
-        if self.probed:   # the untried lossy candidates' step times were measured: no prior margin
-            self.tta.margin = self.settings.switch
-        self._scales, self.variables, self.densities = {}, [], {}   # densities: candidate -> its last epoch's
-        self.last_measured = None   # (candidate, step seconds, density, its collectives' seconds): the last epoch
+        self._scales, self.variables = {}, []
         self.steps = self.switch_s = None   # the last measured epoch's steps; what a new trace of the step costs
         self.first_s = {}      # traced (True/False) -> the last such epoch's first step, less the others' median
 
@@ -147,8 +142,7 @@ class AutoEpochs:
                 "local_running": self.running_local(), "local_sync_s": self.local_sync_s,
                 "steps": self.steps, "switch_s": self.switch_s,
                 "link": self.link.as_list() if self.recalibrations and self.link is not None else None,
-                "first_s": {"traced" if k else "untraced": v for k, v in self.first_s.items()}, "densities": dict(
-                    self.densities), "last_measured": None if self.last_measured is None else list(self.last_measured)}
+                "first_s": {"traced" if k else "untraced": v for k, v in self.first_s.items()}}
 
     def restore(self, state):
         """What state() kept; a value it does not hold as built (a rank restores its latest backup, then its
@@ -160,10 +154,6 @@ class AutoEpochs:
         self.first_s = {k == "traced": float(v) for k, v in (state.get("first_s") or {}).items()}
         self.local_restored = bool(state.get("local_running"))
         self.local_sync_s = None if state.get("local_sync_s") is None else float(state["local_sync_s"])
-        self.densities = {k: float(v) for k, v in (state.get("densities") or {}).items() if k in self.tta.candidates}
-        last = state.get("last_measured")
-        self.last_measured = None if not last or last[0] not in self.tta.candidates else (
-            last[0], float(last[1]), float(last[2]), float(last[3]))
         link = state.get("link")   # measured again during the run (recalibrate)
         self.link, self.recalibrations = (LinkParams.from_list(link), 1) if link is not None else (
             self.settings.cost_params or self.opt.measurements.link, 0)
@@ -248,21 +238,6 @@ class AutoEpochs:
         hidden = 0.0 if name == rounds.NAME else self.overlapped * min(compute, comm)
         return compute + comm - hidden
 
-    def untried_bound(self, density):
-        """Per lossy candidate not yet run: its step should communication hide none of the compute (the
-        last measured step, less its collectives as they ran, plus the candidate's), in the units
-        TimeToAccuracy scales by the last measured/predicted ratio: the measured overlap rests on a compute
-        time measured apart from the step (noisy on shared cores). Empty before an epoch is measured."""
-        if self.last_measured is None:
-            return {}
-        name, measured, at, comm = self.last_measured
-        ratio = self.tta.ratio.get(name)
-        if not ratio:
-            return {}
-        compute = max(0.0, measured - comm)
-        return {c: (compute + self.communication_s(c, density)) / ratio
-                for c in self.tta.candidates if c in self.tta.lossy and c not in self.tta.ratio}
-
     def horizon(self, epoch):
         """The epochs a choice at `epoch` is weighed over: from it to the end of the fit
         (DistributedOptimizer.fit_epochs) while the schedule runs "auto"; just `epoch` where the
@@ -276,40 +251,17 @@ class AutoEpochs:
     def per_epoch(self, epoch):
         """[{candidate: predicted seconds per step}, ...], one per epoch of the horizon, each at its
         density (a DGC warm-up's near-dense epochs count for what they cost, and so does what the
-        candidate saves after them), an untried lossy candidate at most its untried_bound."""
-        out = []
-        for e in self.horizon(epoch):
-            density = self.opt.density_at(e)
-            bound = self.untried_bound(density)
-            out.append({c: min(self.step_s(c, density), bound.get(c, math.inf)) for c in self.tta.candidates})
-        return out
-
-    def predictions(self, epoch, per=None):
-        """{candidate: predicted seconds per step, the mean over the horizon's epochs (per_epoch)}."""
-        per = per or self.per_epoch(epoch)
-        return {c: sum(p[c] for p in per) / len(per) for c in self.tta.candidates}
-
-    def settled(self, epoch):
-        """{candidate: predicted seconds per step} in the horizon's last epoch, at its density (after
-        DGC's warm-up where the fit outlasts it), an untried lossy candidate at most its untried_bound."""
-        return self.per_epoch(epoch)[-1]
+        candidate saves after them)."""
+        return [{c: self.step_s(c, self.opt.density_at(e)) for c in self.tta.candidates} for e in self.horizon(epoch)]
 
     def choose(self, epoch):
-        """Once an epoch was measured, by the cheapest sequence of candidates over the horizon, a
-        change costing a new trace of the step (TimeToAccuracy.plan_seconds); before, by the mean; the
-        candidates timed again first where timed on another link than the restored one (a collective)."""
+        """The model's choice over the horizon (TimeToAccuracy.choose), the candidates timed again first
+        where timed on another link than the restored one (a collective)."""
         if self.probed and self.probed_on != self.link:
             self._probe()
-        self.tta.at_target(self.opt.target_density)
-        if self.tta.families is None:   # settings of one collective, by their bytes at the target density
-            buckets = [(g.aggregator, b) for g in self._groups() for b in g.aggregator.buckets]
-            self.tta.set_families(families([c for c in self.tta.candidates if c in self.tta.lossy], lambda c: sum(
-                sum(a.bucket_bytes(b, c, self.opt.target_density).values()) for a, b in buckets)))
         per = self.per_epoch(epoch)
-        plan = [(self.steps, p) for p in per] if self.steps else None
         before = self.tta.current
-        choice = self.tta.choose(self.predictions(epoch, per), epoch, settled=per[-1], plan=plan,
-                                 switch_s=self.switch_s)
+        choice = self.tta.choose([(self.steps, p) for p in per], epoch, trace_s=self.switch_s)
         self.tta.log[-1].update(density=self.opt.density_at(epoch), horizon=len(per))
         if choice != before and current_topology().rank == 0:
             print(announcement(self.tta.log[-1], before), flush=True)
@@ -351,23 +303,17 @@ class AutoEpochs:
         elif self.opt.overlap and self.running != rounds.NAME and min(comm, self.compute_s) > 0:
             # how much of the shorter one the step hid (a "diloco" step hides nothing)
             self.overlapped = float(np.clip((self.compute_s + comm - measured) / min(comm, self.compute_s), 0, 1))
-        # a warm-up density moves a collective's ratio by itself ("diloco" sends no density)
-        same = self.running == rounds.NAME or self.densities.get(self.running) == density
-        self.densities[self.running] = density
         # "diloco": a step that moved by more than drift against its prediction from the last epoch's syncs
         # means the link changed (a sync's own time is no such sign: the ranks' wait at a sync grows with H);
         # the ratio kept is against the prediction from this epoch's syncs
         predicted = self.step_s(self.running, density)
         if sync is not None:
             self.local_sync_s = sync
-        settled = density == self.opt.target_density   # a DGC warm-up's eta does not tell settings apart
-        if self.tta.observe(self.running, measured, predicted, eta, comparable=same, settled=settled,
+        if self.tta.observe(self.running, measured, predicted, eta, None if self.running == rounds.NAME else density,
                             kept_s=self.step_s(self.running, density)):
             self.recalibrate()
             if sync is not None:   # measured on the new link
                 self.local_sync_s = sync
-        # its collectives as they ran ("diloco": at its H, its syncs as measured)
-        self.last_measured = (self.running, float(measured), density, float(self.communication_s(self.running, density)))
         self.tta.log.append({"epoch": epoch, "ran": self.running, "measured_s": float(measured), "efficiency": float(eta),
                              "switch_s": self.switch_s})
         if self.running == rounds.NAME:
@@ -395,13 +341,11 @@ class AutoEpochs:
 
 
 def announcement(decision, before):
-    """The line rank 0 prints where auto's choice changes: the epoch, the change, and the predicted seconds
-    per step of exact aggregation's progress that decided it (over the horizon where a plan was weighed)."""
-    weights = decision.get("plan_s") or decision["seconds_per_progress"]
-    kind = "s over the horizon" if decision.get("plan_s") else "s per step of progress"
-    ranked = ", ".join(f"{c} {t:.4g}" for c, t in sorted(weights.items(), key=lambda item: item[1]))
+    """The line rank 0 prints where auto's choice changes: the epoch, the change, and the predicted times
+    that decided it (TimeToAccuracy.choose's, in its unit)."""
+    ranked = ", ".join(f"{c} {t:.4g}" for c, t in sorted(decision["predicted_s"].items(), key=lambda item: item[1]))
     return (f"tf_commlib auto: epoch {decision['epoch']}: {before or 'start'} -> {decision['choice']} "
-            f"(predicted {kind}: {ranked})")
+            f"(predicted {decision['unit']}: {ranked})")
 
 
 def delivered(r_start, r_end, sum_u):

@@ -242,7 +242,7 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
     @property
     def auto_log(self):
         """"auto"'s decisions and measured epochs, one dict each ({"epoch", "choice",
-        "seconds_per_progress", ...} for a choice; {"epoch", "ran", "measured_s", "efficiency", ...} for an
+        "predicted_s", "unit", "inputs", ...} for a choice; {"epoch", "ran", "measured_s", "efficiency", ...} for an
         epoch that ran); [] without "auto". Rank 0 prints a line for each change of choice."""
         return [] if self.auto_epochs is None else list(self.auto_epochs.tta.log)
 
