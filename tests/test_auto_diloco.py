@@ -356,3 +356,17 @@ def test_an_epoch_after_rounds_starts_from_synced_weights(rank0_of_2x2, monkeypa
     assert synced == [True] and not auto.local.running
     auto.begin_window("dense")   # no rounds ran: nothing to sync
     assert synced == [True]
+
+
+def test_the_rounds_step_is_the_mean_with_its_syncs_counted_once(rank0_of_2x2, monkeypatch):
+    """At H = 2 half the steps hold a sync: 16 steps of 0.2 s and 16 of 0.5 s (a sync of 0.3 s inside). The
+    rounds' measured step is their mean, 0.35 s, whatever the median; a median alone gets the syncs added."""
+    monkeypatch.setattr(replicas, "summed", lambda v: 4 * np.asarray(v, np.float64))   # 4 ranks alike
+    opt = _built(cost_params=alphabeta.LinkParams(beta_inter=8 / 1e6), compute_s=0.19, probe=False)
+    auto = opt.auto_epochs
+    calls = [0.2, 0.5] * 16
+    for mean_s, expected in ((float(np.mean(calls[1:])), float(np.mean(calls[1:]))), (None, 0.2 + 16 * 0.3 / 32)):
+        auto.running = "diloco"
+        auto.local.synced, auto.local.sync_s, auto.local.interval = [0.3] * 16, 16 * 0.3, 2
+        auto.end_epoch(0, 0.2, steps=32, mean_s=mean_s)
+        assert auto.tta.log[-1]["measured_s"] == pytest.approx(expected)

@@ -267,18 +267,21 @@ class AutoEpochs:
             print(announcement(self.tta.log[-1], before), flush=True)
         return choice
 
-    def end_epoch(self, epoch, measured_s, steps=None, first_s=None, traced=False):
+    def end_epoch(self, epoch, measured_s, steps=None, first_s=None, traced=False, mean_s=None):
         """An epoch of ``running`` ended; its steps took measured_s seconds each on this rank
-        (median), there were ``steps`` of them, the first first_s seconds more than the others'
-        median (None: one step), and ``traced``: the epoch began with a new trace of the step (the
-        same epochs on every rank). A trace costs what a traced epoch's first step takes more than
+        (median; mean_s: the mean after the first), there were ``steps`` of them, the first first_s
+        seconds more than the others' median (None: one step), and ``traced``: the epoch began with a
+        new trace of the step (the same epochs on every rank). The rounds' step is the mean: their
+        syncs run inside 1 step in H, which the median leaves out for H > 2 and takes in for H <= 2. A trace costs what a traced epoch's first step takes more than
         an untraced one's (which pays the input pipeline's start, say), the means over the ranks."""
         if self.running is None:
             return
         synced = []
         if self.running == rounds.NAME:
             synced = self.local.synced
-            if steps:   # its syncs run after the batches' ends
+            if mean_s is not None:
+                measured_s = mean_s
+            elif steps:   # a median alone: the syncs added (the median leaves them out for H > 2)
                 measured_s += self.local.sync_s / steps
         totals = replicas.summed(np.concatenate([self._delivered_here(),   # one allreduce
                                          [measured_s, steps or 0, first_s or 0.0, first_s is not None,

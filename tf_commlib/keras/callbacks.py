@@ -136,7 +136,9 @@ class CompressionScheduler(keras.callbacks.Callback):
         if opt is not None and calls:   # "auto" learns from the epoch's steps, and what a new trace cost
             per_call = int(getattr(self.model, "steps_per_execution", 1) or 1)
             first = calls[0] - float(np.median(calls[1:])) if len(calls) > 1 else None
-            opt.end_epoch(epoch, float(np.median(calls)) / per_call, len(calls) * per_call, first, self._traced)
+            mean = float(np.mean(calls[1:] if len(calls) > 1 else calls)) / per_call
+            opt.end_epoch(epoch, float(np.median(calls)) / per_call, len(calls) * per_call, first, self._traced,
+                          mean_s=mean)
 
 
 def _synchronize(model):

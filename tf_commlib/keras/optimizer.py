@@ -196,11 +196,11 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         weighs each candidate over the epochs up to it (AutoEpochs.horizon). None: the next epoch."""
         self.fit_epochs = None if epochs is None else int(epochs)
 
-    def end_epoch(self, epoch, step_s, steps=None, first_s=None, traced=False):
+    def end_epoch(self, epoch, step_s, steps=None, first_s=None, traced=False, mean_s=None):
         """An epoch ended, as CompressionScheduler measured it: for "auto", what the next choice
         learns from (AutoEpochs.end_epoch; a collective on every rank)."""
         if self.auto_epochs is not None and self.built and self.plan.algorithm_at(epoch) == "auto":
-            self.auto_epochs.end_epoch(epoch, step_s, steps, first_s, traced)
+            self.auto_epochs.end_epoch(epoch, step_s, steps, first_s, traced, mean_s)
 
     @property
     def state_differs_by_node(self):   # the wrapped optimizer's, in auto's "diloco" (not broadcast)
