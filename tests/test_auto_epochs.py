@@ -98,3 +98,32 @@ def test_a_warm_up_density_is_predicted_from_its_own_timing(rank0_of_2x2):
     for warm, choice in (({}, "hitopk"), (auto.probed_warmup, "powersgd")):
         auto.probed_warmup, auto._scales, auto.tta.current = warm, {}, None
         assert auto.choose(0) == choice
+
+
+def test_the_probe_is_priced_against_the_steps_of_the_fit(rank0_of_2x2, monkeypatch):
+    """Timing the candidates pays where the fit's steps times the most the choice can save per step exceed
+    what the probe's other runs cost (each at its first run's seconds); Auto(probe=None) prices it where
+    fit's epochs and steps are known, Auto(probe=True) and a loop that gives no steps always time."""
+    import keras
+
+    from tf_commlib import alphabeta, costmodel
+    from tf_commlib.auto import measure
+    from tf_commlib.keras import DistributedOptimizer
+
+    predicted = {"dense": 1.6, "2dtar": 1.1, "hitopk": 1.3, "powersgd": 0.4}   # ResNet-50 at 500 Mbit/s
+    assert not measure.probe_pays(12, 15.0, 6, predicted)   # 14 s to save against 75 s
+    assert measure.probe_pays(100, 15.0, 6, predicted)      # 120 s against 75 s
+    from tf_commlib.keras import auto_epoch
+
+    monkeypatch.setattr(measure, "current_topology", auto_epoch.current_topology)   # rank 0 of 2x2
+    monkeypatch.setattr(costmodel, "cached_calibration", lambda topo, path, **kw: (alphabeta.LinkParams(), "cached"))
+    asked = []
+    monkeypatch.setattr(measure, "probe_candidates",
+                        lambda opt, variables, link, steps=None: asked.append(steps) or (None, {}))
+    variables = [keras.Variable(np.zeros((500, 400), np.float32))]
+    for probe, fit, expected in ((None, (3, 4), 12), (None, None, None), (True, (3, 4), None)):
+        opt = DistributedOptimizer(keras.optimizers.SGD(0.1), auto=Auto(probe=probe, diloco=False))
+        if fit:
+            opt.set_fit_epochs(*fit)
+        opt.measure(variables)
+        assert asked[-1] == expected and opt.measurements.probed is None   # not paid: not timed

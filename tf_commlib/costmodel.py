@@ -209,7 +209,8 @@ def cached_values(topo, path, key, measure, check=lambda values: None, remeasure
     """(list of floats, "cached" or "measured"): what ``measure()`` returns (the same on every rank),
     kept in ``path`` under ``key`` (calibration_key). Rank 0 reads the file; where it holds values
     for this key and ``remeasure`` is False, every rank gets them (rank 0's float64s, one all-gather);
-    else every rank measures and rank 0 writes the file (0600). Collective: every rank calls it."""
+    else every rank measures and rank 0 writes the file (0600); where measure() returns no values
+    (on every rank), ([], "skipped") and no file. Collective: every rank calls it."""
     import numpy as np
     import tensorflow as tf
 
@@ -223,6 +224,8 @@ def cached_values(topo, path, key, measure, check=lambda values: None, remeasure
     if values:
         return [float(v) for v in values], "cached"
     measured = [float(v) for v in measure()]
+    if not measured:   # measure() chose not to (the same on every rank): nothing kept
+        return [], "skipped"
     if topo.rank == 0:
         _write_cache(path, key, measured)
     return measured, "measured"

@@ -54,16 +54,20 @@ class Measurements:
         compressible = any(not opt.dense_layers(v) for v in variables)   # else auto has nothing to choose
         if probe and topo.size > 1 and self.probed is None and not opt.selection.qrgc and compressible:
             link = opt.auto.cost_params or self.link or LinkParams()
-            probed, warm = probe_candidates(opt, variables, link)
-            cap = lossy_bucket_bytes(opt, probed)
+            # Auto(probe=None): priced against the fit's steps where they are known
+            steps = opt.fit_epochs * opt.fit_steps if opt.auto.probe is None and opt.fit_epochs and \
+                opt.fit_steps else None
+            probed, warm = probe_candidates(opt, variables, link, steps=steps)
+            cap = None if probed is None else lossy_bucket_bytes(opt, probed)
             if cap is not None:   # the run's buckets are that candidate's: timed again where they differ
                 specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables if not opt.dense_layers(v)]
                 before = [b.sizes for b in fusion.plan(specs, opt.fusion_threshold_bytes)]
                 opt.use_bucket_cap(cap, variables)
                 if [b.sizes for b in fusion.plan(specs, opt.fusion_threshold_bytes)] != before:
                     probed, warm = probe_candidates(opt, variables, link)
-            self.probed, self.probed_warmup = probed, warm
-            self.local = probe_local(opt, variables, link)
+            if probed is not None:
+                self.probed, self.probed_warmup = probed, warm
+                self.local = probe_local(opt, variables, link)
 
     def probe(self, opt, variables, link):
         """Every candidate (and the DiLoCo rounds) timed again on ``link`` (a link measured again during
@@ -102,8 +106,19 @@ def warmup_densities(opt):
     return sorted({opt.density_at(e) for e in range(opt.plan.warmup)} - {opt.target_density}, reverse=True)
 
 
-def probe_candidates(opt, variables, link, repeats=3):
-    """({candidate: seconds}, {candidate: {density: seconds}}): one aggregation of the compressible
+def probe_pays(steps, first_s, runs, predicted):
+    """Whether timing the candidates earns itself back: the steps left times the most the choice can
+    save per step (the slowest candidate's predicted collectives less the fastest's, ``predicted``:
+    {candidate: seconds}) above what the probe's other runs cost, each taken at its first run's seconds
+    (a trace of the aggregation and its calls). Horovod's Keras benchmark, ResNet-50 at 64 px on 2x2 at
+    500 Mbit/s: 12 steps do not pay a probe of about two minutes; 100 do."""
+    return steps * (max(predicted.values()) - min(predicted.values())) > (runs - 1) * first_s
+
+
+def probe_candidates(opt, variables, link, repeats=3, steps=None):
+    """({candidate: seconds}, {candidate: {density: seconds}}), or (None, {}) where ``steps`` (the steps
+    the fit runs; None: not known, always timed) do not pay the timing (probe_pays, after its first run,
+    the same on every rank; nothing cached then): one aggregation of the compressible
     variables' gradients (random normal) with each of opt.auto.candidates, as opt runs it (its
     buckets, target density, selector and options; the exact ones in 16 bits unless compression
     says otherwise), in a tf.function: the median of ``repeats`` calls after one warm-up call,
@@ -140,6 +155,12 @@ def probe_candidates(opt, variables, link, repeats=3):
                  for i, v in enumerate(lossy)]
         seconds = []
         for candidate, density in runs:
+            if len(seconds) == 1 and steps is not None:   # priced once its first run is paid
+                first_s = float(replicas.summed(np.array([time.perf_counter() - started]))[0]) / topo.size
+                predicted = {c: predict(c, d, topo.m, topo.n, opt.target_density, link, options.get(c)) for c in names}
+                if not probe_pays(steps, first_s, len(runs), predicted):
+                    return []
+            started = time.perf_counter()
             agg = GradientAggregator(candidate, density, opt.selection.selector, topology=topo,
                                      fusion_threshold_bytes=opt.fusion_threshold_bytes, seed=opt.selection.seed,
                                      algorithm_options=options)
@@ -158,6 +179,8 @@ def probe_candidates(opt, variables, link, repeats=3):
             raise ValueError(f"a probe must hold {len(runs)} numbers, got {len(values)}")
 
     values = cached_probe(topo, key, measure, check)
+    if not values:
+        return None, {}
     warm = {}
     for (candidate, density), seconds in zip(runs[len(names):], values[len(names):]):
         warm.setdefault(candidate, {})[density] = seconds

@@ -1,36 +1,19 @@
 """DistributedOptimizer(algorithm="auto")'s candidate "diloco": for an epoch, local SGD inside the nodes
-and a DiLoCo sync across them every H steps, where the link between nodes is so slow that talking every
-H steps beats every per-step collective by a margin.
+and a DiLoCo sync across them every H steps (docs/collectives.md, "DiLoCo rounds in auto").
 
 * Every step: what the collectives would aggregate (the gradients, or DGC's momentum-corrected update)
   is averaged over the node's ranks only (diloco_sync.node_average), and the wrapped optimizer steps.
-* Every H steps and at the epoch's end: the sync of tf_commlib.keras.DiLoCo without overlap
+* Every H steps and at the epoch's end: tf_commlib.keras.DiLoCo's sync without overlap
   (diloco_sync.Syncs): each node's pseudo-gradient between nodes in 4 bits (CODEC) with error feedback,
-  and every rank goes on from the start weights minus its mean, the nodes' average (an outer SGD of
-  lr 1 without momentum: Lin et al.'s hierarchical local SGD). An epoch ends with the same weights on
-  every rank, and the next may run a per-step collective. These are bench tta's
-  ``diloco_h8_int4_no_overlap`` settings: its final top-1 was dense fp16's within a point (docs/diloco.md;
-  with overlap a point lower; with DiLoCo's Nesterov outer step, lr 0.7 and momentum 0.9, 0.825
-  against 0.911 in 8 epochs).
-* H: the smallest of interval.AUTO_INTERVALS up to MAX_INTERVAL whose sync (exchange included) adds at
-  most interval.EXPOSED of H steps' time (interval.choose_interval without overlap, on the predicted
-  times; bench tta measured H = 8 within a point of dense fp16 and H = 16 and more below). Where probed,
-  FIRST_INTERVAL until an epoch of it has measured its syncs (as DiLoCo(sync_every="auto") starts): the
-  probe times a sync's exchange and one node average, a third or less of what a sync then measures (it
-  also reads, codes and writes every weight): on the digits at 25 Mbit/s its times give H = 2, the
-  measured syncs 8.
+  every rank going on from the nodes' mean (an outer SGD of lr 1: Lin et al.'s hierarchical local SGD).
+  bench tta's ``diloco_h8_int4_no_overlap``: its final top-1 was dense fp16's within a point
+  (docs/diloco.md).
+* H: the smallest of interval.AUTO_INTERVALS up to MAX_INTERVAL whose sync adds at most interval.EXPOSED
+  of H steps' time (bench tta: H = 8 within a point of dense fp16, H = 16 and more below); where probed,
+  FIRST_INTERVAL until an epoch of it has measured its syncs (the probe times an exchange and one node
+  average, a third or less of what a sync measures).
 * Time: per step the node average, per sync the exchange between nodes and the sync's work inside the
-  node (its reduce-scatter and all-gather): timed on the link when fit starts (``probe``, where "auto"
-  times its candidates: the same footing as theirs), else the alpha-beta model of the link (``times``).
-  What an epoch of it takes is measured (its steps, and the syncs, which run after a batch's end).
-* Accuracy: what drift between nodes costs is not measured within an epoch (its pseudo-gradient is all
-  delivered at each sync, so error feedback's efficiency would call it exact). ``auto`` counts its steps
-  as exact aggregation's: in bench tta the rounds at H = 8 reached the target in as many epochs as dense
-  fp16 (digits, 5 to 100 Mbit/s) and in fewer than PowerSGD (digits, 25 Mbit/s: 4 epochs against 5). Like
-  an untried lossy candidate they are first tried only within the margin of the fastest exact collective;
-  then they run where their step is predicted the cheapest (decide.TimeToAccuracy's ``rounds``).
-  Batch-norm statistics stay per rank, as in a per-step epoch (tf_commlib.keras.DiLoCo averages them at
-  its syncs).
+  node, timed on the link (``probe``) or from the alpha-beta formulas (``times``).
 """
 import time
 

@@ -106,7 +106,7 @@ class CompressionScheduler(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         dist = _distributed_or_none(self.model)
         if dist is not None:   # "auto" weighs a candidate over the epochs this fit runs
-            dist.set_fit_epochs(self.params.get("epochs"))
+            dist.set_fit_epochs(self.params.get("epochs"), self.params.get("steps"))
             dist.measure(self.model.trainable_variables)   # "auto": before on_epoch_begin builds it
 
     def on_epoch_begin(self, epoch, logs=None):

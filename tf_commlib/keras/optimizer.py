@@ -191,10 +191,14 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
             return False
         return self.auto_epochs.agree()
 
-    def set_fit_epochs(self, epochs):
-        """The epoch at which the running fit ends (CompressionScheduler: fit's ``epochs``); "auto"
-        weighs each candidate over the epochs up to it (AutoEpochs.horizon). None: the next epoch."""
+    def set_fit_epochs(self, epochs, steps_per_epoch=None):
+        """The epoch at which the running fit ends (CompressionScheduler: fit's ``epochs``) and its steps
+        per epoch (fit's ``steps``; None: not known); "auto" weighs each candidate over the epochs up to
+        it (AutoEpochs.horizon) and times the candidates before the first step only where those steps
+        can earn the timing back (measure.probe_candidates). None: the next epoch. A custom loop calls it
+        before its first step."""
         self.fit_epochs = None if epochs is None else int(epochs)
+        self.fit_steps = None if steps_per_epoch is None else int(steps_per_epoch)
 
     def end_epoch(self, epoch, step_s, steps=None, first_s=None, traced=False, mean_s=None):
         """An epoch ended, as CompressionScheduler measured it: for "auto", what the next choice
@@ -269,7 +273,7 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
 
     # -- state -----------------------------------------------------------------------------
     timeline = None   # a tf_commlib.overlap.Timeline (set before the first step), or None
-    fit_epochs = None   # set_fit_epochs
+    fit_epochs = fit_steps = None   # set_fit_epochs
 
     def size_buckets(self, variables):
         """Where no fusion_threshold_bytes was given: the compressible variables' bucket size for
