@@ -60,6 +60,14 @@ FLAGS = {
     "python -m tfc_apps.bench e2e --inter-mbit 500 --resolutions 64 --configs dense_fp16 hitopk@0.01 powersgd":
         "a benchmark: ResNet-50 on the emulated cluster (6 min)",
     "python -m tfc_apps.bench tta": "a benchmark: every configuration at four bandwidths (hours)",
+    "python -m tfc_apps.bench tta --inter-mbit 5 25 --repeats 3 --configs auto diloco_h8_int4_no_overlap":
+        "a benchmark: 12 four-rank trainings and 2 calibrations",
+    "python -m tfc_apps.bench tta --inter-mbit 100 0 --repeats 3 --configs auto diloco_h8_int4_no_overlap dense_fp16":
+        "a benchmark: 18 four-rank trainings and 2 calibrations",
+    "python -m tfc_apps.bench tta --dataset patches --epochs 5 --target 0.95 --inter-mbit 5 25 --configs auto "
+    "diloco_h8_int4_no_overlap": "a benchmark: 4 four-rank trainings and 2 calibrations",
+    "python -m tfc_apps.bench tta --dataset patches --epochs 5 --target 0.95 --inter-mbit 100 0 --configs auto "
+    "diloco_h8_int4_no_overlap dense_fp16": "a benchmark: 6 four-rank trainings and 2 calibrations",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 hitopk powersgd auto "
     "diloco_h8_int4_no_overlap": "a benchmark: 15 four-rank trainings (23 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 9 --configs auto diloco_h8_int4_no_overlap":
