@@ -59,7 +59,7 @@ def test_without_link_parameters_the_link_is_measured_once_and_kept(reports, cac
 
 
 def test_without_link_parameters_each_candidate_is_timed_once_and_kept(reports, cache):
-    """Where the link is measured, fit also times every candidate's aggregation of the model's
+    """With Auto(probe=True) and the link measured, fit also times every candidate's aggregation of the model's
     buckets (the same numbers on every rank, kept 0600 beside the calibration, under a key holding
     the link), hitopk also at the DGC warm-up's densities, and the DiLoCo rounds' node average and
     exchange."""

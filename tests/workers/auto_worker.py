@@ -38,7 +38,9 @@ class Probe(keras.callbacks.Callback):
 model.fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=default_callbacks() + [Probe()])
 out = {"log": opt.auto_epochs.tta.log, "ran": ran, "efficiency": opt.auto_epochs.tta.efficiency}
 
-model, opt = compiled(None)   # no link parameters: measured when fit starts, kept in TF_COMMLIB_CACHE
+# no link parameters: measured when fit starts, kept in TF_COMMLIB_CACHE; probe=True: these 3 short epochs
+# would not pay the candidates' timing with the default probe=None (measure.probe_pays)
+model, opt = compiled(Auto(probe=True))
 if topo.rank == 1:
     apply_epoch = type(opt)._apply_epoch
 
