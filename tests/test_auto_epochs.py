@@ -84,11 +84,10 @@ def test_a_warm_up_density_is_predicted_from_its_own_timing(rank0_of_2x2):
     exact_part = {d: auto.communication_s("hitopk", d) - auto._predicted(lossy, "hitopk", d) for d in (0.25, target)}
     auto.probed = {c: auto._predicted(lossy, c, target) for c in auto.settings.candidates}
     auto.probed["hitopk"] *= 0.5   # measured at the target: half the formula's time
-    auto._scales = {}
     single = _mean(auto, 0)
     assert auto.communication_s("hitopk", 0.25) == pytest.approx(
         exact_part[0.25] + 0.5 * auto._predicted(lossy, "hitopk", 0.25))
-    auto.probed_warmup, auto._scales = {"hitopk": {0.25: auto._predicted(lossy, "hitopk", 0.25)}}, {}
+    auto.probed_warmup = {"hitopk": {0.25: auto._predicted(lossy, "hitopk", 0.25)}}
     own = _mean(auto, 0)
     assert auto.communication_s("hitopk", 0.25) == pytest.approx(exact_part[0.25] + auto.probed_warmup["hitopk"][0.25])
     assert auto.communication_s("hitopk", target) == pytest.approx(exact_part[target] + auto.probed["hitopk"])
@@ -96,7 +95,7 @@ def test_a_warm_up_density_is_predicted_from_its_own_timing(rank0_of_2x2):
     # PowerSGD timed between the two: the warm-up's own timing decides
     auto.probed["powersgd"] += (single["hitopk"] + own["hitopk"]) / 2 - own["powersgd"]
     for warm, choice in (({}, "hitopk"), (auto.probed_warmup, "powersgd")):
-        auto.probed_warmup, auto._scales, auto.tta.current = warm, {}, None
+        auto.probed_warmup, auto.tta.current = warm, None
         assert auto.choose(0) == choice
 
 

@@ -1,11 +1,6 @@
-"""The choice behind the algorithm name "auto".
-
-``Auto`` holds what the choice depends on besides the buckets (the link parameters, the compute
-seconds overlapped aggregation hides under, the candidates of DistributedOptimizer's choice by time
-to accuracy, the margin of GradientAggregator's choice per bucket); ``AutoChooser`` applies them to
-a GradientAggregator's buckets (collectives.choose per bucket, collectives.keep_exact for the whole
-step). DistributedOptimizer(algorithm="auto") chooses among ``Auto.candidates`` per epoch by
-predicted time to accuracy (tf_commlib.auto.decide).
+"""The choice behind the algorithm name "auto": ``Auto`` holds its settings; ``AutoChooser`` applies them
+to a GradientAggregator's buckets (collectives.choose per bucket, collectives.keep_exact for the step).
+DistributedOptimizer(algorithm="auto") chooses among ``Auto.candidates`` per epoch (tf_commlib.auto.decide).
 """
 import dataclasses
 
@@ -24,32 +19,20 @@ def check_cost_params(cost_params, name="cost_params"):
 class Auto:
     """How "auto" chooses; checked when made (ValueError naming the field).
 
-    ``cost_params`` (tf_commlib.alphabeta.LinkParams, e.g. from tf_commlib.costmodel.calibrate) are
-    the link parameters by which "auto" chooses (default LinkParams()); ``margin`` in (0, 1]: "auto"
-    picks a sparse (lossy) collective for a bucket only where its predicted time is at most margin
-    times the fastest exact one's (dense, 2dtar; collectives.choose's lossy_margin; default
-    AUTO_MARGIN = 0.5; 1.0 = the plain minimum). ``compute_s``: the seconds of forward+backward per
-    step that overlapped buckets aggregate beside (e.g. from tf_commlib.costmodel.compute_seconds);
-    a step then takes about max(compute, communication), and where the per-bucket choice does not
-    bring that to margin times the all-exact step (collectives.keep_exact), "auto" keeps every
-    bucket exact: compression would cost accuracy and save too little time. None (default): not
-    considered; that rule ignores it without overlap (DistributedOptimizer's "auto" adds it to every
-    predicted step, overlap or not).
-
-    DistributedOptimizer(algorithm="auto") runs one of ``candidates`` (registered collective names;
-    default default_candidates(): every registered one with auto_candidate=True) on its compressible
-    variables each epoch: the first of the sequence of candidates with the least predicted time over the
-    epochs left (tf_commlib.auto.decide: the cost model's step time on ``cost_params``, corrected by the
-    measured step times, over the measured efficiency of a lossy one, each change of candidate paying a
-    trace of the step); a candidate whose measured / predicted step time moves by more than ``drift``
-    between two of its epochs makes the link be calibrated again. ``probe``: when fit starts, each
-    candidate's aggregation of the model's buckets is timed on the link (tf_commlib.auto.measure.probe_candidates,
-    kept with the calibration) and the predictions are scaled to those times; None (default): probe
-    where the link is measured (no cost_params). ``switch``: with a probe, a lossy candidate's larger
-    buckets are used where its timed aggregation is at most ``switch`` times the fastest exact one's
-    (measure.lossy_bucket_bytes). ``diloco``: True: where there are several nodes, "auto" may also run an
-    epoch as DiLoCo rounds (local steps inside the nodes, a sync across them every H steps:
-    tf_commlib.auto.rounds); None (default): so where ``candidates`` is the default; False: never.
+    ``cost_params``: the LinkParams "auto" predicts by (e.g. tf_commlib.costmodel.calibrate; None: measured
+    on the cluster and cached). ``margin`` in (0, 1]: GradientAggregator's "auto" picks a lossy collective
+    for a bucket only where its predicted time is at most margin times the fastest exact one's
+    (collectives.choose's lossy_margin). ``compute_s``: seconds of forward+backward per step (e.g.
+    tf_commlib.costmodel.compute_seconds): with overlap, where the per-bucket choice does not bring the
+    step to margin times the all-exact step, every bucket stays exact (collectives.keep_exact); None:
+    that rule is off, and DistributedOptimizer's "auto" measures it in its first epoch. DistributedOptimizer(algorithm="auto") runs one of ``candidates``
+    (default default_candidates()) each epoch, by tf_commlib.auto.decide; a candidate whose measured /
+    predicted step moves by more than ``drift`` between two of its epochs has the link measured again.
+    ``probe``: each candidate's aggregation timed on the link when fit starts (measure.probe_candidates);
+    None: where the link is measured, priced against the fit's steps. ``switch``: a lossy candidate's
+    larger buckets where its timed aggregation is at most switch times the fastest exact one's
+    (measure.lossy_bucket_bytes). ``diloco``: whether "auto" may run an epoch as DiLoCo rounds across
+    several nodes (tf_commlib.auto.rounds); None: where ``candidates`` is the default.
     """
     cost_params: LinkParams = None
     margin: float = AUTO_MARGIN

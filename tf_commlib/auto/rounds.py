@@ -1,19 +1,16 @@
 """DistributedOptimizer(algorithm="auto")'s candidate "diloco": for an epoch, local SGD inside the nodes
 and a DiLoCo sync across them every H steps (docs/collectives.md, "DiLoCo rounds in auto").
 
-* Every step: what the collectives would aggregate (the gradients, or DGC's momentum-corrected update)
-  is averaged over the node's ranks only (diloco_sync.node_average), and the wrapped optimizer steps.
+* Every step: what the collectives would aggregate is averaged over the node's ranks only
+  (diloco_sync.node_average), and the wrapped optimizer steps.
 * Every H steps and at the epoch's end: tf_commlib.keras.DiLoCo's sync without overlap
   (diloco_sync.Syncs): each node's pseudo-gradient between nodes in 4 bits (CODEC) with error feedback,
-  every rank going on from the nodes' mean (an outer SGD of lr 1: Lin et al.'s hierarchical local SGD).
-  bench tta's ``diloco_h8_int4_no_overlap``: its final top-1 was dense fp16's within a point
-  (docs/diloco.md).
+  every rank going on from the nodes' mean (Lin et al.'s hierarchical local SGD). bench tta's
+  ``diloco_h8_int4_no_overlap`` ends within a point of dense fp16's top-1 (docs/diloco.md).
 * H: the smallest of interval.AUTO_INTERVALS up to MAX_INTERVAL whose sync adds at most interval.EXPOSED
-  of H steps' time (bench tta: H = 8 within a point of dense fp16, H = 16 and more below); where probed,
-  FIRST_INTERVAL until an epoch of it has measured its syncs (the probe times an exchange and one node
-  average, a third or less of what a sync measures).
-* Time: per step the node average, per sync the exchange between nodes and the sync's work inside the
-  node, timed on the link (``probe``) or from the alpha-beta formulas (``times``).
+  of H steps' time (bench tta: H = 8 within a point of dense fp16, 16 and more below); where probed,
+  FIRST_INTERVAL until an epoch of it measured its syncs (the probe times an exchange and one node
+  average, a third or less of a sync).
 """
 import time
 
@@ -22,7 +19,7 @@ import numpy as np
 
 import tensorflow as tf
 
-from tf_commlib import alphabeta, replicas
+from tf_commlib import alphabeta, replicas, timing
 from tf_commlib.aggregator.chooser import default_candidates
 from tf_commlib.collectives import codec as codecs
 from tf_commlib.inter_mean import Exchanges, by_allreduce, shard_len
@@ -50,25 +47,16 @@ def times(d, m, n, params):
 
 def probe(d, topo, repeats=3):
     """(node_s, exchange_s, sync_s) measured on the link, the means over the ranks: a step's node average
-    of d float32 values (in a tf.function) and a sync's exchange of this rank's slice between nodes
-    (inter_mean, as a sync runs it), each the median of ``repeats`` calls after one warm-up call; a sync's
-    work inside the node taken as one node average. A collective."""
+    of d float32 values (a tf.function) and a sync's exchange of this rank's slice between nodes
+    (inter_mean), each the median of ``repeats`` calls after a warm-up call; a sync's work inside the node
+    taken as one node average. A collective."""
     from tf_commlib.inter_mean import inter_mean
-    from tf_commlib.timing import ready
 
     s, wire = shard_len(d, topo.n), codecs.get(CODEC)
     x = tf.random.stateless_normal([d], [0, topo.rank]) * 1e-3
     average = tf.function(lambda g: node_average([g], [g])[0])
     calls = (lambda: average(x), lambda: inter_mean(x[:s], topo, wire, 0, name="auto_diloco_probe")[0])
-    seconds = []
-    for call in calls:
-        ready(call())
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            ready(call())
-            times.append(time.perf_counter() - start)
-        seconds.append(float(np.median(times)))
+    seconds = [timing.median_time(lambda: timing.ready(call()), repeats) for call in calls]
     node, exchange = (replicas.summed(np.array(seconds, np.float64)) / topo.size).tolist()
     return node, exchange, node
 

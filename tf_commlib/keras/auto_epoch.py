@@ -1,13 +1,8 @@
-"""DistributedOptimizer(algorithm="auto"): each epoch, the candidate collective with the least
-predicted time to accuracy (tf_commlib.auto.decide) on the compressible variables.
-
-``AutoEpochs`` is composed into the optimizer: it predicts each candidate's step from the
-optimizer's buckets, keeps per compressible variable the sum of what entered the collective over
-the epoch and the residuals at its start (the efficiency of a lossy candidate), and turns an epoch's
-measured step time (tf_commlib.keras.CompressionScheduler times the batches) into the next choice.
-The decision is made from numbers summed over all ranks, so every rank makes it; a rank that did
-not would fail the aggregators' consistency check at its next step. With several nodes it may also run
-an epoch as DiLoCo rounds (tf_commlib.auto.rounds: the candidate "diloco", its own H).
+"""DistributedOptimizer(algorithm="auto"): ``AutoEpochs`` turns the optimizer's buckets and measured
+epochs into the inputs of tf_commlib.auto.decide (each candidate's predicted step in every epoch left,
+the steps, a trace's cost, a lossy candidate's measured efficiency) and runs the candidate "diloco"
+(tf_commlib.auto.rounds). Every rank decides from the same allreduced numbers; one that did not would
+fail the aggregators' consistency check at its next step.
 """
 import math
 
@@ -31,25 +26,23 @@ class AutoEpochs:
         self.tta = TimeToAccuracy(self.settings.candidates + ((rounds.NAME,) if local else ()),
                                   [c for c in self.settings.candidates if ALGORITHMS[c].lossy],
                                   drift=self.settings.drift, rounds=(rounds.NAME,) if local else ())
-        self.local = None   # the LocalRounds of candidate "diloco" (built with the optimizer where it is one)
+        self.local = None   # candidate "diloco"'s LocalRounds (built with the optimizer where it is one)
         self.local_restored = False   # a backup written while "diloco" ran: the next epoch begins from its end
         self.local_sync_s = None   # a sync of "diloco" as its last epoch measured it (exchange included)
         self.link = self.settings.cost_params or opt.measurements.link
         self.compute_s = self.settings.compute_s
         # the part of the shorter of compute and communication a step hides until an epoch is measured: all
         # where a GPU computes; none on CPU cores, which the collectives share (docs/collectives.md)
-        self.overlapped = 1.0 if opt.overlap and tf.config.list_physical_devices("GPU") else 0.0
-        self.overlapped_at_start = self.overlapped
-        self.sums, self.start = [], None   # per compressible variable: sum of u; residuals at the epoch's start
+        self.overlapped = self.overlapped_at_start = 1.0 if opt.overlap and tf.config.list_physical_devices("GPU") \
+            else 0.0
+        self.sums, self.start = {}, None   # per compressible variable: sum of u; residuals at the epoch's start
         self.running, self.recalibrations = None, 0   # the measured epoch's candidate; links measured again
-        self.probed = opt.measurements.probed   # {candidate: measured seconds} (probe_candidates)
+        self.probed = opt.measurements.probed   # {candidate: seconds} (measure.probe_candidates)
         self.probed_warmup = opt.measurements.probed_warmup   # {candidate: {density: seconds}}
-        self.probed_on = self.link   # the link the candidates were timed on (a restored one is timed again)
-        self._scales, self.variables = {}, []
-        self.steps = self.switch_s = None   # the last measured epoch's steps; what a new trace of the step costs
-        self.first_s = {}      # traced (True/False) -> the last such epoch's first step, less the others' median
+        self.probed_on, self.variables = self.link, []   # the link the candidates were timed on
+        self.steps = self.switch_s = None   # the last measured epoch's steps; a new trace's seconds
+        self.first_s = {}   # traced (True/False) -> the last such epoch's first step, less the others' median
 
-    # -- state, built with the optimizer ----------------------------------------------------
     def build(self, var_list, lossy_indices):
         self.variables = list(var_list)
         self.sums = {i: self.opt.add_variable_from_reference(var_list[i], "auto_progress") for i in lossy_indices}
@@ -57,7 +50,6 @@ class AutoEpochs:
             self.local = rounds.LocalRounds(self.opt, var_list)
 
     def local_variables(self):
-        """The outer optimizer's variables of candidate "diloco" (the rest are the optimizer's own)."""
         return [] if self.local is None else self.local.outer_optimizer.variables
 
     def reset_rank_state(self):
@@ -65,7 +57,6 @@ class AutoEpochs:
             self.local.residual.assign(tf.zeros_like(self.local.residual))
 
     def running_local(self):
-        """Whether this epoch runs "diloco"."""
         return self.local is not None and self.local.running
 
     def end_step(self):
@@ -78,11 +69,10 @@ class AutoEpochs:
 
     def accumulate(self, send):
         """What the step adds to the sums (in its commit), for a lossy candidate only (an exact one's eta is 1)."""
-        if self.running not in self.tta.lossy:
-            return
-        for i, var in self.sums.items():
-            if send[i] is not None:
-                var.assign_add(tf.cast(send[i], var.dtype))
+        if self.running in self.tta.lossy:
+            for i, var in self.sums.items():
+                if send[i] is not None:
+                    var.assign_add(tf.cast(send[i], var.dtype))
 
     def _groups(self):
         return [g for g in self.opt._groups if g.lossy]
@@ -90,8 +80,7 @@ class AutoEpochs:
     def _residual_inputs(self):
         """Per lossy group and bucket: the rank's residuals of every algorithm, in input space (tensors)."""
         topo, out = current_topology(), []
-        for group in self._groups():
-            agg = group.aggregator
+        for agg in (g.aggregator for g in self._groups()):
             for i, bucket in enumerate(agg.buckets):
                 d = sum(bucket.sizes)
                 parts = [ALGORITHMS[name].residual_to_input(tf.convert_to_tensor(var), d, topo)
@@ -101,16 +90,16 @@ class AutoEpochs:
 
     def begin_window(self, running):
         """The start of an epoch that runs `running` (None: the schedule left "auto"): for a lossy one,
-        sums zeroed and residuals noted (eagerly; an exact one adds nothing to them); "diloco" started
-        or, where it ran (also before a restored backup), stopped."""
+        sums zeroed and residuals noted; "diloco" started or, where it ran (or a backup of it is restored),
+        stopped."""
         if self.local is not None:
             h = self.local_interval() if running == rounds.NAME else 0
             if self.local.running or self.local_restored:   # before stop's collective: an error, not a hang
                 self.local.check_begin(self.tta.candidates.index(running) if running else -1, h, self.local_restored)
             if self.local_restored:
                 self.local.running, self.local_restored = True, False
-            if self.local.running:   # the steps since the last sync (none where NodeSync synced at the
-                self.local.synchronize()   # epoch's end): the next epoch starts from the same weights
+            if self.local.running:   # the steps since the last sync: the next epoch starts from the same weights
+                self.local.synchronize()
             if running == rounds.NAME:
                 self.local.start(h)
             else:   # the wrapped optimizer's state made the same on every rank again
@@ -128,16 +117,15 @@ class AutoEpochs:
         if self.start is not None:
             ends, k = self._residual_inputs(), 0
             for group in self._groups():
-                sums = [self.sums[i] for i in group.indices]
+                sums = [tf.convert_to_tensor(self.sums[i]) for i in group.indices]
                 for bucket in group.aggregator.buckets:
-                    local += delivered(self.start[k], ends[k], fusion.flatten([tf.convert_to_tensor(v) for v in sums],
-                                                                              bucket))
+                    local += delivered(self.start[k], ends[k], fusion.flatten(sums, bucket))
                     k += 1
         return local
 
     def state(self):
-        """What BackupAndRestore keeps: what was measured, the choice, a link measured again during the
-        run, whether "diloco" ran (the wrapped optimizer's state is then per node)."""
+        """What BackupAndRestore keeps: the measurements, the choice, a link measured again during the run,
+        whether "diloco" ran (the wrapped optimizer's state is then per node)."""
         return {**self.tta.state(), "compute_s": self.compute_s, "overlapped": self.overlapped,
                 "local_running": self.running_local(), "local_sync_s": self.local_sync_s,
                 "steps": self.steps, "switch_s": self.switch_s,
@@ -145,8 +133,8 @@ class AutoEpochs:
                 "first_s": {"traced" if k else "untraced": v for k, v in self.first_s.items()}}
 
     def restore(self, state):
-        """What state() kept; a value it does not hold as built (a rank restores its latest backup, then its
-        previous one where another did not save the latest). A link measured again: timed again at choose."""
+        """What state() kept; a value it does not hold as built (a rank may restore its latest backup, then
+        its previous one). A link measured again: the candidates are timed again at the next choice."""
         self.tta.restore(state)
         built = {"compute_s": self.settings.compute_s, "overlapped": self.overlapped_at_start}
         for name, kind in (("compute_s", float), ("overlapped", float), ("steps", int), ("switch_s", float)):
@@ -154,10 +142,10 @@ class AutoEpochs:
         self.first_s = {k == "traced": float(v) for k, v in (state.get("first_s") or {}).items()}
         self.local_restored = bool(state.get("local_running"))
         self.local_sync_s = None if state.get("local_sync_s") is None else float(state["local_sync_s"])
-        link = state.get("link")   # measured again during the run (recalibrate)
+        link = state.get("link")
         self.link, self.recalibrations = (LinkParams.from_list(link), 1) if link is not None else (
             self.settings.cost_params or self.opt.measurements.link, 0)
-        self._scales, self.running, self.start = {}, None, None   # not the choice of the build the load made
+        self.running, self.start = None, None   # not the choice of the build the load made
         if self.local is not None:
             self.local.running = False   # rounds that ran before the backup: local_restored
 
@@ -179,16 +167,12 @@ class AutoEpochs:
 
     # -- predictions and the choice ---------------------------------------------------------
     def communication_s(self, name, density):
-        """Predicted seconds of a step's collectives with `name` on the compressible variables (the
-        cost model's, scaled to the probed time where probed: at this density where it was timed there,
-        e.g. a DGC warm-up's, else at the target density); for "diloco" rounds.communication_s, every variable."""
+        """Predicted seconds of a step's collectives with `name` on the compressible variables: the cost
+        model's, times probed / predicted (_scale); for "diloco" rounds.communication_s, every variable."""
         if name == rounds.NAME:
             return self._local()[0]
-        total = 0.0
-        for group in self.opt._groups:
-            part = self._predicted(group, name if group.lossy else group.aggregator.candidates[0], density)
-            total += part * (self._scale(group, name, density) if group.lossy else 1.0)
-        return total
+        return sum(self._predicted(g, name, density) * self._scale(g, name, density) if g.lossy
+                   else self._predicted(g, g.aggregator.candidates[0], density) for g in self.opt._groups)
 
     def _predicted(self, group, algorithm, density):
         topo, params, agg = current_topology(), self.link or LinkParams(), group.aggregator
@@ -196,9 +180,9 @@ class AutoEpochs:
                            agg.algorithm_options.get(algorithm), b.shapes) for b in agg.buckets)
 
     def _scale(self, group, name, density):
-        """probed / predicted seconds of `name` on the compressible group, at `density` where it was
-        timed there, else at the target density (1 unprobed). One ratio does not carry from one
-        density to another: at the target, fixed costs per call dominate; at a warm-up's 0.25, bytes."""
+        """probed / predicted seconds of `name` on the group, at `density` where it was timed there, else
+        at the target density (1 unprobed). One ratio does not carry from one density to another: at the
+        target, fixed costs per call dominate; at a warm-up's 0.25, bytes."""
         timed = self.probed_warmup.get(name, {})
         if density in timed:
             probed, at = timed[density], density
@@ -206,15 +190,12 @@ class AutoEpochs:
             probed, at = self.probed[name], self.opt.target_density
         else:
             return 1.0
-        if (name, at) not in self._scales:
-            predicted = self._predicted(group, name, at)
-            self._scales[(name, at)] = probed / predicted if predicted > 0 else 1.0
-        return self._scales[(name, at)]
+        predicted = self._predicted(group, name, at)
+        return probed / predicted if predicted > 0 else 1.0
 
     def _local(self):
-        """(communication seconds per step, H) of "diloco" (rounds.communication_s; in the epoch that
-        runs it, at the H it runs); where probed, a sync at what its last epoch measured once one ran (the
-        probe times its exchange and one node average, not the sync's other work on every variable)."""
+        """(communication seconds per step, H) of "diloco" (rounds.communication_s, at the H it runs in its
+        epoch); a sync as its last epoch measured it where one ran (the probe times a part of it)."""
         topo, times = current_topology(), self.opt.measurements.local
         h = self.local.interval if self.running == rounds.NAME else None
         if self.local_sync_s is not None and times is not None:
@@ -228,20 +209,17 @@ class AutoEpochs:
         return rounds.FIRST_INTERVAL if unmeasured else self._local()[1]
 
     def step_s(self, name, density):
-        """compute + communication, less the overlapped part: ``overlapped`` (measured) of the shorter
-        (none for "diloco", whose node average waits for the whole of backprop). "diloco" is infinite until
-        the compute per step is known (Auto(compute_s=...) or an epoch measured): its margin is on whole
-        steps, and with the compute taken as 0 it would weigh the link alone."""
+        """compute + communication less the measured ``overlapped`` part of the shorter (none for "diloco",
+        whose node average waits for backprop); "diloco" is infinite until the compute is known (with it
+        taken as 0 the rounds would be weighed on the link alone)."""
         if name == rounds.NAME and self.compute_s is None:
-            return math.inf   # its margin, on whole steps, cannot be judged
+            return math.inf
         comm, compute = self.communication_s(name, density), self.compute_s or 0.0
-        hidden = 0.0 if name == rounds.NAME else self.overlapped * min(compute, comm)
-        return compute + comm - hidden
+        return compute + comm - (0.0 if name == rounds.NAME else self.overlapped * min(compute, comm))
 
     def horizon(self, epoch):
-        """The epochs a choice at `epoch` is weighed over: from it to the end of the fit
-        (DistributedOptimizer.fit_epochs) while the schedule runs "auto"; just `epoch` where the
-        end is not known."""
+        """The epochs a choice at `epoch` is weighed over: to the end of the fit (opt.fit_epochs) while the
+        schedule runs "auto"; just `epoch` where the end is not known."""
         end = self.opt.fit_epochs if self.opt.fit_epochs is not None and self.opt.fit_epochs > epoch else epoch + 1
         epochs = [epoch]
         while epochs[-1] + 1 < end and self.opt.plan.algorithm_at(epochs[-1] + 1) == "auto":
@@ -249,18 +227,15 @@ class AutoEpochs:
         return epochs
 
     def per_epoch(self, epoch):
-        """[{candidate: predicted seconds per step}, ...], one per epoch of the horizon, each at its
-        density (a DGC warm-up's near-dense epochs count for what they cost, and so does what the
-        candidate saves after them)."""
+        """[{candidate: predicted seconds per step}, ...] over the horizon, each epoch at its density."""
         return [{c: self.step_s(c, self.opt.density_at(e)) for c in self.tta.candidates} for e in self.horizon(epoch)]
 
     def choose(self, epoch):
-        """The model's choice over the horizon (TimeToAccuracy.choose), the candidates timed again first
-        where timed on another link than the restored one (a collective)."""
+        """The model's choice over the horizon, the candidates timed again first where timed on another
+        link than the current (a restored) one. A collective."""
         if self.probed and self.probed_on != self.link:
             self._probe()
-        per = self.per_epoch(epoch)
-        before = self.tta.current
+        per, before = self.per_epoch(epoch), self.tta.current
         choice = self.tta.choose([(self.steps, p) for p in per], epoch, trace_s=self.switch_s)
         self.tta.log[-1].update(density=self.opt.density_at(epoch), horizon=len(per))
         if choice != before and current_topology().rank == 0:
@@ -268,30 +243,25 @@ class AutoEpochs:
         return choice
 
     def end_epoch(self, epoch, measured_s, steps=None, first_s=None, traced=False, mean_s=None):
-        """An epoch of ``running`` ended; its steps took measured_s seconds each on this rank
-        (median; mean_s: the mean after the first), there were ``steps`` of them, the first first_s
-        seconds more than the others' median (None: one step), and ``traced``: the epoch began with a
-        new trace of the step (the same epochs on every rank). The rounds' step is the mean: their
-        syncs run inside 1 step in H, which the median leaves out for H > 2 and takes in for H <= 2. A trace costs what a traced epoch's first step takes more than
-        an untraced one's (which pays the input pipeline's start, say), the means over the ranks."""
+        """An epoch of ``running`` ended: on this rank its steps' median seconds (mean_s: their mean after
+        the first), their number, the first one's seconds over the median (None: one step) and whether
+        the epoch began with a new trace. The rounds' step is the mean (their syncs run in 1 step in H,
+        which a median leaves out for H > 2). A trace costs what a traced epoch's first step takes over
+        an untraced one's; all of it the means over the ranks (one allreduce)."""
         if self.running is None:
             return
-        synced = []
+        synced = self.local.synced if self.running == rounds.NAME else []
         if self.running == rounds.NAME:
-            synced = self.local.synced
             if mean_s is not None:
                 measured_s = mean_s
-            elif steps:   # a median alone: the syncs added (the median leaves them out for H > 2)
+            elif steps:   # a median alone: the syncs added
                 measured_s += self.local.sync_s / steps
-        totals = replicas.summed(np.concatenate([self._delivered_here(),   # one allreduce
-                                         [measured_s, steps or 0, first_s or 0.0, first_s is not None,
-                                          sum(synced), len(synced)]]))
+        totals = replicas.summed(np.concatenate([self._delivered_here(), [
+            measured_s, steps or 0, first_s or 0.0, first_s is not None, sum(synced), len(synced)]]))
         num, den, measured, steps, first, firsts, sync_total, syncs = totals
-        sync = None
-        if syncs and self.opt.measurements.local:   # a sync as measured, in place of the probe's
-            sync = float(sync_total / syncs)                      # times (of a part of it)
         size = current_topology().size
-        eta = 1.0 + num / den if den > 0 else 1.0   # over every rank (1 for an exact candidate)
+        sync = float(sync_total / syncs) if syncs and self.opt.measurements.local else None   # not the probe's part
+        eta = 1.0 + num / den if den > 0 else 1.0   # 1 for an exact candidate
         measured /= size
         if firsts == size:
             self.first_s[bool(traced)] = max(0.0, float(first / size))
@@ -304,11 +274,9 @@ class AutoEpochs:
         if self.compute_s is None:   # first epoch: what the collectives do not explain is compute
             self.compute_s = max(0.0, measured - comm)
         elif self.opt.overlap and self.running != rounds.NAME and min(comm, self.compute_s) > 0:
-            # how much of the shorter one the step hid (a "diloco" step hides nothing)
             self.overlapped = float(np.clip((self.compute_s + comm - measured) / min(comm, self.compute_s), 0, 1))
-        # "diloco": a step that moved by more than drift against its prediction from the last epoch's syncs
-        # means the link changed (a sync's own time is no such sign: the ranks' wait at a sync grows with H);
-        # the ratio kept is against the prediction from this epoch's syncs
+        # "diloco": the drift test is against the prediction from the last epoch's syncs (a sync's own time
+        # grows with the ranks' wait at it, no sign of a new link); the ratio kept, against this epoch's
         predicted = self.step_s(self.running, density)
         if sync is not None:
             self.local_sync_s = sync
@@ -317,43 +285,39 @@ class AutoEpochs:
             self.recalibrate()
             if sync is not None:   # measured on the new link
                 self.local_sync_s = sync
-        self.tta.log.append({"epoch": epoch, "ran": self.running, "measured_s": float(measured), "efficiency": float(eta),
-                             "switch_s": self.switch_s})
+        self.tta.log.append({"epoch": epoch, "ran": self.running, "measured_s": float(measured),
+                             "efficiency": float(eta), "switch_s": self.switch_s})
         if self.running == rounds.NAME:
             self.tta.log[-1].update(sync_every=self.local.interval, sync_s=self.local_sync_s)
         self.running = None
 
     def recalibrate(self):
-        """The link changed: measured again on every rank (costmodel.calibrate at this model's sizes)."""
-        topo = current_topology()
+        """The link changed: measured again on every rank at this model's sizes, the candidates timed again."""
         largest = max(sum(b.sizes) for g in self.opt._groups for b in g.aggregator.buckets)
-        self.link = costmodel.calibrate(topo, **costmodel.sizes_for(largest))
-        if self.probed:   # timed again on the new link
+        self.link = costmodel.calibrate(current_topology(), **costmodel.sizes_for(largest))
+        if self.probed:
             self._probe()
         self.tta.recalibrated()
         self.local_sync_s = None   # measured on the old link
         self.recalibrations += 1
 
     def _probe(self):
-        """The candidates timed on self.link (probe_candidates, probe_local; from the cache where timed there
-        before). A collective."""
-        measurements = self.opt.measurements
-        measurements.probe(self.opt, self.variables, self.link)
-        self.probed, self.probed_warmup = measurements.probed, measurements.probed_warmup
-        self.probed_on, self._scales = self.link, {}
+        """The candidates timed on self.link (from the cache where timed there before). A collective."""
+        self.opt.measurements.probe(self.opt, self.variables, self.link)
+        self.probed, self.probed_warmup = self.opt.measurements.probed, self.opt.measurements.probed_warmup
+        self.probed_on = self.link
 
 
 def announcement(decision, before):
-    """The line rank 0 prints where auto's choice changes: the epoch, the change, and the predicted times
-    that decided it (TimeToAccuracy.choose's, in its unit)."""
+    """The line rank 0 prints where auto's choice changes: the epoch, the change, the predicted times."""
     ranked = ", ".join(f"{c} {t:.4g}" for c, t in sorted(decision["predicted_s"].items(), key=lambda item: item[1]))
     return (f"tf_commlib auto: epoch {decision['epoch']}: {before or 'start'} -> {decision['choice']} "
             f"(predicted {decision['unit']}: {ranked})")
 
 
 def delivered(r_start, r_end, sum_u):
-    """tf_commlib.auto.decide.delivered_fraction of tensors, in TensorFlow (no copy to numpy: a
-    ResNet-50's 25M entries per epoch): (<r_start - r_end, sum_u>, ||sum_u||^2) as float64s."""
+    """tf_commlib.auto.decide.delivered_fraction in TensorFlow (no copy of a ResNet-50's 25M entries to
+    numpy): (<r_start - r_end, sum_u>, ||sum_u||^2) as float64s."""
     s = tf.cast(sum_u, tf.float32)
     num = tf.reduce_sum((tf.cast(r_start, tf.float32) - tf.cast(r_end, tf.float32)) * s)
     return np.array([float(num.numpy()), float(tf.reduce_sum(s * s).numpy())], np.float64)
