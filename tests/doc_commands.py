@@ -64,10 +64,10 @@ FLAGS = {
         "a benchmark: 12 four-rank trainings and 2 calibrations",
     "python -m tfc_apps.bench tta --inter-mbit 100 0 --repeats 3 --configs auto diloco_h8_int4_no_overlap dense_fp16":
         "a benchmark: 18 four-rank trainings and 2 calibrations",
-    "python -m tfc_apps.bench tta --dataset patches --epochs 5 --target 0.95 --inter-mbit 5 25 --configs auto "
-    "diloco_h8_int4_no_overlap": "a benchmark: 4 four-rank trainings and 2 calibrations",
-    "python -m tfc_apps.bench tta --dataset patches --epochs 5 --target 0.95 --inter-mbit 100 0 --configs auto "
-    "diloco_h8_int4_no_overlap dense_fp16": "a benchmark: 6 four-rank trainings and 2 calibrations",
+    "python -m tfc_apps.bench tta --dataset patches --epochs 5 --target 0.95 --inter-mbit 5 25 --repeats 3 --configs auto "
+    "diloco_h8_int4_no_overlap": "a benchmark: 12 four-rank trainings and 2 calibrations (20 min)",
+    "python -m tfc_apps.bench tta --dataset patches --epochs 5 --target 0.95 --inter-mbit 100 0 --repeats 3 --configs auto "
+    "diloco_h8_int4_no_overlap dense_fp16": "a benchmark: 18 four-rank trainings and 2 calibrations (28 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 3 --configs dense_fp16 hitopk powersgd auto "
     "diloco_h8_int4_no_overlap": "a benchmark: 15 four-rank trainings (23 min)",
     "python -m tfc_apps.bench tta --inter-mbit 25 --repeats 9 --configs auto diloco_h8_int4_no_overlap":

@@ -1,8 +1,6 @@
-"""Calibration of the alpha-beta cost model: calibrate(topo) measures the link parameters and
-compute costs (tf_commlib.alphabeta.LinkParams) on the running cluster, with the ops the
-collectives run; cached_calibration(topo, path) pays for it once per cluster (a file keyed by the
-layout, the hosts, TensorFlow's version and calibrate's arguments). The vocabulary (LinkParams, the time formulas of the primitives) is
-tf_commlib.alphabeta; the predictions and `auto` are tf_commlib.collectives.predict / choose.
+"""Calibration of the alpha-beta cost model (tf_commlib.alphabeta): calibrate(topo) measures LinkParams on
+the running cluster with the ops the collectives run; cached_calibration(topo, path) pays for it once per
+cluster (a file keyed by the layout, the hosts, TensorFlow's version and calibrate's arguments).
 """
 import dataclasses
 import hashlib
@@ -50,24 +48,19 @@ def sizes_for(largest_bucket):
 
 def calibrate(topo, sizes=(2**20, 2**22), repeats=5, defaults=None, density=0.01,
               latency_size=256, compute_sizes=(2**20, 2**22, 2**24)):
-    """Measures LinkParams on the running cluster; every rank returns the same numbers.
+    """Measures LinkParams on the running cluster; every rank returns the same numbers. Call it on every
+    rank of a Horovod job (topo = tf_commlib.topology()).
 
-    Call it on every rank of a Horovod job (topo = tf_commlib.topology()). Each link is timed with
-    the ops the collectives run on it, at the sizes they see: beta from sizes[0] -> sizes[1] floats
-    (x4 inside a node, whose dense steps move whole gradients), alpha from a
-    `latency_size` message (Horovod's per-call negotiation, a few ms, is most of alpha; the
-    intercept of a 4 MB point drowns in noise, and 2**16-float messages hit 40 ms TCP delayed-ACK
-    stalls on loopback). Intra: every node at once (as in 2DTAR/HiTopKComm) times Reduce-Scatter
-    and All-Gather on its intra set (no collective runs an intra All-Reduce). Inter: All-Reduce and All-Gather by the set of local index 0 only, one stream per
-    node link (the per-link beta_inter of the model); the All-Gather at sizes/16 per rank, the
-    0.1-3 MB that sparse collectives send (16 MB blasts into a shaped link run at half speed).
-    Compute: all ranks at once time MSTopK and scatter-add on arrays of each of `compute_sizes`
-    elements, so CPU sharing is included; per-element costs fall as arrays fit the caches, hence
-    a compute_curve (the scalars keep the largest size). Merging: sparcml.merge of two index-sorted
-    streams of density·d entries each (d the middle compute size), what a SparCML round merges.
-    Link medians are averaged
-    over the ranks that measured them, compute medians take the slowest rank (allreduces on
-    topo.world), so all ranks get the same numbers; a one-rank set keeps its link's default.
+    Links are timed with the ops the collectives run on them: beta from sizes[0] -> sizes[1] floats (x4
+    inside a node, whose dense steps move whole gradients), alpha from a `latency_size` message (Horovod's
+    per-call negotiation is most of it; 2**16-float messages hit 40 ms delayed-ACK stalls on loopback).
+    Intra: every node at once, Reduce-Scatter and All-Gather on its intra set. Inter: the ranks of local
+    index 0 only (one stream per node link), All-Reduce, and All-Gather at sizes/16 (the 0.1-3 MB sparse
+    collectives send; 16 MB blasts into a shaped link run at half speed). Compute: all ranks at once time
+    MSTopK and scatter-add on arrays of each of `compute_sizes` elements (a compute_curve: per-element
+    costs fall as arrays fit the caches), and sparcml.merge of two streams of density·d entries. Link
+    medians are averaged over the ranks that measured them, compute takes the slowest rank; a one-rank
+    set keeps its link's default.
     """
     import tensorflow as tf
 
@@ -159,6 +152,11 @@ def _hosts(topo):
     return _HOSTS[(topo.m, topo.n)]
 
 
+def forget_hosts():
+    """Forgets the gathered host hashes (Horovod started again on other ranks)."""
+    _HOSTS.clear()
+
+
 def _check_link_values(values):
     scalars = len(dataclasses.fields(LinkParams)) - 1
     if len(values) < scalars or (len(values) - scalars) % 4:
@@ -238,7 +236,6 @@ def cached_calibration(topo, path, remeasure=False, **calibrate_kwargs):
     from rank 0 as float64s); else every rank measures and rank 0 writes the file. A file for
     another layout, other hosts or other arguments is measured again; an unreadable one too, with a
     warning naming it. Collective: every rank calls it with the same arguments."""
-    path = _check_path(path, remeasure)
     values, how = cached_values(topo, path, calibration_key(topo, calibrate_kwargs),
                                 lambda: calibrate(topo, **calibrate_kwargs).as_list(), _check_link_values, remeasure)
     return LinkParams.from_list(values), how

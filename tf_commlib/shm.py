@@ -39,6 +39,11 @@ def name_prefix():
     return f"tfcl_{tag}_" if tag else "tfcl_"
 
 
+def forget():
+    """Forgets every set's secret (Horovod started again: process set ids name other sets)."""
+    _secrets.clear()
+
+
 def _machine():
     """What ranks that share /dev/shm have in common: boot id, network namespace (an emulated node is
     one), the /dev/shm file system and directory, and uid; then 1 when /dev/shm is safe to use (a

@@ -52,6 +52,31 @@ def layout_sets(m, n):
     return intra, inter
 
 
+# An elastic job runs as size x 1 (tf_commlib.init), every rank a node of its own whatever its hosts, and
+# registers no process set with Horovod (its one-rank sets are answered in Python: primitives._alone).
+# Horovod 0.28.1's Gloo aborts a surviving rank that holds any process set besides the global one when
+# another rank dies ("terminate called after throwing an instance of 'gloo::IoException'"): on an elastic
+# 2x2 of two host names whose second host was killed, both survivors aborted with the layout's intra- and
+# inter-node sets, and with one-rank sets only; with none they went on.
+
+
+def elastic_job():
+    """Whether this process is a rank of an elastic horovodrun job (HOROVOD_ELASTIC=1). Its
+    DistributedOptimizer checks the ranks' consistency at its first step only: with the check's
+    all-gather at every step, a rank whose peer died mid-step never returned from the step on an
+    elastic 2x2 of two host names (Horovod 0.28.1 lost the failed op's callback); with it at the first
+    step only, both survivors raised within 0.1 s."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
+def _extra_sets(m, n, size):
+    """The process sets of the layout besides the world: a set that spans the whole world is Horovod's
+    global set; a one-rank set needs no collective partner but is kept so that code paths are the same
+    on every layout."""
+    intra_lists, inter_lists = layout_sets(m, n)
+    return [r for r in intra_lists + inter_lists if len(r) != size]
+
+
 def _env_int(names, default):
     for name in names:
         if os.environ.get(name):
@@ -122,28 +147,36 @@ def init(topology=None, pin_gpu=True):
     if not isinstance(pin_gpu, bool):
         raise ValueError(f"pin_gpu must be True or False, got {pin_gpu!r}")
 
-    size = _env_int(["HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE"], 0)
-    step = None if size else slurm_env.step_layout()   # (size, tasks per node) of an srun step
-    size = size or (step[0] if step else 1)
     spec = topology if topology is not None else os.environ.get(ENV_VAR)
-    if spec:
-        m, n = parse_layout(spec, size)
-    else:
-        n = _env_int(["HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"], max(step[1]) if step else size)
-        if size % n:
-            raise ValueError(f"world size {size} is not a multiple of the local size {n}: "
-                             "tf_commlib needs the same number of ranks on every node")
-        m = size // n
-    intra_lists, inter_lists = layout_sets(m, n)
-    # A set that spans the whole world is Horovod's global set; a one-rank set needs no collective
-    # partner but is kept so that code paths are the same on every layout.
-    extra = [r for r in intra_lists + inter_lists if len(r) != size]
     fixed = _fixed_set_class(hvd)
-    sets = [fixed(r) for r in extra]
     if os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR") and not hvd.gloo_built():
         raise RuntimeError("this job was started by a Gloo launcher (horovodrun --gloo, tfc_apps.cluster_launch, "
                            "tfc_apps.slurm), but Horovod was built without Gloo: rebuild it with scripts/build_horovod.sh")
-    hvd.init(process_sets=sets)
+    elastic = elastic_job()
+    if elastic:   # the ranks alive now, known once Horovod has started; every rank a node (above _extra_sets)
+        if spec:
+            raise ValueError(f"topology={spec!r} (or ${ENV_VAR}) cannot fix the layout of an elastic job: its "
+                             "ranks are those on the hosts Horovod's discovery script lists, which change")
+        hvd.init()
+        size, step = hvd.size(), None
+        m, n = size, 1
+        sets = [fixed(r) for r in _extra_sets(m, n, size)]   # one rank each: never asked of Horovod
+    else:
+        size = _env_int(["HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE"], 0)
+        step = None if size else slurm_env.step_layout()   # (size, tasks per node) of an srun step
+        size = size or (step[0] if step else 1)
+        if spec:
+            m, n = parse_layout(spec, size)
+        else:
+            n = _env_int(["HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"], max(step[1]) if step else size)
+            if size % n:
+                raise ValueError(f"world size {size} is not a multiple of the local size {n}: "
+                                 "tf_commlib needs the same number of ranks on every node")
+            m = size // n
+        sets = [fixed(r) for r in _extra_sets(m, n, size)]
+        hvd.init(process_sets=sets)
+    intra_lists, inter_lists = layout_sets(m, n)
+    extra = _extra_sets(m, n, size)
     slurm_env.exit_notice_at_exit()
     if hvd.size() != size:
         hint = ("; under srun, start Gloo ranks with `python -m tfc_apps.slurm -- CMD` (MPI builds: "
@@ -152,7 +185,7 @@ def init(topology=None, pin_gpu=True):
     rank = hvd.rank()
     if pin_gpu:
         _pin_gpu(hvd.local_rank(), hvd.local_size())
-    if not spec and (hvd.local_rank() != rank % n or hvd.cross_rank() != rank // n):
+    if not spec and not elastic and (hvd.local_rank() != rank % n or hvd.cross_rank() != rank // n):
         raise RuntimeError("tf_commlib needs node-major rank numbering (rank = node * n + local); "
                            f"rank {rank} has local rank {hvd.local_rank()}, cross rank {hvd.cross_rank()}")
     node, local = divmod(rank, n)

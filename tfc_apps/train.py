@@ -64,6 +64,10 @@ def parser():
     p.add_argument("--json", default=None, help="rank 0 writes the per-epoch summary here")
     p.add_argument("--ckpt-dir", default=None,
                    help="back up each rank's state here after every epoch and resume from it")
+    p.add_argument("--elastic", action="store_true",
+                   help="under horovodrun's elastic mode (--host-discovery-script): a lost node's ranks leave, the "
+                        "others roll back to their last commit and go on; a node listed again joins (tf_commlib.elastic)")
+    p.add_argument("--commit-every", type=int, default=10, help="with --elastic: steps between commits")
     p.add_argument("--deterministic", action="store_true",
                    help="TF op determinism (a resumed run ends bit for bit where an uninterrupted one does)")
     return p
@@ -147,19 +151,9 @@ def weights_sha256(model):
     return h.hexdigest()
 
 
-def main(argv=None):
-    p = parser()
-    args = p.parse_args(argv)
-    if args.candidates is not None and args.density != "adaptive":
-        p.error("--candidates goes with --density adaptive")
-    if args.deterministic:
-        import tensorflow as tf
-
-        tf.config.experimental.enable_op_determinism()
-    topo = tf_commlib.init(args.topology)
-    (x, y), test = digits.load(topo.rank, topo.size, args.seed)
+def build(args, steps):
+    """The model, compiled with its DistributedOptimizer (a cosine decay over `steps`)."""
     model = digits.small_cnn(args.seed)
-    steps = args.epochs * (len(y) // args.batch_size + (len(y) % args.batch_size > 0))
     lr = keras.optimizers.schedules.CosineDecay(args.lr, steps)
     opt = DistributedOptimizer(
         keras.optimizers.SGD(lr, momentum=args.momentum), algorithm=args.algorithm,
@@ -170,8 +164,34 @@ def main(argv=None):
     # no compiled metrics (the report measures test accuracy): Keras builds them while it traces the
     # first step, and a trace that creates variables runs twice
     model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    return model, opt
 
+
+def main(argv=None):
+    p = parser()
+    args = p.parse_args(argv)
+    if args.candidates is not None and args.density != "adaptive":
+        p.error("--candidates goes with --density adaptive")
+    if args.elastic:
+        from tf_commlib import elastic
+
+        if not elastic.is_elastic():
+            p.error("--elastic needs horovodrun's elastic mode: --host-discovery-script (with --min-np, --max-np)")
+        if args.ckpt_dir or args.topology or args.density == "adaptive":
+            p.error("--elastic keeps its state in memory, takes the layout from the live hosts and a fixed "
+                    "density: no --ckpt-dir, --topology or --density adaptive")
+    if args.commit_every < 1:
+        p.error(f"--commit-every must be >= 1, got {args.commit_every}")
+    if args.deterministic:
+        import tensorflow as tf
+
+        tf.config.experimental.enable_op_determinism()
+    topo = tf_commlib.init(args.topology)
     label = f"{args.algorithm}@{args.density}" if args.algorithm not in ("dense", "2dtar") else args.algorithm
+    if args.elastic:
+        return train_elastic(args, label)
+    (x, y), test = digits.load(topo.rank, topo.size, args.seed)
+    model, opt = build(args, args.epochs * (len(y) // args.batch_size + (len(y) % args.batch_size > 0)))
     if topo.rank == 0:
         print(f"[{label}] {topo.size} ranks as {topo.m}x{topo.n} (nodes x ranks per node)", flush=True)
     report = EpochReport(topo, test, len(y), label)
@@ -183,13 +203,72 @@ def main(argv=None):
     model.fit(x, y, epochs=args.epochs, batch_size=args.batch_size, shuffle=False, verbose=0,
               callbacks=default_callbacks() + [report] + adapt + extra)
     if topo.rank == 0 and args.json:
-        w = np.concatenate([v.numpy().ravel() for v in model.weights]).astype(np.float64)
-        with open(args.json, "w") as f:
-            json.dump({"label": label, "args": vars(args), "epochs": report.rows,
-                       "weights": {"count": int(w.size), "sum": float(w.sum()),
-                                   "l2": float(np.sqrt((w * w).sum())), "sha256": weights_sha256(model)}},
-                      f, indent=1)
+        write_summary(args, label, report.rows, model)
     return report.rows
+
+
+def write_summary(args, label, rows, model, **extra):
+    w = np.concatenate([v.numpy().ravel() for v in model.weights]).astype(np.float64)
+    with open(args.json, "w") as f:
+        json.dump({"label": label, "args": vars(args), "epochs": rows, **extra,
+                   "weights": {"count": int(w.size), "sum": float(w.sum()),
+                               "l2": float(np.sqrt((w * w).sum())), "sha256": weights_sha256(model)}},
+                  f, indent=1)
+
+
+class Commits(keras.callbacks.Callback):
+    """--elastic: after every step, the epoch's position (samples of the global order done) in the state;
+    every `every` steps a commit (where the hosts changed, HostsUpdatedInterrupt ends fit on every rank)."""
+
+    def __init__(self, state, global_batch, every):
+        super().__init__()
+        self.state, self.global_batch, self.every = state, global_batch, every
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.state["offset"] += self.global_batch
+        self.state["steps"] += 1
+        if (batch + 1) % self.every == 0:
+            self.state.commit()
+
+
+def train_elastic(args, label):
+    """The run under tf_commlib.elastic: every epoch walks one global order of the training set (the same
+    whatever the world size) in global batches of size x --batch-size, rank r taking the r-th slice of
+    each; fit runs one epoch at a time from the committed position; after a reset the model and
+    optimizer are built for the new layout and get the last commit."""
+    from tf_commlib import elastic
+
+    (x_all, y_all), test = digits.load(0, 1, args.seed)
+    size0 = tf_commlib.topology().size   # the cosine decay's length: the steps at the starting size
+    state = elastic.State(epoch=0, offset=0, steps=0, rows=[], layouts=[])
+
+    @elastic.run
+    def run(state):
+        topo = tf_commlib.topology()
+        model, opt = build(args, args.epochs * (len(y_all) // (args.batch_size * size0)))
+        state.bind(model, opt)
+        state["layouts"] = state["layouts"] + [[state["epoch"], state["offset"], topo.m, topo.n]]
+        if topo.rank == 0:
+            print(f"[{label}] {topo.size} ranks as {topo.m}x{topo.n} from epoch {state['epoch'] + 1}, "
+                  f"sample {state['offset']}", flush=True)
+        while state["epoch"] < args.epochs:
+            g = topo.size * args.batch_size
+            starts = np.arange(state["offset"], len(y_all) - g + 1, g)   # whole global batches
+            idx = (starts[:, None] + topo.rank * args.batch_size + np.arange(args.batch_size)).ravel()
+            report = EpochReport(topo, test, len(idx), label)
+            if len(idx):
+                model.fit(x_all[idx], y_all[idx], batch_size=args.batch_size, epochs=state["epoch"] + 1,
+                          initial_epoch=state["epoch"], shuffle=False, verbose=0,
+                          callbacks=default_callbacks() + [report, Commits(state, g, args.commit_every)])
+            state["rows"] = state["rows"] + report.rows
+            state["epoch"], state["offset"] = state["epoch"] + 1, 0
+            state.commit()
+        return model
+
+    model = run(state)
+    if tf_commlib.topology().rank == 0 and args.json:
+        write_summary(args, label, state["rows"], model, steps=state["steps"], layouts=state["layouts"])
+    return state["rows"]
 
 
 if __name__ == "__main__":

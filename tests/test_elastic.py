@@ -1,0 +1,256 @@
+"""tf_commlib.elastic on Horovod's own elastic driver: a real ``horovodrun --min-np 2 --max-np 4
+--host-discovery-script`` job on this machine, two host names (localhost and this machine's name, 2 slots
+each: Horovod runs a host without ssh where its address is one of this machine's). One host's ranks are
+SIGKILLed mid-epoch; the survivors roll back to their last commit and go on as 2 ranks; the host is
+listed again and its new ranks join (4 ranks; an elastic job runs as size x 1: tf_commlib.init).
+Checked against numpy: the committed steps cover every epoch's samples once, and SGD over them gives the
+weights every live rank ends with. Also: the state's commit loaded into a rebuilt model and optimizer,
+`tfc_apps.train --elastic`, and its refusal outside an elastic job."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tests import hvdrun
+from tests.workers import elastic_worker as worker
+from tfc_apps import local_run
+
+pytestmark = pytest.mark.multiprocess
+
+
+def _events(out):
+    path = out / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _replay(steps, epochs):
+    """Plain SGD on the committed steps: at (epoch, offset, size) the mean gradient of the size * BATCH
+    samples after offset in that epoch's order (what the ranks' dense average is)."""
+    x, y = worker.data()
+    w = np.zeros(worker.DIM, np.float64)
+    for epoch, offset, size in steps:
+        idx = worker.order(epoch)[offset:offset + size * worker.BATCH]
+        xb, yb = x[idx].astype(np.float64), y[idx].astype(np.float64)
+        w -= worker.LR * xb.T @ (xb @ w - yb) / len(idx)
+    return w
+
+
+def test_a_lost_node_leaves_the_others_training_and_it_rejoins(tmp_path):
+    epochs = 14
+    job = _Job(tmp_path, hvdrun.worker_argv("elastic_worker.py", ["dense", epochs, 0.25]))
+    try:
+        job.wait_for("second commit on 4 ranks", lambda: job.event(
+            lambda r: r["kind"] == "commit" and r["size"] == 4 and (r["epoch"], r["offset"]) >= (0, 48)), 240)
+        killed = job.kill_second_host()
+        resumed = job.wait_for("restart on 2 ranks", lambda: job.event(
+            lambda r: r["kind"] == "train" and r["size"] == 2 and r["t"] > killed), 180)
+        job.wait_for("commit on 2 ranks", lambda: job.event(lambda r: r["kind"] == "commit" and r["size"] == 2), 60)
+        job.hosts.write_text(job.both)
+        listed = time.time()
+        joined = job.wait_for("restart on 4 ranks after the host was listed again", lambda: job.event(
+            lambda r: r["kind"] == "train" and r["size"] == 4 and r["t"] > listed), 240)
+        job.finish(300)
+    finally:
+        job.stop()
+    out, log = job.out, job.log()
+    reports = hvdrun._reports(out, range(4), log)
+    print(f"survivors stepped again {resumed['t'] - killed:.1f} s after the kill; the host's ranks "
+          f"joined {joined['t'] - listed:.1f} s after it was listed again")
+
+    steps = reports[0]["steps"]
+    assert all(r["steps"] == steps and r["size"] == 4 for r in reports)
+    assert [s for _, _, s in steps].count(2) > 0 and steps[-1][2] == 4   # ran on 2 ranks, ended on 4
+    for epoch in range(epochs):   # every epoch's samples once: nothing lost or doubled by the rollback
+        used = [i for e, offset, size in steps if e == epoch
+                for i in worker.order(epoch)[offset:offset + size * worker.BATCH]]
+        assert sorted(used) == list(range(worker.N)), f"epoch {epoch}"
+    assert all(r["iterations"] == len(steps) for r in reports)   # the steps applied are the committed ones
+    weights = np.array([r["weights"] for r in reports])
+    assert np.abs(weights - weights[0]).max() == 0   # every live rank the same
+    np.testing.assert_allclose(weights[0], _replay(steps, epochs), rtol=1e-4, atol=1e-5)
+    # the rollback: the survivors resumed from their last commit before the kill, on the new layout
+    commits = [(r["epoch"], r["offset"]) for r in _events(out) if r["kind"] == "commit" and r["t"] < killed]
+    assert (resumed["epoch"], resumed["offset"]) >= max(commits)
+    assert resumed["layout"] == [2, 1] and joined["layout"] == [4, 1]   # every rank a node (tf_commlib.init)
+
+
+class _Job:
+    """``python argv`` under horovodrun's elastic mode on localhost:2 and this machine's name:2, its output
+    read by a thread as it comes."""
+
+    def __init__(self, tmp_path, argv):
+        self.out = tmp_path / "out"
+        self.out.mkdir()
+        self.hosts = tmp_path / "hosts"
+        self.both = f"localhost:2\n{socket.gethostname()}:2\n"
+        self.hosts.write_text(self.both)
+        script = tmp_path / "discover.sh"
+        script.write_text(f"#!/bin/sh\ncat {self.hosts}\n")
+        script.chmod(0o700)
+        launcher = [sys.executable, "-m", "tfc_apps.horovodrun", "-np", "4", "--min-np", "2", "--max-np", "4",
+                    "--host-discovery-script", str(script), "--blacklist-cooldown-range", "1", "2", "--gloo"]
+        self.proc = local_run.start(argv, launcher=launcher, cwd=local_run.ROOT,
+                                    env={**hvdrun.NO_GPU, "HVD_TEST_OUT": str(self.out)})
+        self.lines = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stdout.readline, "")),
+                                       daemon=True)
+        self.reader.start()
+
+    def log(self):
+        return "".join(self.lines)[-6000:]
+
+    def wait_for(self, what, found, timeout):
+        """The first result of found() that is not None, polled until the timeout (else the job is killed
+        and the test fails)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            result = found()
+            if result is not None:
+                return result
+            time.sleep(0.2)
+        self.stop()
+        raise AssertionError(f"elastic job: no {what} within {timeout} s (exit {self.proc.returncode}):\n{self.log()}")
+
+    def line(self, text):
+        return next((line for line in list(self.lines) if text in line), None)
+
+    def event(self, until):
+        return next((r for r in _events(self.out) if until(r)), None)
+
+    def kill_second_host(self):
+        """The second host's ranks SIGKILLed, after it left the discovery script's list; the time."""
+        self.hosts.write_text("localhost:2\n")
+        lost = [p for p in local_run.ranks_of(self.proc)
+                if p.environ().get("HOROVOD_HOSTNAME") == socket.gethostname()]
+        assert lost, "found no rank of the second host"
+        killed = time.time()
+        for p in lost:
+            os.kill(p.pid, signal.SIGKILL)
+        return killed
+
+    def finish(self, timeout):
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise AssertionError(f"elastic job timed out after {timeout} s:\n{self.log()}") from None
+        self.reader.join(10)
+        assert self.proc.returncode == 0, f"elastic job failed (exit {self.proc.returncode}):\n{self.log()}"
+
+    def stop(self):
+        if self.proc.poll() is None:
+            local_run.kill_ranks(self.proc)
+
+
+def test_train_elastic_goes_on_without_a_lost_node(tmp_path):
+    """`tfc_apps.train --elastic`: model.fit under tf_commlib.elastic; one host's ranks killed after the
+    first epoch, the other two go on and the host joins again once listed."""
+    summary = tmp_path / "summary.json"
+    job = _Job(tmp_path, ["-m", "tfc_apps.train", "--elastic", "--algorithm", "dense", "--epochs", "4",
+                          "--commit-every", "5", "--json", str(summary)])
+    try:
+        job.wait_for("first epoch", lambda: job.line("epoch   1"), 240)
+        job.kill_second_host()
+        job.wait_for("restart on 2 ranks", lambda: job.line("2 ranks as 2x1"), 180)
+        job.hosts.write_text(job.both)
+        job.finish(400)
+    finally:
+        job.stop()
+    result = json.loads(summary.read_text())
+    layouts = [tuple(row[2:]) for row in result["layouts"]]
+    assert layouts[:2] == [(4, 1), (2, 1)], result["layouts"]
+    assert [row["epoch"] for row in result["epochs"]] == [1, 2, 3, 4]
+    assert result["epochs"][-1]["test_accuracy"] > 0.8
+
+
+def test_state_refuses_what_is_not_json():
+    from tf_commlib import elastic
+
+    with pytest.raises(TypeError):
+        elastic.State(epoch=object())
+    state = elastic.State(epoch=0)
+    with pytest.raises(TypeError):
+        state["epoch"] = {1, 2}
+    with pytest.raises(ValueError, match="state must be a tf_commlib.elastic.State"):
+        elastic.run(lambda s: None)({"epoch": 0})
+
+
+def _optimizer(kind):
+    import keras
+
+    from tf_commlib.keras import DiLoCo, DistributedOptimizer
+
+    sgd = keras.optimizers.SGD(0.05, momentum=0.9)
+    if kind == "diloco":
+        return DiLoCo(sgd, sync_every=2)
+    if kind == "sharded":
+        return DistributedOptimizer(sgd, algorithm="dense", shard_optimizer=True)
+    return DistributedOptimizer(sgd, algorithm=kind, density=0.25)
+
+
+@pytest.mark.parametrize("kind", ["dense", "hitopk", "powersgd", "diloco", "sharded"])
+def test_a_commit_loads_into_a_rebuilt_model_and_optimizer(kind):
+    """bind() of a fresh model and optimizer (as train() builds them after a reset) gives them the values
+    of the last commit: the weights and every optimizer variable every rank holds alike (the wrapped
+    optimizer's momentum, the step count, DiLoCo's start weights), per-rank state (residuals, DGC
+    momentum) zero; the steps after the commit are undone."""
+    import keras
+    import tensorflow as tf
+
+    import tf_commlib
+    from tf_commlib import elastic
+
+    tf_commlib.init()
+    rng = np.random.default_rng(3)
+
+    def built():
+        keras.utils.set_random_seed(5)
+        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32), keras.layers.Dense(4)])
+        return model, _optimizer(kind)
+
+    def train(model, opt, steps):
+        for _ in range(steps):
+            x, y = rng.standard_normal((8, 16)).astype(np.float32), rng.standard_normal((8, 4)).astype(np.float32)
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x) - y) ** 2)
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+    model, opt = built()
+    train(model, opt, 3)
+    state = elastic.State(epoch=0)
+    state.bind(model, opt)
+    committed = [v.numpy().copy() for v in model.weights], [v.numpy().copy() for v in opt.variables]
+    state["epoch"] = 1
+    train(model, opt, 2)
+    state.restore()
+    assert state["epoch"] == 0
+    fresh, fresh_opt = built()
+    state.bind(fresh, fresh_opt)
+    for v, want in zip(fresh.weights, committed[0]):
+        np.testing.assert_array_equal(v.numpy(), want)
+    got = [v.numpy() for v in fresh_opt.variables]
+    assert len(got) == len(committed[1])
+    zeroed = [i for i, (g, want) in enumerate(zip(got, committed[1])) if not np.array_equal(g, want)]
+    assert all(not got[i].any() for i in zeroed), "a variable neither committed nor zeroed"
+    inner = {id(v) for v in fresh_opt.inner_optimizer.variables}
+    kept = [i for i, v in enumerate(fresh_opt.variables) if id(v) in inner and committed[1][i].any()]
+    assert kept and not set(kept) & set(zeroed)   # the wrapped optimizer's state is the commit's
+    assert int(fresh_opt.iterations.numpy()) == 3
+    if kind == "hitopk":
+        assert zeroed   # its residuals are per rank
+
+
+def test_train_elastic_needs_horovods_elastic_mode():
+    """`tfc_apps.train --elastic` outside an elastic horovodrun job (no --host-discovery-script) is refused
+    before anything starts, naming what is missing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    done = subprocess.run([sys.executable, "-m", "tfc_apps.train", "--elastic"], capture_output=True, text=True,
+                          cwd=local_run.ROOT, env={**env, **hvdrun.NO_GPU}, timeout=120)
+    assert done.returncode == 2 and "--elastic needs horovodrun's elastic mode: --host-discovery-script" in done.stderr

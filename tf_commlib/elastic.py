@@ -1,0 +1,236 @@
+"""Elastic training on Horovod's elastic driver (``horovodrun --min-np --max-np --host-discovery-script``,
+Gloo): where a node is lost, the surviving ranks roll back to their last commit and go on as a smaller
+job; where the discovery script lists a node again, its ranks join at the next commit.
+
+``State`` holds what a rank needs to go on, in this process's memory: the values of a model's weights and
+of every optimizer variable (residuals, DGC momentum, DiLoCo's start weights and outer state, the wrapped
+optimizer's slots) as of the last ``commit()``, and JSON values the training loop keeps in it (the epoch,
+the position in it). ``run(train)`` calls ``train(state)``; where a collective fails because a rank is
+gone (Horovod's HorovodInternalError) the state returns to its last commit; where the hosts change
+(HostsUpdatedInterrupt at a commit) it stays. Either way Horovod is started again on the ranks now alive,
+tf_commlib.init() makes the layout anew (size x 1 in an elastic job: tf_commlib.topology says why), every
+rank takes the state of the rank that committed last, and ``train(state)`` is called again: it builds its
+model and optimizer for the new layout (the buckets, residuals and collectives depend on it) and
+``state.bind`` loads the committed values into them.
+
+A reset keeps the values every rank holds alike (weights, the wrapped optimizer's state, the step count);
+per-rank state (error-feedback residuals, DGC's momentum) starts again at zero (reset_rank_state), since
+the ranks that held it are renumbered or gone. Objects between ranks go as JSON, never pickled.
+"""
+import json
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from horovod.common.elastic import State as HorovodState
+
+from tf_commlib import costmodel, replicas, shm
+from tf_commlib.topology import elastic_job, init as init_topology, topology as current_topology
+
+def is_elastic():
+    """Whether this process is a rank of an elastic horovodrun job (tf_commlib.topology.elastic_job)."""
+    return elastic_job()
+
+
+def broadcast_json(obj, root_rank=0, name="tf_commlib_elastic_json"):
+    """``obj`` (JSON values) of root_rank, on every rank: its length, then its UTF-8 bytes, as tensors. A
+    collective on every rank of the job."""
+    import horovod.tensorflow as hvd
+
+    data = np.frombuffer(json.dumps(obj).encode(), np.uint8) if hvd.rank() == root_rank else np.zeros(0, np.uint8)
+    length = int(hvd.broadcast(tf.constant([data.size], tf.int64), root_rank, name=name + "_len").numpy()[0])
+    buffer = data if data.size == length else np.zeros(length, np.uint8)
+    sent = hvd.broadcast(tf.constant(buffer), root_rank, name=name).numpy()
+    return json.loads(sent.tobytes().decode())
+
+
+def _broadcast_host_update(update):
+    """Horovod's State broadcasts (previous timestamp, last timestamp, HostUpdateResult) at each commit:
+    sent as JSON numbers."""
+    from horovod.runner.elastic.worker import HostUpdateResult
+
+    prev, last, result = broadcast_json([update[0], update[1], int(update[2])], name="tf_commlib_elastic_hosts")
+    return prev, last, HostUpdateResult(result)
+
+
+class State(HorovodState):
+    """What a rank needs to go on after a reset: ``state[key]`` JSON values (given as keywords, e.g.
+    epoch=0, offset=0) and, once ``bind`` was called, the committed values of a model's weights and of its
+    optimizer's variables. ``commit()`` keeps them in memory (a copy of every variable: commit every few
+    steps, not every step, where they are large) and raises HostsUpdatedInterrupt on every rank alike
+    where the discovery script changed the hosts."""
+
+    def __init__(self, **values):
+        json.dumps(values)   # TypeError naming what is not JSON
+        super().__init__(bcast_object=_broadcast_host_update, get_rank=lambda: current_topology().rank)
+        self.values, self.commits = dict(values), 0
+        self._saved_values, self._saved_arrays = dict(values), None   # the last commit
+        self._saved_inner, self._saved_iterations = [], 0   # of it: the wrapped optimizer's, the step count
+        self.model = self.optimizer = None
+
+    def __getitem__(self, key):
+        return self.values[key]
+
+    def __setitem__(self, key, value):
+        json.dumps(value)
+        self.values[key] = value
+
+    def _variables(self):
+        model = list(self.model.weights) if self.model is not None else []
+        optimizer = list(self.optimizer.variables) if self.optimizer is not None else []
+        return model, optimizer
+
+    def bind(self, model, optimizer=None):
+        """Takes ``model`` (its weights) and ``optimizer`` (default model.optimizer; built on the model's
+        trainable variables where it is not, as its first step would) into the state: where a commit exists (after a reset, or one
+        synced from a live rank), their variables get its values, else the state commits theirs. A
+        collective where a commit is loaded into a DistributedOptimizer (reset_rank_state)."""
+        import keras
+
+        optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        if optimizer is not None and not optimizer.built:   # as its first apply builds it
+            if hasattr(optimizer, "measure"):   # a DistributedOptimizer's "auto": the link (a collective)
+                optimizer.measure(model.trainable_variables)
+            with keras.name_scope(optimizer.name, caller=optimizer):
+                optimizer.build(model.trainable_variables)
+        self.model, self.optimizer = model, optimizer
+        if self._saved_arrays is None:   # the first start: every rank from rank 0's weights and state
+            model_vars, optimizer_vars = self._variables()
+            replicas.broadcast_variables(model_vars + optimizer_vars)
+            self.save()
+        else:
+            self._load()
+
+    def _load(self):
+        model_arrays, optimizer_arrays = self._saved_arrays
+        model_vars, optimizer_vars = self._variables()
+        _assign(model_vars, model_arrays, "the model's weights")
+        if optimizer_vars and len(optimizer_vars) == len(optimizer_arrays) and all(
+                tuple(v.shape) == a.shape for v, a in zip(optimizer_vars, optimizer_arrays)):
+            _assign(optimizer_vars, optimizer_arrays, "the optimizer's variables")
+        elif optimizer_vars:   # another layout: its per-rank state has other shapes; the rest is the wrapped one's
+            inner = getattr(self.optimizer, "inner_optimizer", None)
+            _assign(list(getattr(inner, "variables", [])), self._saved_inner, "the wrapped optimizer's variables")
+            self.optimizer.iterations.assign(self._saved_iterations)
+        if hasattr(self.optimizer, "reset_rank_state"):
+            self.optimizer.reset_rank_state()
+
+    def save(self):
+        """Keeps the bound variables' values and the JSON values as the last commit."""
+        model_vars, optimizer_vars = self._variables()
+        self._saved_arrays = ([np.array(v.numpy()) for v in model_vars], [np.array(v.numpy()) for v in optimizer_vars])
+        inner = getattr(self.optimizer, "inner_optimizer", None)
+        self._saved_inner = [np.array(v.numpy()) for v in getattr(inner, "variables", [])]
+        self._saved_iterations = int(self.optimizer.iterations.numpy()) if self.optimizer is not None else 0
+        self._saved_values = json.loads(json.dumps(self.values))
+        self.commits += 1
+
+    def restore(self):
+        """Back to the last commit's JSON values (train() binds its variables to it again after the reset)."""
+        self.values = json.loads(json.dumps(self._saved_values))
+
+    def sync(self):
+        """Every rank takes the last commit of the rank that committed most (the lowest such rank): the
+        JSON values, then the variables' values, one broadcast per dtype."""
+        import horovod.tensorflow as hvd
+
+        commits = hvd.allgather(tf.constant([self.commits], tf.int64), name="tf_commlib_elastic_commits").numpy()
+        root = int(np.argmax(commits))
+        header = None
+        if hvd.rank() == root:
+            arrays = self._saved_arrays or ([], [])
+            header = {"values": self._saved_values, "commits": self.commits, "iterations": self._saved_iterations,
+                      "arrays": [[[list(a.shape), a.dtype.name] for a in part] for part in arrays],
+                      "inner": [[list(a.shape), a.dtype.name] for a in self._saved_inner],
+                      "bound": self._saved_arrays is not None}
+        header = broadcast_json(header, root, name="tf_commlib_elastic_header")
+        specs = header["arrays"][0] + header["arrays"][1] + header["inner"]
+        mine = (self._saved_arrays[0] + self._saved_arrays[1] + self._saved_inner
+                if hvd.rank() == root and header["bound"] else None)
+        got = _broadcast_arrays(mine, specs, root)
+        split = [len(header["arrays"][0]), len(header["arrays"][0]) + len(header["arrays"][1])]
+        parts, inner = (got[:split[0]], got[split[0]:split[1]]), got[split[1]:]
+        self._saved_arrays = tuple(parts) if header["bound"] else None
+        self._saved_inner, self._saved_iterations = inner, header["iterations"]
+        self._saved_values, self.commits = header["values"], header["commits"]
+        self.values = json.loads(json.dumps(self._saved_values))
+
+    def reset(self):
+        """The ranks changed: the bound model and optimizer belong to the old layout (train() binds new ones)."""
+        self.model = self.optimizer = None
+
+
+def _broadcast_arrays(arrays, specs, root):
+    """``arrays`` of root_rank (None on the others) of the given [shape, dtype name] each, on every rank:
+    one broadcast per dtype (a ResNet-50's thousand variables one by one would cost seconds)."""
+    import horovod.tensorflow as hvd
+
+    out, by_dtype = [None] * len(specs), {}
+    for i, (_, dtype) in enumerate(specs):
+        by_dtype.setdefault(dtype, []).append(i)
+    for dtype, idx in sorted(by_dtype.items()):
+        sizes = [int(np.prod(specs[i][0], dtype=np.int64)) for i in idx]
+        wire = np.uint8 if dtype == "bool" else dtype   # Horovod sends no bool
+        flat = (np.concatenate([np.asarray(arrays[i]).astype(wire).ravel() for i in idx]) if arrays is not None
+                else np.zeros(sum(sizes), wire))
+        got = hvd.broadcast(tf.constant(flat), root, name=f"tf_commlib_elastic_{dtype}").numpy().astype(dtype)
+        for i, part in zip(idx, np.split(got, np.cumsum(sizes)[:-1])):
+            out[i] = part.reshape(specs[i][0])
+    return out
+
+
+def _assign(variables, arrays, what):
+    if len(variables) != len(arrays) or any(tuple(v.shape) != a.shape for v, a in zip(variables, arrays)):
+        raise ValueError(f"{what} do not match the state's commit: {len(variables)} variables of shapes "
+                         f"{[tuple(v.shape) for v in variables][:8]}... against {len(arrays)} of "
+                         f"{[a.shape for a in arrays][:8]}...: bind a model and optimizer built as before")
+    for v, a in zip(variables, arrays):
+        v.assign(a)
+
+
+def _failed_collective(error):
+    """Whether a TensorFlow error is a Horovod collective that failed because a rank is gone."""
+    text = str(error)
+    return any(word in text for word in ("Horovod", "horovod", "Gloo", "gloo"))
+
+
+def reinit():
+    """Horovod started again on the ranks now alive and tf_commlib's layout made anew (its process sets,
+    and the shared-memory links and host hashes of the old ones forgotten)."""
+    import horovod.tensorflow as hvd
+
+    start = time.monotonic()
+    hvd.shutdown()
+    shm.forget()
+    costmodel.forget_hosts()
+    topo = init_topology(pin_gpu=False)
+    if topo.rank == 0:
+        print(f"tf_commlib elastic: {topo.size} ranks as {topo.m}x{topo.n} after a reset (Horovod started again "
+              f"in {time.monotonic() - start:.1f} s)", flush=True)
+
+
+def run(train):
+    """``train(state, ...)`` run elastically (Horovod's elastic run loop, with reinit as its reset): it
+    returns what train returns once train ends on every live rank. Outside an elastic horovodrun job it
+    is train itself (a lost rank then ends the job, as without it). train must build its model and
+    optimizer and call state.bind before its first collective."""
+    from horovod.common.elastic import run_fn
+    from horovod.common.exceptions import HorovodInternalError
+
+    def wrapper(state, *args, **kwargs):
+        try:
+            return train(state, *args, **kwargs)
+        except tf.errors.OpError as e:
+            if _failed_collective(e):
+                raise HorovodInternalError(e) from e
+            raise
+
+    elastic = run_fn(wrapper, reinit)
+
+    def chosen(state, *args, **kwargs):
+        if not isinstance(state, State):
+            raise ValueError(f"state must be a tf_commlib.elastic.State, got {state!r}")
+        return (elastic if is_elastic() else train)(state, *args, **kwargs)
+
+    return chosen
