@@ -84,7 +84,8 @@ def test_without_link_parameters_each_candidate_is_timed_once_and_kept(reports, 
     assert set(warm) == {"hitopk"} and [d for d, _ in warm["hitopk"]] == [0.0625, 0.25]
     assert all(s > 0 for _, s in warm["hitopk"]) and all(r["probed_warmup"] == warm for r in reports)
     assert saved["key"]["calibrate"]["warmup"] == [["hitopk", 0.25], ["hitopk", 0.0625]]
-    assert ["hitopk", 0.25] in reports[0]["scaled_at"]   # the fit's warm-up epoch was predicted from it
+    used, timed_there, at_target = reports[0]["warm_ratio"]   # the warm-up epoch is predicted from its own timing
+    assert used == pytest.approx(timed_there) and used != pytest.approx(at_target)
     assert saved["params"] == [probed[c] for c in AUTO_CANDIDATES] + [s for _, s in reversed(warm["hitopk"])]
     assert reports[0]["calibrated_beta_inter"] in saved["key"]["calibrate"]["link"]   # the link it was timed on
     assert saved["key"]["layout"] == [2, 2]

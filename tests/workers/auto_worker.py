@@ -58,5 +58,10 @@ except Exception as e:   # noqa: BLE001 - the message is what the test checks
 out["calibrated_beta_inter"] = opt.calibrated_link.beta_inter
 out["probed"] = opt.probed
 out["probed_warmup"] = {c: sorted([d, s] for d, s in t.items()) for c, t in opt.probed_warmup.items()}
-out["scaled_at"] = sorted([c, d] for c, d in opt.auto_epochs._scales)   # (candidate, density) of each ratio used
+# the measured / predicted ratio hitopk's predictions take at the warm-up's 0.25 and at the target density,
+# and what its timings there give
+auto, (lossy,) = opt.auto_epochs, [g for g in opt._groups if g.lossy]
+out["warm_ratio"] = [auto._scale(lossy, "hitopk", 0.25),
+                     auto.probed_warmup["hitopk"][0.25] / auto._predicted(lossy, "hitopk", 0.25),
+                     auto._scale(lossy, "hitopk", opt.target_density)]
 report(topo.rank, out)
