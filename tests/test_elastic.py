@@ -43,8 +43,8 @@ def _replay(steps, epochs):
 
 
 def test_a_lost_node_leaves_the_others_training_and_it_rejoins(tmp_path):
-    epochs = 14
-    job = _Job(tmp_path, hvdrun.worker_argv("elastic_worker.py", ["dense", epochs, 0.25]))
+    epochs = 8
+    job = _Job(tmp_path, hvdrun.worker_argv("elastic_worker.py", ["dense", epochs, 0.15]))
     try:
         job.wait_for("second commit on 4 ranks", lambda: job.event(
             lambda r: r["kind"] == "commit" and r["size"] == 4 and (r["epoch"], r["offset"]) >= (0, 48)), 240)

@@ -76,7 +76,7 @@ class State(HorovodState):
         json.dumps(value)
         self.values[key] = value
 
-    def _variables(self):
+    def _bound_variables(self):
         model = list(self.model.weights) if self.model is not None else []
         optimizer = list(self.optimizer.variables) if self.optimizer is not None else []
         return model, optimizer
@@ -96,7 +96,7 @@ class State(HorovodState):
                 optimizer.build(model.trainable_variables)
         self.model, self.optimizer = model, optimizer
         if self._saved_arrays is None:   # the first start: every rank from rank 0's weights and state
-            model_vars, optimizer_vars = self._variables()
+            model_vars, optimizer_vars = self._bound_variables()
             replicas.broadcast_variables(model_vars + optimizer_vars)
             self.save()
         else:
@@ -104,7 +104,7 @@ class State(HorovodState):
 
     def _load(self):
         model_arrays, optimizer_arrays = self._saved_arrays
-        model_vars, optimizer_vars = self._variables()
+        model_vars, optimizer_vars = self._bound_variables()
         _assign(model_vars, model_arrays, "the model's weights")
         if optimizer_vars and len(optimizer_vars) == len(optimizer_arrays) and all(
                 tuple(v.shape) == a.shape for v, a in zip(optimizer_vars, optimizer_arrays)):
@@ -118,7 +118,7 @@ class State(HorovodState):
 
     def save(self):
         """Keeps the bound variables' values and the JSON values as the last commit."""
-        model_vars, optimizer_vars = self._variables()
+        model_vars, optimizer_vars = self._bound_variables()
         self._saved_arrays = ([np.array(v.numpy()) for v in model_vars], [np.array(v.numpy()) for v in optimizer_vars])
         inner = getattr(self.optimizer, "inner_optimizer", None)
         self._saved_inner = [np.array(v.numpy()) for v in getattr(inner, "variables", [])]
