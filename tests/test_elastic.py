@@ -185,9 +185,11 @@ def test_state_refuses_what_is_not_json():
 def _optimizer(kind):
     import keras
 
-    from tf_commlib.keras import DiLoCo, DistributedOptimizer
+    from tf_commlib.keras import DiLoCo, DistributedOptimizer, with_loss_scale
 
     sgd = keras.optimizers.SGD(0.05, momentum=0.9)
+    if kind == "loss_scaled":   # what compile makes under mixed_float16, around hitopk
+        return with_loss_scale(keras.optimizers.LossScaleOptimizer(sgd), algorithm="hitopk", density=0.25)
     if kind == "diloco":
         return DiLoCo(sgd, sync_every=2)
     if kind == "sharded":
@@ -195,7 +197,7 @@ def _optimizer(kind):
     return DistributedOptimizer(sgd, algorithm=kind, density=0.25)
 
 
-@pytest.mark.parametrize("kind", ["dense", "hitopk", "powersgd", "diloco", "sharded"])
+@pytest.mark.parametrize("kind", ["dense", "hitopk", "powersgd", "diloco", "sharded", "loss_scaled"])
 def test_a_commit_loads_into_a_rebuilt_model_and_optimizer(kind):
     """bind() of a fresh model and optimizer (as train() builds them after a reset) gives them the values
     of the last commit: the weights and every optimizer variable every rank holds alike (the wrapped
@@ -239,11 +241,11 @@ def test_a_commit_loads_into_a_rebuilt_model_and_optimizer(kind):
     assert len(got) == len(committed[1])
     zeroed = [i for i, (g, want) in enumerate(zip(got, committed[1])) if not np.array_equal(g, want)]
     assert all(not got[i].any() for i in zeroed), "a variable neither committed nor zeroed"
-    inner = {id(v) for v in fresh_opt.inner_optimizer.variables}
+    inner = {id(v) for v in elastic._chain(fresh_opt)[-1].variables}   # the wrapped plain optimizer
     kept = [i for i, v in enumerate(fresh_opt.variables) if id(v) in inner and committed[1][i].any()]
     assert kept and not set(kept) & set(zeroed)   # the wrapped optimizer's state is the commit's
     assert int(fresh_opt.iterations.numpy()) == 3
-    if kind == "hitopk":
+    if kind in ("hitopk", "loss_scaled"):
         assert zeroed   # its residuals are per rank
 
 
@@ -254,3 +256,42 @@ def test_train_elastic_needs_horovods_elastic_mode():
     done = subprocess.run([sys.executable, "-m", "tfc_apps.train", "--elastic"], capture_output=True, text=True,
                           cwd=local_run.ROOT, env={**env, **hvdrun.NO_GPU}, timeout=120)
     assert done.returncode == 2 and "--elastic needs horovodrun's elastic mode: --host-discovery-script" in done.stderr
+
+
+def test_a_commit_of_another_layout_keeps_the_wrapped_optimizers_state():
+    """Where the rebuilt optimizer's variables differ in number or shape from the commit's (its residuals
+    follow the layout and the buckets), bind gives it the wrapped optimizer's committed state (step count,
+    momentum) and zero residuals."""
+    import keras
+    import tensorflow as tf
+
+    import tf_commlib
+    from tf_commlib import elastic
+    from tf_commlib.keras import DistributedOptimizer
+
+    tf_commlib.init()
+
+    def built():
+        keras.utils.set_random_seed(5)
+        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32), keras.layers.Dense(4)])
+        return model, DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm="hitopk",
+                                           density=0.25)
+
+    model, opt = built()
+    x, y = np.ones((8, 16), np.float32), np.zeros((8, 4), np.float32)
+    for _ in range(3):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - y) ** 2)
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    state = elastic.State()
+    state.bind(model, opt)
+    inner = [v.numpy().copy() for v in opt.inner_optimizer.variables]
+    models, arrays = state._saved_arrays   # as committed on a layout whose residuals were one more
+    state._saved_arrays = (models, arrays + [np.ones(7, np.float32)])
+    fresh, fresh_opt = built()
+    state.bind(fresh, fresh_opt)
+    for v, want in zip(fresh_opt.inner_optimizer.variables, inner):
+        np.testing.assert_array_equal(v.numpy(), want)
+    assert int(fresh_opt.iterations.numpy()) == 3 and any(w.any() for w in inner[1:])
+    momenta = [v for v in fresh_opt.variables if "dgc_momentum" in v.path]   # per-rank state: zero
+    assert momenta and all(not v.numpy().any() for v in momenta)

@@ -28,9 +28,7 @@ from horovod.common.elastic import State as HorovodState
 from tf_commlib import costmodel, replicas, shm
 from tf_commlib.topology import elastic_job, init as init_topology, topology as current_topology
 
-def is_elastic():
-    """Whether this process is a rank of an elastic horovodrun job (tf_commlib.topology.elastic_job)."""
-    return elastic_job()
+is_elastic = elastic_job   # whether this process is a rank of an elastic horovodrun job
 
 
 def broadcast_json(obj, root_rank=0, name="tf_commlib_elastic_json"):
@@ -66,7 +64,7 @@ class State(HorovodState):
         super().__init__(bcast_object=_broadcast_host_update, get_rank=lambda: current_topology().rank)
         self.values, self.commits = dict(values), 0
         self._saved_values, self._saved_arrays = dict(values), None   # the last commit
-        self._saved_inner, self._saved_iterations = [], 0   # of it: the wrapped optimizer's, the step count
+        self._shared_at = []   # where in its optimizer arrays the wrapped plain optimizer's variables are
         self.model = self.optimizer = None
 
     def __getitem__(self, key):
@@ -83,9 +81,9 @@ class State(HorovodState):
 
     def bind(self, model, optimizer=None):
         """Takes ``model`` (its weights) and ``optimizer`` (default model.optimizer; built on the model's
-        trainable variables where it is not, as its first step would) into the state: where a commit exists (after a reset, or one
-        synced from a live rank), their variables get its values, else the state commits theirs. A
-        collective where a commit is loaded into a DistributedOptimizer (reset_rank_state)."""
+        trainable variables where it is not, as its first step would) into the state: where a commit exists
+        (after a reset, or one synced from a live rank), their variables get its values, else every rank
+        takes rank 0's and commits them. A collective."""
         import keras
 
         optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
@@ -110,19 +108,19 @@ class State(HorovodState):
                 tuple(v.shape) == a.shape for v, a in zip(optimizer_vars, optimizer_arrays)):
             _assign(optimizer_vars, optimizer_arrays, "the optimizer's variables")
         elif optimizer_vars:   # another layout: its per-rank state has other shapes; the rest is the wrapped one's
-            inner = getattr(self.optimizer, "inner_optimizer", None)
-            _assign(list(getattr(inner, "variables", [])), self._saved_inner, "the wrapped optimizer's variables")
-            self.optimizer.iterations.assign(self._saved_iterations)
-        if hasattr(self.optimizer, "reset_rank_state"):
-            self.optimizer.reset_rank_state()
+            _assign(list(_chain(self.optimizer)[-1].variables), [optimizer_arrays[i] for i in self._shared_at],
+                    "the wrapped optimizer's variables")
+        owner = next((o for o in _chain(self.optimizer) if hasattr(o, "reset_rank_state")), None)
+        if owner is not None:   # a DistributedOptimizer, also inside a LossScaleOptimizer
+            owner.reset_rank_state()
 
     def save(self):
         """Keeps the bound variables' values and the JSON values as the last commit."""
         model_vars, optimizer_vars = self._bound_variables()
-        self._saved_arrays = ([np.array(v.numpy()) for v in model_vars], [np.array(v.numpy()) for v in optimizer_vars])
-        inner = getattr(self.optimizer, "inner_optimizer", None)
-        self._saved_inner = [np.array(v.numpy()) for v in getattr(inner, "variables", [])]
-        self._saved_iterations = int(self.optimizer.iterations.numpy()) if self.optimizer is not None else 0
+        self._saved_arrays = ([np.asarray(v.numpy()) for v in model_vars], [np.asarray(v.numpy()) for v in optimizer_vars])
+        chain = _chain(self.optimizer)
+        shared = {id(v) for v in chain[-1].variables} if len(chain) > 1 else set()
+        self._shared_at = [i for i, v in enumerate(optimizer_vars) if id(v) in shared]
         self._saved_values = json.loads(json.dumps(self.values))
         self.commits += 1
 
@@ -140,25 +138,30 @@ class State(HorovodState):
         header = None
         if hvd.rank() == root:
             arrays = self._saved_arrays or ([], [])
-            header = {"values": self._saved_values, "commits": self.commits, "iterations": self._saved_iterations,
+            header = {"values": self._saved_values, "commits": self.commits, "shared_at": self._shared_at,
                       "arrays": [[[list(a.shape), a.dtype.name] for a in part] for part in arrays],
-                      "inner": [[list(a.shape), a.dtype.name] for a in self._saved_inner],
                       "bound": self._saved_arrays is not None}
         header = broadcast_json(header, root, name="tf_commlib_elastic_header")
-        specs = header["arrays"][0] + header["arrays"][1] + header["inner"]
-        mine = (self._saved_arrays[0] + self._saved_arrays[1] + self._saved_inner
-                if hvd.rank() == root and header["bound"] else None)
+        specs = header["arrays"][0] + header["arrays"][1]
+        mine = self._saved_arrays[0] + self._saved_arrays[1] if hvd.rank() == root and header["bound"] else None
         got = _broadcast_arrays(mine, specs, root)
-        split = [len(header["arrays"][0]), len(header["arrays"][0]) + len(header["arrays"][1])]
-        parts, inner = (got[:split[0]], got[split[0]:split[1]]), got[split[1]:]
-        self._saved_arrays = tuple(parts) if header["bound"] else None
-        self._saved_inner, self._saved_iterations = inner, header["iterations"]
-        self._saved_values, self.commits = header["values"], header["commits"]
+        split = len(header["arrays"][0])
+        self._saved_arrays = (got[:split], got[split:]) if header["bound"] else None
+        self._saved_values, self.commits, self._shared_at = header["values"], header["commits"], header["shared_at"]
         self.values = json.loads(json.dumps(self._saved_values))
 
     def reset(self):
         """The ranks changed: the bound model and optimizer belong to the old layout (train() binds new ones)."""
         self.model = self.optimizer = None
+
+
+def _chain(optimizer):
+    """optimizer and the optimizers it wraps (inner_optimizer), outermost first; [] for None."""
+    chain = []
+    while optimizer is not None:
+        chain.append(optimizer)
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return chain
 
 
 def _broadcast_arrays(arrays, specs, root):

@@ -157,10 +157,9 @@ def init(topology=None, pin_gpu=True):
         if spec:
             raise ValueError(f"topology={spec!r} (or ${ENV_VAR}) cannot fix the layout of an elastic job: its "
                              "ranks are those on the hosts Horovod's discovery script lists, which change")
-        hvd.init()
+        hvd.init()   # no process set: its one-rank sets are never asked of Horovod
         size, step = hvd.size(), None
         m, n = size, 1
-        sets = [fixed(r) for r in _extra_sets(m, n, size)]   # one rank each: never asked of Horovod
     else:
         size = _env_int(["HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE"], 0)
         step = None if size else slurm_env.step_layout()   # (size, tasks per node) of an srun step
@@ -173,10 +172,11 @@ def init(topology=None, pin_gpu=True):
                 raise ValueError(f"world size {size} is not a multiple of the local size {n}: "
                                  "tf_commlib needs the same number of ranks on every node")
             m = size // n
-        sets = [fixed(r) for r in _extra_sets(m, n, size)]
-        hvd.init(process_sets=sets)
     intra_lists, inter_lists = layout_sets(m, n)
     extra = _extra_sets(m, n, size)
+    sets = [fixed(r) for r in extra]
+    if not elastic:
+        hvd.init(process_sets=sets)
     slurm_env.exit_notice_at_exit()
     if hvd.size() != size:
         hint = ("; under srun, start Gloo ranks with `python -m tfc_apps.slurm -- CMD` (MPI builds: "
