@@ -66,6 +66,7 @@ def test_a_lost_node_leaves_the_others_training_and_it_rejoins(tmp_path):
 
     steps = reports[0]["steps"]
     assert all(r["steps"] == steps and r["size"] == 4 for r in reports)
+    assert all(r["link"] == "horovod" for r in reports)   # not shared memory: it sees a dead peer only at its timeout
     assert [s for _, _, s in steps].count(2) > 0 and steps[-1][2] == 4   # ran on 2 ranks, ended on 4
     for epoch in range(epochs):   # every epoch's samples once: nothing lost or doubled by the rollback
         used = [i for e, offset, size in steps if e == epoch

@@ -11,7 +11,10 @@ collective op instance gets its own segments (eagerly: one per set; in a tf.func
 so every rank must run the same collectives in the same order, as with Horovod; a failure on one
 rank (bad shape, full /dev/shm) makes every rank of the set raise. A rank that does not
 arrive within TF_COMMLIB_SHM_TIMEOUT seconds (default 600) makes the others raise DeadlineExceeded;
-ranks that pass different lengths or dtypes raise InvalidArgument. TF_COMMLIB_SHM=0 turns it off.
+ranks that pass different lengths or dtypes raise InvalidArgument. TF_COMMLIB_SHM=0 turns it off; an
+elastic job (tf_commlib.elastic) never uses it: there a rank that is killed must make the others raise
+at once, as Gloo's closed connection does, not after the timeout (a survivor waited in the next
+shared-memory all-gather of an elastic 4-rank job on one machine until its timeout).
 Files are named /dev/shm/tfcl_<TF_COMMLIB_SHM_TAG>_<random>...: a launcher sets the tag per job so
 that it can remove what killed ranks left behind (tfc_apps.slurm does).
 """
@@ -26,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_commlib._loader import ops as _ops
+from tf_commlib.topology import elastic_job
 
 _secrets = {}   # process set id -> the set's secret (bytes), or None when its ranks do not share memory
 TAG_VAR = "TF_COMMLIB_SHM_TAG"
@@ -76,8 +80,8 @@ def _handshake(process_set):
 
 
 def available(process_set):
-    """True when the ranks of the set share memory (and TF_COMMLIB_SHM is not 0)."""
-    if os.environ.get("TF_COMMLIB_SHM", "1") == "0" or process_set.size() == 1:
+    """True when the ranks of the set share memory (and TF_COMMLIB_SHM is not 0, and the job is not elastic)."""
+    if os.environ.get("TF_COMMLIB_SHM", "1") == "0" or process_set.size() == 1 or elastic_job():
         return False
     key = process_set.process_set_id
     if key not in _secrets:

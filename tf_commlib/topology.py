@@ -61,11 +61,7 @@ def layout_sets(m, n):
 
 
 def elastic_job():
-    """Whether this process is a rank of an elastic horovodrun job (HOROVOD_ELASTIC=1). Its
-    DistributedOptimizer checks the ranks' consistency at its first step only: with the check's
-    all-gather at every step, a rank whose peer died mid-step never returned from the step on an
-    elastic 2x2 of two host names (Horovod 0.28.1 lost the failed op's callback); with it at the first
-    step only, both survivors raised within 0.1 s."""
+    """Whether this process is a rank of an elastic horovodrun job (HOROVOD_ELASTIC=1)."""
     return os.environ.get("HOROVOD_ELASTIC") == "1"
 
 

@@ -7,7 +7,7 @@ commits every COMMIT steps and at each epoch's end.
 
 Each process appends to $HVD_TEST_OUT/events.jsonl: its start (pid, Horovod host name), each (re)start of
 train() with the committed position it resumes from and the world size, every COMMIT-th step; the ranks
-alive at the end report their weights, step count and the steps of the committed run (epoch, offset,
+alive at the end report their weights, step count, the link ranks on one machine use, and the steps of the committed run (epoch, offset,
 world size): what the samples of each epoch were and what a numpy replay of them gives."""
 import json
 import os
@@ -92,7 +92,10 @@ def main(algorithm, epochs, step_s):
 
     model, opt = train(state)
     topo = tf_commlib.topology()
-    report(topo.rank, {"weights": model.get_weights()[0].ravel().tolist(), "iterations": int(opt.iterations.numpy()),
+    import horovod.tensorflow as hvd
+    from tf_commlib import primitives
+    link = primitives.intra_link(tf.zeros([4]), hvd.global_process_set)   # every rank is on this machine
+    report(topo.rank, {"link": link, "weights": model.get_weights()[0].ravel().tolist(), "iterations": int(opt.iterations.numpy()),
                        "size": topo.size, "pid": os.getpid(), "steps": state["steps"]})
 
 

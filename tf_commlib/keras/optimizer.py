@@ -39,7 +39,7 @@ from tf_commlib.keras.policy import (EpochPlan, default_dense_layers, default_fu
 from tf_commlib.keras.sharded import ShardedUpdate, check_shardable
 from tf_commlib.keras.wrapping import (WRAPPED, WRAPPERS, InnerSteps, check_optimizer,  # noqa: F401 (re-exported)
                                        distributed_optimizer, momentum_handover)
-from tf_commlib.topology import elastic_job, topology as current_topology
+from tf_commlib.topology import topology as current_topology
 
 @keras.saving.register_keras_serializable(package="tf_commlib")
 class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
@@ -308,8 +308,7 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
                                       fusion_threshold_bytes=fusion, seed=sel.seed,
                                       algorithm_options=with_compression(options, compression), auto=auto,
                                       execution=ExecutionSettings(track_gain=self.adaptive, timeline=self.timeline,
-                                                                  variable_factory=self._factory,
-                                                                  check_consistency=not elastic_job()))
+                                                                  variable_factory=self._factory))
 
         groups = []
         if sel.qrgc and len(lossy_idx) > 1:
