@@ -8,12 +8,8 @@ weights every live rank ends with. Also: the state's commit loaded into a rebuil
 `tfc_apps.train --elastic`, and its refusal outside an elastic job."""
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -21,6 +17,7 @@ import pytest
 from tests import hvdrun
 from tests.workers import elastic_worker as worker
 from tfc_apps import local_run
+from tfc_apps.elastic_local import ElasticJob
 
 pytestmark = pytest.mark.multiprocess
 
@@ -44,22 +41,25 @@ def _replay(steps, epochs):
 
 def test_a_lost_node_leaves_the_others_training_and_it_rejoins(tmp_path):
     epochs = 8
-    job = _Job(tmp_path, hvdrun.worker_argv("elastic_worker.py", ["dense", epochs, 0.15]))
+    job, out = _job(tmp_path, hvdrun.worker_argv("elastic_worker.py", ["dense", epochs, 0.15]))
+
+    def event(until):
+        return next((r for r in _events(out) if until(r)), None)
+
     try:
-        job.wait_for("second commit on 4 ranks", lambda: job.event(
+        job.wait_for("second commit on 4 ranks", lambda: event(
             lambda r: r["kind"] == "commit" and r["size"] == 4 and (r["epoch"], r["offset"]) >= (0, 48)), 240)
-        killed = job.kill_second_host()
-        resumed = job.wait_for("restart on 2 ranks", lambda: job.event(
+        killed = job.drop_second_host()
+        resumed = job.wait_for("restart on 2 ranks", lambda: event(
             lambda r: r["kind"] == "train" and r["size"] == 2 and r["t"] > killed), 180)
-        job.wait_for("commit on 2 ranks", lambda: job.event(lambda r: r["kind"] == "commit" and r["size"] == 2), 60)
-        job.hosts.write_text(job.both)
-        listed = time.time()
-        joined = job.wait_for("restart on 4 ranks after the host was listed again", lambda: job.event(
+        job.wait_for("commit on 2 ranks", lambda: event(lambda r: r["kind"] == "commit" and r["size"] == 2), 60)
+        listed = job.list_both()
+        joined = job.wait_for("restart on 4 ranks after the host was listed again", lambda: event(
             lambda r: r["kind"] == "train" and r["size"] == 4 and r["t"] > listed), 240)
-        job.finish(300)
+        _finish(job, 300)
     finally:
         job.stop()
-    out, log = job.out, job.log()
+    log = job.log()
     reports = hvdrun._reports(out, range(4), log)
     print(f"survivors stepped again {resumed['t'] - killed:.1f} s after the kill; the host's ranks "
           f"joined {joined['t'] - listed:.1f} s after it was listed again")
@@ -82,91 +82,37 @@ def test_a_lost_node_leaves_the_others_training_and_it_rejoins(tmp_path):
     assert resumed["layout"] == [2, 1] and joined["layout"] == [4, 1]   # every rank a node (tf_commlib.init)
 
 
-class _Job:
-    """``python argv`` under horovodrun's elastic mode on localhost:2 and this machine's name:2, its output
-    read by a thread as it comes."""
+def _job(tmp_path, argv):
+    out = tmp_path / "out"
+    out.mkdir()
+    job = ElasticJob(str(tmp_path), argv, env={"HVD_TEST_OUT": str(out)})
+    return job, out
 
-    def __init__(self, tmp_path, argv):
-        self.out = tmp_path / "out"
-        self.out.mkdir()
-        self.hosts = tmp_path / "hosts"
-        self.both = f"localhost:2\n{socket.gethostname()}:2\n"
-        self.hosts.write_text(self.both)
-        script = tmp_path / "discover.sh"
-        script.write_text(f"#!/bin/sh\ncat {self.hosts}\n")
-        script.chmod(0o700)
-        launcher = [sys.executable, "-m", "tfc_apps.horovodrun", "-np", "4", "--min-np", "2", "--max-np", "4",
-                    "--host-discovery-script", str(script), "--blacklist-cooldown-range", "1", "2", "--gloo"]
-        self.proc = local_run.start(argv, launcher=launcher, cwd=local_run.ROOT,
-                                    env={**hvdrun.NO_GPU, "HVD_TEST_OUT": str(self.out)})
-        self.lines = []
-        self.reader = threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stdout.readline, "")),
-                                       daemon=True)
-        self.reader.start()
 
-    def log(self):
-        return "".join(self.lines)[-6000:]
-
-    def wait_for(self, what, found, timeout):
-        """The first result of found() that is not None, polled until the timeout (else the job is killed
-        and the test fails)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            result = found()
-            if result is not None:
-                return result
-            time.sleep(0.2)
-        self.stop()
-        raise AssertionError(f"elastic job: no {what} within {timeout} s (exit {self.proc.returncode}):\n{self.log()}")
-
-    def line(self, text):
-        return next((line for line in list(self.lines) if text in line), None)
-
-    def event(self, until):
-        return next((r for r in _events(self.out) if until(r)), None)
-
-    def kill_second_host(self):
-        """The second host's ranks SIGKILLed, after it left the discovery script's list; the time."""
-        self.hosts.write_text("localhost:2\n")
-        lost = [p for p in local_run.ranks_of(self.proc)
-                if p.environ().get("HOROVOD_HOSTNAME") == socket.gethostname()]
-        assert lost, "found no rank of the second host"
-        killed = time.time()
-        for p in lost:
-            os.kill(p.pid, signal.SIGKILL)
-        return killed
-
-    def finish(self, timeout):
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            raise AssertionError(f"elastic job timed out after {timeout} s:\n{self.log()}") from None
-        self.reader.join(10)
-        assert self.proc.returncode == 0, f"elastic job failed (exit {self.proc.returncode}):\n{self.log()}"
-
-    def stop(self):
-        if self.proc.poll() is None:
-            local_run.kill_ranks(self.proc)
+def _finish(job, timeout):
+    rc = job.finish(timeout)
+    assert rc == 0, f"elastic job failed (exit {rc}):\n{job.log()}"
 
 
 def test_train_elastic_goes_on_without_a_lost_node(tmp_path):
     """`tfc_apps.train --elastic`: model.fit under tf_commlib.elastic; one host's ranks killed after the
     first epoch, the other two go on and the host joins again once listed."""
     summary = tmp_path / "summary.json"
-    job = _Job(tmp_path, ["-m", "tfc_apps.train", "--elastic", "--algorithm", "dense", "--epochs", "4",
-                          "--commit-every", "5", "--json", str(summary)])
+    job, _ = _job(tmp_path, ["-m", "tfc_apps.train", "--elastic", "--algorithm", "dense", "--epochs", "4",
+                             "--commit-every", "5", "--json", str(summary)])
     try:
         job.wait_for("first epoch", lambda: job.line("epoch   1"), 240)
-        job.kill_second_host()
+        job.drop_second_host()
         job.wait_for("restart on 2 ranks", lambda: job.line("2 ranks as 2x1"), 180)
-        job.hosts.write_text(job.both)
-        job.finish(400)
+        job.list_both()
+        _finish(job, 400)
     finally:
         job.stop()
     result = json.loads(summary.read_text())
-    layouts = [tuple(row[2:]) for row in result["layouts"]]
-    assert layouts[:2] == [(4, 1), (2, 1)], result["layouts"]
+    restarts = result["restarts"]
+    assert [(r["m"], r["n"]) for r in restarts][:2] == [(4, 1), (2, 1)], restarts
+    assert all(r["started"] <= r["first_step"] for r in restarts)
+    assert result["steps_run"] >= result["steps"]   # rank 0's steps, the rolled-back ones too
     assert [row["epoch"] for row in result["epochs"]] == [1, 2, 3, 4]
     assert result["epochs"][-1]["test_accuracy"] > 0.8
 
@@ -296,3 +242,25 @@ def test_a_commit_of_another_layout_keeps_the_wrapped_optimizers_state():
     assert int(fresh_opt.iterations.numpy()) == 3 and any(w.any() for w in inner[1:])
     momenta = [v for v in fresh_opt.variables if "dgc_momentum" in v.path]   # per-rank state: zero
     assert momenta and all(not v.numpy().any() for v in momenta)
+
+
+@pytest.mark.parametrize("printed, expected", [
+    ("this is not a host list", "printed 'this is not a host list' on line 1: expected one host:slots a line"),
+    ("localhost:2\nnode1:many", "printed 'node1:many' on line 2"),
+    ("localhost", "(no slots: give --slots-per-host)"),
+])
+def test_a_discovery_script_that_prints_garbage_is_refused(tmp_path, printed, expected):
+    """tfc_apps.horovodrun runs the discovery script once before the launch: a line that is not host:slots
+    exits with status 2 naming it (Horovod's driver took it for a host and failed with a TypeError); so
+    does a script that fails."""
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\nprintf '{printed}\\n'\n")
+    script.chmod(0o700)
+    failing = tmp_path / "failing.sh"
+    failing.write_text("#!/bin/sh\necho 'no inventory' >&2\nexit 3\n")
+    failing.chmod(0o700)
+    for path, want in ((script, expected), (failing, "exited with status 3: no inventory")):
+        done = subprocess.run([sys.executable, "-m", "tfc_apps.horovodrun", "-np", "2", "--min-np", "2",
+                               "--host-discovery-script", str(path), "--gloo", sys.executable, "-c", "pass"],
+                              capture_output=True, text=True, cwd=local_run.ROOT, timeout=120)
+        assert done.returncode == 2 and want in done.stderr, done.stderr[-2000:]

@@ -3,9 +3,10 @@ one node as 2x2 through --topology, the same result as horovodrun; 2 nodes x 2 t
 --topology: tf_commlib.init() finds 2x2 from Slurm's layout, and a failing rank fails the job with
 its exit status, as does a rank killed by a signal; scancel leaves nothing behind and a requeued
 job resumes from its checkpoint and ends where an uninterrupted run ends. Runs are tiny (3 epochs
-of digits); jobs use --overcommit."""
+of digits); jobs use --overcommit. Also the discovery script for elastic jobs in a Slurm allocation."""
 import json
 import re
+import subprocess
 import sys
 import time
 
@@ -157,3 +158,34 @@ def test_scancel_then_requeue_resumes(slurm, uninterrupted, tmp_path):
                                                                    abs=1e-6)
     assert _stats(resumed) == pytest.approx(_stats(reference), rel=1e-6)
     _assert_clean(job)
+
+
+def test_discovery_script_lists_the_jobs_live_nodes(slurm, tmp_path):
+    """scripts/slurm/discover_hosts.sh, horovodrun's --host-discovery-script inside a Slurm job: the job's
+    nodes with their slots; a drained node (as after a preemption notice) drops out and is listed again
+    once resumed; its output passes tfc_apps.horovodrun's check."""
+    from tfc_apps.horovodrun import discovery_error
+
+    script = hvdrun.ROOT / "scripts" / "slurm" / "discover_hosts.sh"
+    hold = tmp_path / "hold.sh"
+    hold.write_text("#!/bin/sh\nsleep 300\n")
+    job = slurm.submit(hold, sbatch=["-N2", "--overcommit"], chdir=tmp_path)
+    try:
+        info = slurm.wait(job, until={"RUNNING"}, timeout=120)
+        env = dict(slurm.env, SLURM_JOB_NODELIST=info["NodeList"], TF_COMMLIB_SLOTS="2")
+
+        def listed():
+            return subprocess.run([str(script)], capture_output=True, text=True, env=env, check=True,
+                                  timeout=60).stdout.split()
+
+        assert listed() == ["tfc1:2", "tfc2:2"]
+        assert discovery_error(str(script), None, env=env) is None
+        slurm.run("scontrol", "update", "nodename=tfc2", "state=drain", "reason=tf_commlib test")
+        try:
+            assert listed() == ["tfc1:2"]
+        finally:
+            slurm.run("scontrol", "update", "nodename=tfc2", "state=resume")
+        assert listed() == ["tfc1:2", "tfc2:2"]
+    finally:
+        slurm.run("scancel", job, check=False)
+        slurm.wait(job)

@@ -46,6 +46,8 @@ def parser():
                         "accuracy on the measured link")
     p.add_argument("--density", type=density_arg, default=0.01, help="a fraction, or 'adaptive'")
     p.add_argument("--candidates", default=None, help="densities for --density adaptive, e.g. 0.1,0.01")
+    p.add_argument("--compression", default="none", choices=["none", "fp16", "bf16"],
+                   help="16-bit values on the wire of the dense collectives (fp16: the dense fp16 baseline)")
     p.add_argument("--selector", default="mstopk")
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=16, help="per rank")
@@ -151,12 +153,12 @@ def weights_sha256(model):
     return h.hexdigest()
 
 
-def build(args, steps):
-    """The model, compiled with its DistributedOptimizer (a cosine decay over `steps`)."""
+def build(args, steps=None, lr=None):
+    """The model, compiled with its DistributedOptimizer (learning rate `lr`, default a cosine decay over `steps`)."""
     model = digits.small_cnn(args.seed)
-    lr = keras.optimizers.schedules.CosineDecay(args.lr, steps)
+    lr = keras.optimizers.schedules.CosineDecay(args.lr, steps) if lr is None else lr
     opt = DistributedOptimizer(
-        keras.optimizers.SGD(lr, momentum=args.momentum), algorithm=args.algorithm,
+        keras.optimizers.SGD(lr, momentum=args.momentum), algorithm=args.algorithm, compression=args.compression,
         density=args.density if args.candidates is None else [float(c) for c in args.candidates.split(",")],
         dgc=DGC(momentum_correction=not args.no_momentum_correction, momentum_masking=args.momentum_masking,
                 warmup=args.warmup or 0, local_clip_norm=args.local_clip_norm),
@@ -207,6 +209,52 @@ def main(argv=None):
     return report.rows
 
 
+def train_elastic(args, label):
+    """The run under tf_commlib.elastic: every epoch walks one global order of the training set (the same
+    whatever the world size) in global batches of size x --batch-size, rank r taking the r-th slice of
+    each; fit runs one epoch at a time from the committed position; after a reset the model and
+    optimizer are built for the new layout and get the last commit."""
+    from tf_commlib import elastic
+
+    (x_all, y_all), test = digits.load(0, 1, args.seed)
+    state = elastic.State(epoch=0, offset=0, steps=0, rows=[], restarts=[])
+    commits = Commits(state, args.commit_every)
+
+    @elastic.run
+    def run(state):
+        topo = tf_commlib.topology()
+        lr = SampleCosine(args.lr, args.epochs * len(y_all))
+        model, opt = build(args, lr=lr)
+        state.bind(model, opt)
+        lr.start(state["epoch"] * len(y_all) + state["offset"], int(opt.iterations.numpy()),
+                 topo.size * args.batch_size)
+        state["restarts"] = state["restarts"] + [{"epoch": state["epoch"], "offset": state["offset"], "m": topo.m,
+                                                  "n": topo.n, "started": time.time(), "first_step": None}]
+        if topo.rank == 0:
+            print(f"[{label}] {topo.size} ranks as {topo.m}x{topo.n} from epoch {state['epoch'] + 1}, "
+                  f"sample {state['offset']}", flush=True)
+        while state["epoch"] < args.epochs:
+            g = topo.size * args.batch_size
+            starts = np.arange(state["offset"], len(y_all) - g + 1, g)   # whole global batches
+            idx = (starts[:, None] + topo.rank * args.batch_size + np.arange(args.batch_size)).ravel()
+            report = EpochReport(topo, test, len(idx), label)
+            commits.global_batch = g
+            if len(idx):
+                model.fit(x_all[idx], y_all[idx], batch_size=args.batch_size, epochs=state["epoch"] + 1,
+                          initial_epoch=state["epoch"], shuffle=False, verbose=0,
+                          callbacks=default_callbacks() + [report, commits])
+            state["rows"] = state["rows"] + report.rows
+            state["epoch"], state["offset"] = state["epoch"] + 1, 0
+            state.commit()
+        return model
+
+    model = run(state)
+    if tf_commlib.topology().rank == 0 and args.json:
+        write_summary(args, label, state["rows"], model, steps=state["steps"], steps_run=commits.steps_run,
+                      restarts=state["restarts"])
+    return state["rows"]
+
+
 def write_summary(args, label, rows, model, **extra):
     w = np.concatenate([v.numpy().ravel() for v in model.weights]).astype(np.float64)
     with open(args.json, "w") as f:
@@ -216,59 +264,47 @@ def write_summary(args, label, rows, model, **extra):
                   f, indent=1)
 
 
-class Commits(keras.callbacks.Callback):
-    """--elastic: after every step, the epoch's position (samples of the global order done) in the state;
-    every `every` steps a commit (where the hosts changed, HostsUpdatedInterrupt ends fit on every rank)."""
+class SampleCosine(keras.optimizers.schedules.LearningRateSchedule):
+    """--elastic: the cosine decay of `peak` to 0 over `total` samples of the run, whatever the number of
+    ranks (a reset changes the samples a step takes). ``start(done, step, per_step)`` after a (re)start:
+    `done` samples were done at the optimizer's step count `step`, each step after it takes `per_step`."""
 
-    def __init__(self, state, global_batch, every):
+    def __init__(self, peak, total):
+        self.peak, self.total, self.done, self.step, self.per_step = float(peak), float(total), 0.0, 0, 0.0
+
+    def start(self, done, step, per_step):
+        self.done, self.step, self.per_step = float(done), int(step), float(per_step)
+
+    def __call__(self, step):
+        import tensorflow as tf
+
+        done = self.done + (tf.cast(step, tf.float32) - self.step) * self.per_step
+        return 0.5 * self.peak * (1.0 + tf.cos(np.pi * tf.clip_by_value(done / self.total, 0.0, 1.0)))
+
+    def get_config(self):
+        return {"peak": self.peak, "total": self.total}
+
+
+class Commits(keras.callbacks.Callback):
+    """--elastic: after every step, the epoch's position (samples of the global order done) and the steps
+    of the committed run in the state, and the time of the first step after a (re)start in its last
+    "restarts" row; every `every` steps a commit (where the hosts changed, HostsUpdatedInterrupt ends fit
+    on every rank). ``steps_run`` counts the steps this process ran, those rolled back included.
+    ``global_batch``: the samples of a step on the current layout (set before each fit)."""
+
+    def __init__(self, state, every):
         super().__init__()
-        self.state, self.global_batch, self.every = state, global_batch, every
+        self.state, self.every, self.global_batch, self.steps_run = state, every, None, 0
 
     def on_train_batch_end(self, batch, logs=None):
+        self.steps_run += 1
+        last = self.state["restarts"][-1]
+        if last["first_step"] is None:
+            self.state["restarts"] = self.state["restarts"][:-1] + [{**last, "first_step": time.time()}]
         self.state["offset"] += self.global_batch
         self.state["steps"] += 1
         if (batch + 1) % self.every == 0:
             self.state.commit()
-
-
-def train_elastic(args, label):
-    """The run under tf_commlib.elastic: every epoch walks one global order of the training set (the same
-    whatever the world size) in global batches of size x --batch-size, rank r taking the r-th slice of
-    each; fit runs one epoch at a time from the committed position; after a reset the model and
-    optimizer are built for the new layout and get the last commit."""
-    from tf_commlib import elastic
-
-    (x_all, y_all), test = digits.load(0, 1, args.seed)
-    size0 = tf_commlib.topology().size   # the cosine decay's length: the steps at the starting size
-    state = elastic.State(epoch=0, offset=0, steps=0, rows=[], layouts=[])
-
-    @elastic.run
-    def run(state):
-        topo = tf_commlib.topology()
-        model, opt = build(args, args.epochs * (len(y_all) // (args.batch_size * size0)))
-        state.bind(model, opt)
-        state["layouts"] = state["layouts"] + [[state["epoch"], state["offset"], topo.m, topo.n]]
-        if topo.rank == 0:
-            print(f"[{label}] {topo.size} ranks as {topo.m}x{topo.n} from epoch {state['epoch'] + 1}, "
-                  f"sample {state['offset']}", flush=True)
-        while state["epoch"] < args.epochs:
-            g = topo.size * args.batch_size
-            starts = np.arange(state["offset"], len(y_all) - g + 1, g)   # whole global batches
-            idx = (starts[:, None] + topo.rank * args.batch_size + np.arange(args.batch_size)).ravel()
-            report = EpochReport(topo, test, len(idx), label)
-            if len(idx):
-                model.fit(x_all[idx], y_all[idx], batch_size=args.batch_size, epochs=state["epoch"] + 1,
-                          initial_epoch=state["epoch"], shuffle=False, verbose=0,
-                          callbacks=default_callbacks() + [report, Commits(state, g, args.commit_every)])
-            state["rows"] = state["rows"] + report.rows
-            state["epoch"], state["offset"] = state["epoch"] + 1, 0
-            state.commit()
-        return model
-
-    model = run(state)
-    if tf_commlib.topology().rank == 0 and args.json:
-        write_summary(args, label, state["rows"], model, steps=state["steps"], layouts=state["layouts"])
-    return state["rows"]
 
 
 if __name__ == "__main__":

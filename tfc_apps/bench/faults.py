@@ -2,6 +2,10 @@
 
     python -m tfc_apps.bench faults [--runs 2] [--cases kill link redis disk] [--seed 0] [--json]
     python -m tfc_apps.bench faults --quick      # one run of each, fewer epochs (about 3 minutes)
+    python -m tfc_apps.bench faults --cases lost back --runs 3   # elastic: a node lost, a node back
+
+The elastic cases (lost, back) run on Horovod's elastic driver with two local host names, not in the
+emulated cluster: tfc_apps.bench.faults_elastic says what they measure.
 
 Each run injects one fault into a small training job (tfc_apps.train on digits, hitopk + mstopk,
 4 ranks as 2 nodes x 2, per-rank checkpoints; the Redis case runs the DAWNBench script on the digits
@@ -34,14 +38,16 @@ import sys
 import time
 import uuid
 
-CASES = ("kill", "link", "redis", "disk")
+from tfc_apps.bench import faults_elastic
+
+CASES = ("kill", "link", "redis", "disk")   # on the emulated cluster; the default
 TRAIN_BATCH = 16
 
 
 def parser():
     p = argparse.ArgumentParser(prog="python -m tfc_apps.bench faults", description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=2, help="runs of each case")
-    p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES + faults_elastic.CASES)
     p.add_argument("--quick", action="store_true",
                    help="one run of each case, at most 3 epochs, a link cut of at most 5 s")
     p.add_argument("--epochs", type=int, default=4, help="epochs of every job")
@@ -53,6 +59,7 @@ def parser():
     p.add_argument("--seed", type=int, default=0, help="seed of the faults' ranks, nodes and times")
     p.add_argument("--out", default="bench_out", help="folder for faults.json (and the jobs' files)")
     p.add_argument("--json", action="store_true", help="print one JSON object per run instead of the table")
+    faults_elastic.add_arguments(p)
     return p
 
 
@@ -349,13 +356,51 @@ def main(argv):
         p.error("--runs must be >= 1 and --epochs >= 3 (a fault after epoch 1, a checkpoint before the last)")
     if not 0 < args.link_down_s <= 120 or args.exit_timeout <= 0 or args.job_timeout <= 0 or args.inter_mbit < 1:
         p.error("--link-down-s must be in (0, 120], --exit-timeout, --job-timeout and --inter-mbit positive")
-    from tfc_apps import emulated
+    if args.elastic_epochs < 5 or args.commit_every < 1:
+        p.error("--elastic-epochs must be >= 5 (a kill in epoch 3 or later, 2 epochs after it) and --commit-every >= 1")
 
     def stop(signum, frame):   # SIGTERM (timeout(1), a CI runner): unwind, so the ranks die, the link
         raise SystemExit(128 + signum)   # comes up, the tmpfs goes and the emulated cluster comes down
 
     signal.signal(signal.SIGTERM, stop)
     os.makedirs(args.out, exist_ok=True)
+    rows, result = [], {"seed": args.seed, "epochs": args.epochs, "exit_timeout_s": args.exit_timeout}
+    elastic = [c for c in faults_elastic.CASES if c in args.cases]
+    args.cases = [c for c in args.cases if c in CASES]
+    if args.cases:
+        rows, more = emulated_runs(args)
+        result.update(more)
+    if elastic:
+        result["elastic_runs"], result["elastic"] = faults_elastic.run_all(args, elastic)
+    with open(os.path.join(args.out, "faults.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    if args.json:
+        for r in rows + result.get("elastic_runs", []):
+            print(json.dumps(r))
+    else:
+        if rows:
+            print(f"fault injection, 2x2 ranks, {result['link']}, {args.epochs} epochs per job, seed {args.seed}")
+            print(table(rows))
+        if elastic:
+            print(f"elastic: 4 ranks on 2 local host names, {args.elastic_epochs} epochs per job, a commit every "
+                  f"{args.commit_every} steps, seeds {args.seed}..{args.seed + args.runs - 1}, Gloo timeout "
+                  f"{args.gloo_timeout_s or 'Horovod default (30 s)'}")
+            print(faults_elastic.table(result["elastic_runs"] + result["elastic"]))
+    bad = [r for r in rows if "wall_s" in r and not (
+        r["equal"] and not r["shm_left"] and not r["processes_left"] and not r["redis_servers_left"]
+        and not r["redis_dirs_left"]
+        and (r["exit_s"] is None or r["exit_s"] <= args.exit_timeout))]
+    bad += [r for r in result.get("elastic_runs", []) if "top1" not in r]
+    if bad:
+        print(f"bench faults: {len(bad)} run(s) broke an invariant (weights = uninterrupted, nothing left, "
+              f"every rank out within {args.exit_timeout:g} s; elastic: the job went on)", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def emulated_runs(args):
+    """The cases on the emulated 2x2 cluster: (rows, {link, reference})."""
+    from tfc_apps import emulated
+
     rows = []
     with emulated.launcher(2, 2, args.inter_mbit) as (prefix, link):
         shaped = "NOT shaped" not in link
@@ -368,21 +413,5 @@ def main(argv):
                 rows.append(row)
                 print(f"# {case} {run}: {row['fault']}: {row['outcome']} ({json.dumps(cells(row)[4:])}, "
                       f"{row.get('detail', '')})", file=sys.stderr, flush=True)
-    result = {"link": link, "seed": args.seed, "epochs": args.epochs, "exit_timeout_s": args.exit_timeout,
-              "reference": {k: {"sha256": v[0], "wall_s": v[1]} for k, v in bench.reference.items()}, "runs": rows}
-    with open(os.path.join(args.out, "faults.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    if args.json:
-        for r in rows:
-            print(json.dumps(r))
-    else:
-        print(f"fault injection, 2x2 ranks, {link}, {args.epochs} epochs per job, seed {args.seed}")
-        print(table(rows))
-    bad = [r for r in rows if "wall_s" in r and not (
-        r["equal"] and not r["shm_left"] and not r["processes_left"] and not r["redis_servers_left"]
-        and not r["redis_dirs_left"]
-        and (r["exit_s"] is None or r["exit_s"] <= args.exit_timeout))]
-    if bad:
-        print(f"bench faults: {len(bad)} run(s) broke an invariant (weights = uninterrupted, nothing left, "
-              f"every rank out within {args.exit_timeout:g} s)", file=sys.stderr)
-    return 1 if bad else 0
+    return rows, {"link": link, "reference": {k: {"sha256": v[0], "wall_s": v[1]} for k, v in bench.reference.items()},
+                  "runs": rows}
