@@ -185,6 +185,9 @@ def test_discovery_script_lists_the_jobs_live_nodes(slurm, tmp_path):
             assert listed() == ["tfc1:2"]
         finally:
             slurm.run("scontrol", "update", "nodename=tfc2", "state=resume")
+        deadline = time.monotonic() + 60   # resumed, the node is "not responding" until slurmd answers a ping
+        while listed() != ["tfc1:2", "tfc2:2"] and time.monotonic() < deadline:
+            time.sleep(0.5)
         assert listed() == ["tfc1:2", "tfc2:2"]
     finally:
         slurm.run("scancel", job, check=False)

@@ -59,7 +59,12 @@ def parser():
     p.add_argument("--seed", type=int, default=0, help="seed of the faults' ranks, nodes and times")
     p.add_argument("--out", default="bench_out", help="folder for faults.json (and the jobs' files)")
     p.add_argument("--json", action="store_true", help="print one JSON object per run instead of the table")
-    faults_elastic.add_arguments(p)
+    p.add_argument("--elastic-configs", nargs="+", default=list(faults_elastic.CONFIGS),
+                   choices=list(faults_elastic.CONFIGS), help="lost/back: the training configurations")
+    p.add_argument("--elastic-epochs", type=int, default=8, help="lost/back: epochs of every job")
+    p.add_argument("--commit-every", type=int, default=10, help="lost/back: steps between commits")
+    p.add_argument("--gloo-timeout-s", type=int, default=None,
+                   help="lost/back: HOROVOD_GLOO_TIMEOUT_SECONDS of the jobs (default: Horovod's, 30)")
     return p
 
 

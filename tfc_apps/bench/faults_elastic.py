@@ -32,15 +32,6 @@ ROW_NAMES = {"lost": "node lost", "back": "node back"}
 RELIST_AFTER_S = 2.0   # "back": the host is listed again this long after the survivors' restart line
 
 
-def add_arguments(p):
-    p.add_argument("--elastic-configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
-                   help="lost/back: the training configurations")
-    p.add_argument("--elastic-epochs", type=int, default=8, help="lost/back: epochs of every job")
-    p.add_argument("--commit-every", type=int, default=10, help="lost/back: steps between commits")
-    p.add_argument("--gloo-timeout-s", type=int, default=None,
-                   help="lost/back: HOROVOD_GLOO_TIMEOUT_SECONDS of the jobs (default: Horovod's, 30)")
-
-
 def _argv(args, config, seed, summary):
     return ["-m", "tfc_apps.train", "--elastic", *CONFIGS[config], "--epochs", str(args.elastic_epochs),
             "--commit-every", str(args.commit_every), "--seed", str(seed), "--json", summary]
@@ -156,7 +147,8 @@ def medians(rows):
     return out
 
 
-COLUMNS = ("row", "config", "run", "survivors step again s", "steps lost", "rejoined s", "top-1", "uninterrupted")
+COLUMNS = ("row", "config", "run", "survivors step again s", "steps lost", "rejoined s", "top-1", "uninterrupted",
+           "top-1 - uninterrupted")
 
 
 def table(rows):
@@ -165,9 +157,10 @@ def table(rows):
     for r in rows:
         body.append([r["case"], r["config"], str(r.get("run", f"median of {r.get('runs')}")),
                      fmt(r.get("step_again_s")), fmt(r.get("steps_lost"), "{:g}"), fmt(r.get("rejoin_s")),
-                     fmt(r.get("top1"), "{:.4f}"), fmt(r.get("reference_top1"), "{:.4f}")]
+                     fmt(r.get("top1"), "{:.4f}"), fmt(r.get("reference_top1"), "{:.4f}"),
+                     fmt(r.get("top1_delta"), "{:+.4f}")]
                     if "top1" in r or "runs" in r else [r["case"], r["config"], str(r["run"]), r["outcome"]] +
-                    ["-"] * 4)
+                    ["-"] * 5)
     widths = [max(len(line[j]) for line in body) for j in range(len(COLUMNS))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in body)
 
