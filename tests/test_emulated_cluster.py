@@ -153,8 +153,12 @@ def _run_reshaped(worker, tmp_path, first_mbit, then_mbit):
 def test_auto_follows_a_link_that_changes_mid_run(cluster, tmp_path):
     """DistributedOptimizer(algorithm="auto") (dense and hitopk at density 0.25: DiLoCo rounds or a sparser
     candidate win on either link for this model of a few ms of compute) trains 2 epochs at FAST_MBIT, the
-    link is re-shaped to RESHAPED_MBIT (scripts/emulate_cluster.sh reshape), and within two epochs the
-    step time it measures has it calibrate the link again and run what it would choose from scratch there."""
+    link is re-shaped to RESHAPED_MBIT (scripts/emulate_cluster.sh reshape): the step time it measures has it
+    calibrate the link again, every choice is the model's from what was measured (replayed), and two epochs
+    after the change the model prefers what a run starting on the new link would choose, a lossy candidate:
+    it runs it, or stays only because the trace a switch costs outweighs the last epoch's gain (that
+    choice replayed with a free trace is the lossy one; on a loaded machine a trace takes seconds)."""
+    from tf_commlib.auto.decide import replay
     from tf_commlib.collectives import ALGORITHMS
 
     reports = _run_reshaped("auto_reshape_worker.py", tmp_path, FAST_MBIT, RESHAPED_MBIT)
@@ -162,9 +166,13 @@ def test_auto_follows_a_link_that_changes_mid_run(cluster, tmp_path):
     print({k: first[k] for k in ("choices", "recalibrations", "beta_inter", "calibration_s", "fit_s")})
     assert all(r["choices"] == first["choices"] for r in reports)
     # epoch 2's choice is made before its steps cross the slow link; its measured step has the link
-    # calibrated again, and from epoch 4 on (two epochs after the change) the run does what a run
-    # starting on the new link would: a lossy candidate, 1 MB of gradients being slow to send there
-    assert ALGORITHMS[first["from_scratch"]].lossy and ALGORITHMS[first["choices"][4]].lossy, first["log"]
+    # calibrated again, and at epoch 4 (two epochs after the change) the model prefers what a run starting
+    # on the new link would: a lossy candidate, 1 MB of gradients being slow to send there
+    decisions = [row for row in first["log"] if "choice" in row and "inputs" in row]
+    assert [replay(d) for d in decisions] == [d["choice"] for d in decisions], first["log"]
+    last = next(d for d in decisions if d["epoch"] == 4)
+    free = {**last, "inputs": {**last["inputs"], "trace_s": 0.0}}
+    assert ALGORITHMS[first["from_scratch"]].lossy and ALGORITHMS[replay(free)].lossy, first["log"]
     assert first["recalibrations"] == 1
     old, new = first["beta_inter"]   # seconds per byte: 8 / bit rate
     assert 0.5 < new / (8 / (RESHAPED_MBIT * 1e6)) < 2.0 and new > 4 * old, first["beta_inter"]
