@@ -111,7 +111,7 @@ def test_train_elastic_goes_on_without_a_lost_node(tmp_path):
     result = json.loads(summary.read_text())
     restarts = result["restarts"]
     assert [(r["m"], r["n"]) for r in restarts][:2] == [(4, 1), (2, 1)], restarts
-    assert all(r["started"] <= r["first_step"] for r in restarts)
+    assert all(r["started"] <= r["first_step"] for r in restarts[:2])   # (a join at the last commit steps no more)
     assert result["steps_run"] >= result["steps"]   # rank 0's steps, the rolled-back ones too
     assert [row["epoch"] for row in result["epochs"]] == [1, 2, 3]
     assert result["epochs"][-1]["test_accuracy"] > 0.8

@@ -115,9 +115,10 @@ class ElasticBench:
                   file=sys.stderr, flush=True)
             return {**row, "outcome": f"failed, status {rc}"}
         restarts = got["restarts"]
-        after_kill = [r for r in restarts if r["started"] > found["killed"] and r["m"] * r["n"] == 2]
+        after_kill = [r for r in restarts if r["started"] > found["killed"] and r["m"] * r["n"] == 2
+                      and r["first_step"] is not None]
         rejoined = [r for r in restarts if "listed" in found and r["started"] > found["listed"]
-                    and r["m"] * r["n"] == 4]
+                    and r["m"] * r["n"] == 4 and r["first_step"] is not None]   # not a join at the last commit
         top1 = got["epochs"][-1]["test_accuracy"]
         return {**row, "outcome": "went on" if after_kill else "no restart on 2 ranks",
                 "step_again_s": after_kill[0]["first_step"] - found["killed"] if after_kill else None,
