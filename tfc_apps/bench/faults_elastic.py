@@ -10,7 +10,8 @@ whose peer died may wait that long in a receive). Mid-epoch (a random epoch and 
 from the seed) the second host leaves the discovery script's list and its two ranks are SIGKILLed:
 
   lost   the job ends on the two survivors
-  back   the host is listed again 2 s after the survivors stepped again; its new ranks join
+  back   the host is listed again 2 s after the survivors' restart (rank 0's "2 ranks as 2x1" line); its
+         new ranks join at the next commit
 
 and measures: seconds from the kill until the survivors' first step, the steps lost (steps rank 0 ran
 that the rollback undid), for "back" the seconds from the host's listing until the first step on 4 ranks,
