@@ -23,7 +23,7 @@ $(VENV)/.requirements: requirements.txt | $(VENV)/bin/python
 	$(VENV)/bin/pip install -q -r requirements.txt
 	touch $@
 
-$(VENV)/.horovod: scripts/build_horovod.sh $(VENV)/.requirements
+$(VENV)/.horovod: scripts/build_horovod.sh $(wildcard third_party/horovod_patches/*.patch) $(VENV)/.requirements
 	bash scripts/build_horovod.sh $(VENV)
 	touch $@
 

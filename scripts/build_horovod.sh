@@ -4,7 +4,9 @@
 # operations when TensorFlow is a CUDA build and nvcc ($NVCC or PATH) and NCCL ($NCCL_HOME, the pip
 # package nvidia-nccl-cu*, or the system's nccl.h) are found; MPI when mpicxx is on PATH. It needs no
 # apt and no Slurm, and prints what it builds and what it left out. --dry-run prints the plan only.
-# Skips the build when that Horovod already imports with TensorFlow support.
+# The source is PyPI's, with the patches of third_party/horovod_patches applied (each says what it
+# fixes); the installed package lists them in horovod/tf_commlib_patches.txt, which tf_commlib reads.
+# Skips the build when that Horovod already imports with TensorFlow support and those patches.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dry=0
@@ -14,7 +16,13 @@ py=$venv/bin/python
 [ -x "$py" ] || { echo "build_horovod: no python in $venv (give the virtualenv that has TensorFlow)" >&2; exit 2; }
 "$py" -c 'import tensorflow' 2>/dev/null || {
   echo "build_horovod: $venv has no TensorFlow; install tensorflow (or tensorflow-cpu) 2.21 there first" >&2; exit 2; }
-if [ $dry = 0 ] && "$py" -c 'import horovod.tensorflow as h; assert h.gloo_built()' 2>/dev/null; then
+patches=$root/third_party/horovod_patches
+patch_list=$(cd "$patches" && for p in *.patch; do echo "$p $(sha256sum < "$p" | cut -c1-16)"; done)
+if [ $dry = 0 ] && "$py" -c '
+import os, sys, horovod, horovod.tensorflow as h
+assert h.gloo_built()
+with open(os.path.join(os.path.dirname(horovod.__file__), "tf_commlib_patches.txt")) as f:
+    assert f.read().strip() == sys.argv[1].strip()' "$patch_list" 2>/dev/null; then
   echo "horovod: already built in $venv"; exit 0
 fi
 
@@ -47,11 +55,23 @@ else
   echo "build_horovod: no mpicxx on PATH: MPI left out (Gloo runs horovodrun and tfc_apps.slurm)"
 fi
 echo "horovod: building with $plan"
+echo "horovod: patches $(cd "$patches" && echo *.patch)"
 [ $dry = 1 ] && exit 0
 
 tf_inc=$("$py" -c 'import tensorflow as tf; print(tf.sysconfig.get_include())')
 stubs=$root/third_party/horovod_xla_stubs
 export CXXFLAGS="-I$stubs -I$tf_inc/external/highwayhash -I$tf_inc/external/farmhash_archive/src ${CXXFLAGS:-}"
-"$venv/bin/pip" install --no-build-isolation --no-binary horovod horovod==0.28.1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$venv/bin/pip" download --no-deps --no-binary :all: horovod==0.28.1 -d "$work"
+tar xzf "$work/horovod-0.28.1.tar.gz" -C "$work"
+for p in "$patches"/*.patch; do
+  (cd "$work/horovod-0.28.1" && git apply -p1 "$p") || { echo "build_horovod: $p does not apply" >&2; exit 2; }
+  echo "horovod: patched with $(basename "$p")"
+done
+"$venv/bin/pip" uninstall -y -q horovod 2>/dev/null || true
+"$venv/bin/pip" install --no-build-isolation "$work/horovod-0.28.1"
+pkg=$("$py" -c 'import os, horovod; print(os.path.dirname(horovod.__file__))')
+echo "$patch_list" > "$pkg/tf_commlib_patches.txt"
 "$py" -c 'import horovod.tensorflow as h; assert h.gloo_built()
 print("horovod: built with gloo" + (", mpi" if h.mpi_built() else "") + (", nccl" if h.nccl_built() else ""))'

@@ -2,7 +2,8 @@
 --host-discovery-script`` job on this machine, two host names (localhost and this machine's name, 2 slots
 each: Horovod runs a host without ssh where its address is one of this machine's). One host's ranks are
 SIGKILLed mid-epoch; the survivors roll back to their last commit and go on as 2 ranks; the host is
-listed again and its new ranks join (4 ranks; an elastic job runs as size x 1: tf_commlib.init).
+listed again and its new ranks join. The layout and its process sets follow the hosts (2x2, 1x2, 2x2)
+and the hierarchical 2DTAR runs on them.
 Checked against numpy: the committed steps cover every epoch's samples once, and SGD over them gives the
 weights every live rank ends with. Also: the state's commit loaded into a rebuilt model and optimizer,
 `tfc_apps.train --elastic`, and its refusal outside an elastic job."""
@@ -41,7 +42,7 @@ def _replay(steps, epochs):
 
 def test_a_lost_node_leaves_the_others_training_and_it_rejoins(tmp_path):
     epochs = 8
-    job, out = _job(tmp_path, hvdrun.worker_argv("elastic_worker.py", ["dense", epochs, 0.15]))
+    job, out = _job(tmp_path, hvdrun.worker_argv("elastic_worker.py", ["2dtar", epochs, 0.15]))
 
     def event(until):
         return next((r for r in _events(out) if until(r)), None)
@@ -79,7 +80,14 @@ def test_a_lost_node_leaves_the_others_training_and_it_rejoins(tmp_path):
     # the rollback: the survivors resumed from their last commit before the kill, on the new layout
     commits = [(r["epoch"], r["offset"]) for r in _events(out) if r["kind"] == "commit" and r["t"] < killed]
     assert (resumed["epoch"], resumed["offset"]) >= max(commits)
-    assert resumed["layout"] == [2, 1] and joined["layout"] == [4, 1]   # every rank a node (tf_commlib.init)
+    # the topology and its process sets made anew at each restart, from the hosts alive: 2x2, 1x2, 2x2
+    first = event(lambda r: r["kind"] == "train" and r["size"] == 4)
+    sets_2x2 = [[0, 1], [0, 2], [1, 3], [2, 3]]   # the nodes' intra sets, the local indices' inter sets
+    assert (first["layout"], first["sets"]) == ([2, 2], sets_2x2), first
+    assert (resumed["layout"], resumed["sets"]) == ([1, 2], [[0], [1]]), resumed   # one node: one-rank inter sets
+    assert resumed["intra"] == [0, 1] and resumed["inter"] == [resumed["rank"]]
+    assert resumed["set_ids"][0] == 0   # the node's set is the world: Horovod's global set
+    assert (joined["layout"], joined["sets"]) == ([2, 2], sets_2x2), joined
 
 
 def _job(tmp_path, argv):
@@ -103,14 +111,14 @@ def test_train_elastic_goes_on_without_a_lost_node(tmp_path):
     try:
         job.wait_for("first epoch", lambda: job.line("epoch   1"), 240)
         job.drop_second_host()
-        job.wait_for("restart on 2 ranks", lambda: job.line("2 ranks as 2x1"), 180)
+        job.wait_for("restart on 2 ranks", lambda: job.line("2 ranks as 1x2"), 180)
         job.list_both()
         _finish(job, 400)
     finally:
         job.stop()
     result = json.loads(summary.read_text())
     restarts = result["restarts"]
-    assert [(r["m"], r["n"]) for r in restarts][:2] == [(4, 1), (2, 1)], restarts
+    assert [(r["m"], r["n"]) for r in restarts][:2] == [(2, 2), (1, 2)], restarts
     assert all(r["started"] <= r["first_step"] for r in restarts[:2])   # (a join at the last commit steps no more)
     assert result["steps_run"] >= result["steps"]   # rank 0's steps, the rolled-back ones too
     assert [row["epoch"] for row in result["epochs"]] == [1, 2, 3]

@@ -1,13 +1,15 @@
 """Installing into a user's own TensorFlow: `pip install .` (not editable) into another virtualenv that
 already has TensorFlow and Horovod builds both op libraries against that TensorFlow, with no network,
 apt or Slurm, and a 2-rank step runs from the installed package; scripts/build_horovod.sh says what
-it builds."""
+it builds and which patches it applies (the Horovod of this environment carries them)."""
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+
+from tf_commlib.topology import FINALIZE_PATCH, horovod_survives_lost_peers
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_HOROVOD = ROOT / "scripts" / "build_horovod.sh"
@@ -75,6 +77,8 @@ def test_build_horovod_says_what_it_builds(tmp_path):
     assert plain.returncode == 0, plain.stderr
     assert "horovod: building with gloo\n" in plain.stdout
     assert "CPU TensorFlow: no GPU operations" in plain.stdout and "MPI left out" in plain.stdout
+    assert f"horovod: patches {FINALIZE_PATCH}\n" in plain.stdout   # and the Horovod built here has it:
+    assert horovod_survives_lost_peers()
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "mpicxx").write_text("#!/bin/sh\nexit 0\n")

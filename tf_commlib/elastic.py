@@ -8,7 +8,7 @@ optimizer's slots) as of the last ``commit()``, and JSON values the training loo
 the position in it). ``run(train)`` calls ``train(state)``; where a collective fails because a rank is
 gone (Horovod's HorovodInternalError) the state returns to its last commit; where the hosts change
 (HostsUpdatedInterrupt at a commit) it stays. Either way Horovod is started again on the ranks now alive,
-tf_commlib.init() makes the layout anew (size x 1 in an elastic job: tf_commlib.topology says why), every
+tf_commlib.init() makes the layout and its process sets anew from the live hosts (tf_commlib.topology), every
 rank takes the state of the rank that committed last, and ``train(state)`` is called again: it builds its
 model and optimizer for the new layout (the buckets, residuals and collectives depend on it) and
 ``state.bind`` loads the committed values into them.

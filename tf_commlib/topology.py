@@ -52,12 +52,27 @@ def layout_sets(m, n):
     return intra, inter
 
 
-# An elastic job runs as size x 1 (tf_commlib.init), every rank a node of its own whatever its hosts, and
-# registers no process set with Horovod (its one-rank sets are answered in Python: primitives._alone).
-# Horovod 0.28.1's Gloo aborts a surviving rank that holds any process set besides the global one when
-# another rank dies ("terminate called after throwing an instance of 'gloo::IoException'"): on an elastic
-# 2x2 of two host names whose second host was killed, both survivors aborted with the layout's intra- and
-# inter-node sets, and with one-rank sets only; with none they went on.
+# An elastic job takes its layout from the hosts Horovod's driver gives it at each (re)start (m hosts x n
+# slots, node-major, where every host has as many ranks) and adds its process sets once Horovod has started
+# (dynamic process sets: the sizes are known only then). Stock Horovod 0.28.1 cannot: its Gloo aborts a
+# surviving rank that holds any process set besides the global one when another rank dies ("terminate
+# called after throwing an instance of 'gloo::IoException'", from the shutdown that negotiates each set's
+# removal with the dead peer; Horovod issue 4021). scripts/build_horovod.sh applies the fix
+# (third_party/horovod_patches/FINALIZE_PATCH); without it an elastic job runs as size x 1 with no process
+# set but the global one (its one-rank sets answered in Python: primitives._alone).
+FINALIZE_PATCH = "process-set-finalize-without-lost-peers.patch"
+
+
+def horovod_survives_lost_peers():
+    """Whether the installed Horovod carries FINALIZE_PATCH (listed in horovod/tf_commlib_patches.txt by
+    scripts/build_horovod.sh), so that an elastic job's survivors can hold process sets."""
+    import horovod
+
+    try:
+        with open(os.path.join(os.path.dirname(horovod.__file__), "tf_commlib_patches.txt")) as f:
+            return any(line.split()[:1] == [FINALIZE_PATCH] for line in f)
+    except OSError:
+        return False
 
 
 def elastic_job():
@@ -149,13 +164,14 @@ def init(topology=None, pin_gpu=True):
         raise RuntimeError("this job was started by a Gloo launcher (horovodrun --gloo, tfc_apps.cluster_launch, "
                            "tfc_apps.slurm), but Horovod was built without Gloo: rebuild it with scripts/build_horovod.sh")
     elastic = elastic_job()
-    if elastic:   # the ranks alive now, known once Horovod has started; every rank a node (above _extra_sets)
+    sets_elastically = elastic and horovod_survives_lost_peers()
+    if elastic:   # the ranks alive now, known once Horovod has started (above FINALIZE_PATCH)
         if spec:
             raise ValueError(f"topology={spec!r} (or ${ENV_VAR}) cannot fix the layout of an elastic job: its "
                              "ranks are those on the hosts Horovod's discovery script lists, which change")
-        hvd.init()   # no process set: its one-rank sets are never asked of Horovod
+        hvd.init(process_sets="dynamic" if sets_elastically else None)
         size, step = hvd.size(), None
-        m, n = size, 1
+        m, n = (_elastic_layout(hvd) if sets_elastically else (size, 1))
     else:
         size = _env_int(["HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE"], 0)
         step = None if size else slurm_env.step_layout()   # (size, tasks per node) of an srun step
@@ -173,6 +189,9 @@ def init(topology=None, pin_gpu=True):
     sets = [fixed(r) for r in extra]
     if not elastic:
         hvd.init(process_sets=sets)
+    elif sets_elastically:
+        for s in sets:   # a collective each, in the same order on every rank
+            hvd.add_process_set(s)
     slurm_env.exit_notice_at_exit()
     if hvd.size() != size:
         hint = ("; under srun, start Gloo ranks with `python -m tfc_apps.slurm -- CMD` (MPI builds: "
@@ -199,6 +218,19 @@ def init(topology=None, pin_gpu=True):
                         intra=as_set(intra_lists[node]), inter=as_set(inter_lists[local]),
                         world=world)
     return _current
+
+
+def _elastic_layout(hvd):
+    """(m, n) of an elastic job's ranks now: its hosts x their slots where every host has as many ranks,
+    numbered node-major (Horovod's driver numbers them host by host), else size x 1. Agreed by every rank
+    (an allreduce), since each then adds the layout's process sets."""
+    import tensorflow as tf
+
+    size, n, rank = hvd.size(), hvd.local_size(), hvd.rank()
+    fits = size % n == 0 and hvd.local_rank() == rank % n and hvd.cross_rank() == rank // n
+    agreed = hvd.allreduce(tf.constant([int(fits), n, -n], tf.int64), op=hvd.Min, name="tf_commlib_elastic_layout")
+    fits, low, high = bool(agreed[0]), int(agreed[1]), -int(agreed[2])
+    return (size // n, n) if fits and low == high else (size, 1)
 
 
 def topology():

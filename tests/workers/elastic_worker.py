@@ -7,8 +7,10 @@ commits every COMMIT steps and at each epoch's end.
 
 Each process appends to $HVD_TEST_OUT/events.jsonl: its start (pid, Horovod host name), each (re)start of
 train() with the committed position it resumes from and the world size, every COMMIT-th step; the ranks
-alive at the end report their weights, step count, the link ranks on one machine use, and the steps of the committed run (epoch, offset,
-world size): what the samples of each epoch were and what a numpy replay of them gives."""
+alive at the end report their weights, step count, the link ranks on one machine use, and the steps of the
+committed run (epoch, offset, world size): what the samples of each epoch were and what a numpy replay of
+them gives. Each train() (re)start also logs its layout, its node's and local index's ranks, and the
+process sets Horovod has registered."""
 import json
 import os
 import sys
@@ -56,8 +58,13 @@ def main(algorithm, epochs, step_s):
                                                                           kernel_initializer="zeros")])
         opt = DistributedOptimizer(keras.optimizers.SGD(LR), algorithm=algorithm)
         state.bind(model, opt)
+        from horovod.common import process_sets   # what Horovod registered (its table, by id)
+        registered = process_sets._basics._get_process_set_ids_and_ranks()
         event(kind="train", rank=topo.rank, size=topo.size, layout=[topo.m, topo.n], epoch=state["epoch"],
-              offset=state["offset"], iterations=int(opt.iterations.numpy()))
+              offset=state["offset"], iterations=int(opt.iterations.numpy()),
+              intra=list(topo.intra_ranks), inter=list(topo.inter_ranks),
+              sets=sorted(list(r) for i, r in registered.items() if i != 0),
+              set_ids=[topo.intra.process_set_id, topo.inter.process_set_id])
 
         @tf.function
         def step(xb, yb, scale):

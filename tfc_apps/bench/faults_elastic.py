@@ -10,7 +10,7 @@ whose peer died may wait that long in a receive). Mid-epoch (a random epoch and 
 from the seed) the second host leaves the discovery script's list and its two ranks are SIGKILLed:
 
   lost   the job ends on the two survivors
-  back   the host is listed again 2 s after the survivors' restart (rank 0's "2 ranks as 2x1" line); its
+  back   the host is listed again 2 s after the survivors' restart (rank 0's "2 ranks as 1x2" line); its
          new ranks join at the next commit
 
 and measures: seconds from the kill until the survivors' first step, the steps lost (steps rank 0 ran
@@ -101,7 +101,7 @@ class ElasticBench:
             killed = job.drop_second_host()
             out = {"killed": killed}
             if case == "back":
-                job.wait_for("the survivors' restart", lambda: job.line("2 ranks as 2x1"), timeout)
+                job.wait_for("the survivors' restart", lambda: job.line("2 ranks as 1x2"), timeout)
                 time.sleep(RELIST_AFTER_S)
                 out["listed"] = job.list_both()
             return out
