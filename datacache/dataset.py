@@ -176,7 +176,7 @@ class _Plan:
 
 def cached_dataset(source, preprocess, cache=None, shard=None, shuffle=True, seed=None, *,
                    augment=None, preprocess_key=None, num_parallel_calls=AUTOTUNE, shard_seed=0,
-                   global_shuffle=False, samples_per_epoch=None, first_epoch=1):
+                   global_shuffle=False, samples_per_epoch=None, first_epoch=1, done=()):
     """A tf.data.Dataset of ``(preprocess(encoded file), label)`` over this process' shard.
 
     source: a datacache.Source (ImageFolderSource, TfdsSource, or any object with its members), a
@@ -205,6 +205,13 @@ def cached_dataset(source, preprocess, cache=None, shard=None, shuffle=True, see
         other samples each epoch, as one process shuffling the whole set would. Costs cache
         locality: with one Redis per node every node ends up caching (and, until then, reading and
         pre-processing) the whole data set; use it with a shared Redis (redis_url) or none.
+    done: what earlier layouts of an elastic job read of epoch ``first_epoch``, in order: (count,
+        samples) pairs, each meaning that under ``count`` shards every process read the first
+        ``samples`` of its order. The data set then yields this process' shard of the samples left
+        (re-dealt among the current ``shard``'s count; a node's cache fills with what it now reads)
+        once: build another with first_epoch + 1 for the epochs after it. Over the epoch every
+        sample is read once, whatever the layouts (samples_per_epoch: of this rest). Needs the same
+        ``seed`` on every process (the parts' orders are replayed from it).
     augment: a function x -> x run after the cache (random flips, crops, colour), every epoch anew.
     preprocess_key: names the preprocess configuration in the cache key (else ``preprocess.config()``
         or a fingerprint of the function; see datacache.fingerprint).
@@ -220,7 +227,7 @@ def cached_dataset(source, preprocess, cache=None, shard=None, shuffle=True, see
     if not isinstance(global_shuffle, bool):
         raise ValueError(f"global_shuffle must be True or False, got {global_shuffle!r}")
     shard = _Shard(len(source), index, count, shard_seed, global_shuffle, shuffle, seed, source.labels,
-                   samples_per_epoch)
+                   samples_per_epoch, done, int(first_epoch))
     if cache is None:
         cache = DataCache()
     elif cache is not False and not isinstance(cache, DataCache):
@@ -239,7 +246,7 @@ def cached_dataset(source, preprocess, cache=None, shard=None, shuffle=True, see
 
 def _uncached(source, preprocess, shard, parallel, first_epoch):
     """Every epoch's order as in _cached, each sample read and pre-processed anew."""
-    table = np.arange(len(source)) if shard.every_epoch else shard.fixed   # the samples it may read
+    table = np.arange(len(source)) if shard.every_epoch or shard.done else shard.fixed   # the samples it may read
     paths = tf.constant([source.path(int(i)) for i in table])
     labels = tf.constant(source.labels[table])
     epoch = [first_epoch - 1]
@@ -296,7 +303,7 @@ def _misses_fn(preprocess, key):
 
 
 def _cached(source, preprocess, cache, shard, preprocess_key, parallel, first_epoch):
-    probe = int(shard.indices(1)[0])
+    probe = int(shard.indices(shard.resumed if shard.done else 1)[0])
     first = cache.read(source, probe)
     source.check(probe, first)
     dtype, shape = _probe(preprocess, first)

@@ -62,11 +62,33 @@ def shard_of(dataset, n, shard=None, seed=0):
     return dataset.enumerate().filter(lambda i, *x: mine[i]).map(lambda i, *x: x[0] if len(x) == 1 else x)
 
 
+def _check_done(done, n):
+    """``done`` as a list of (count, samples) pairs of ints, count in [1, n], samples >= 0."""
+    try:
+        pairs = [(c, s) for c, s in done]
+    except (TypeError, ValueError):
+        raise ValueError(f"done must be a list of (count, samples) pairs, got {done!r}") from None
+    for c, s in pairs:
+        if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in (c, s)) or not (
+                1 <= c <= n and s >= 0):
+            raise ValueError(f"done: ({c!r}, {s!r}) is not (count, samples) with 1 <= count <= {n} and samples >= 0")
+    return [(int(c), int(s)) for c, s in pairs]
+
+
 class _Shard:
     """Which samples this process reads in epoch e (1, 2, ...) and in which order: its shard_indices
-    (fixed, or with ``every_epoch`` drawn anew from (shard_seed, e)), shuffled with (seed, e, index)."""
+    (fixed, or with ``every_epoch`` drawn anew from (shard_seed, e)), shuffled with (seed, e, index).
 
-    def __init__(self, n, index, count, shard_seed, every_epoch, shuffle, seed, labels=None, limit=None):
+    ``done`` (with ``resumed``, the epoch it is of): the parts of that epoch that earlier layouts of the
+    job read, in order, as (count, samples): under ``count`` shards each process read the first
+    ``samples`` of its order. Each part's shards are drawn from the samples no earlier part read (the
+    first part's are the plain shards), and this process' shard of that epoch from those left after
+    the last part: the epoch ends with every sample read once (beyond what samples_per_epoch leaves
+    out), whatever the layouts were. An elastic job that lost or gained ranks mid-epoch resumes so; the
+    parts' orders are replayed from ``seed``, which every process must pass alike."""
+
+    def __init__(self, n, index, count, shard_seed, every_epoch, shuffle, seed, labels=None, limit=None,
+                 done=(), resumed=None):
         if shard_seed is not None and (isinstance(shard_seed, bool) or not isinstance(shard_seed, (int, np.integer))
                                        or shard_seed < 0):
             raise ValueError(f"shard_seed must be None or an int >= 0, got {shard_seed!r}")
@@ -74,26 +96,63 @@ class _Shard:
             raise ValueError("global_shuffle=True needs a shard_seed (not None)")
         self.n, self.index, self.count, self.labels = n, index, count, labels
         self.shard_seed, self.every_epoch, self.shuffle, self.seed = shard_seed, every_epoch, shuffle, seed
+        self.done, self.resumed = _check_done(done, n), resumed
+        if self.done and shuffle and seed is None:
+            raise ValueError("done= needs a seed (the same on every process): the earlier parts' orders are "
+                             "replayed from it")
         self.fixed = None if every_epoch else shard_indices(n, index, count, shard_seed, labels)
-        self.size = len(self.indices(1))
+        self.left = None
+        if self.done:
+            self.left = self._left(resumed)
+            if len(self.left) < count:
+                raise ValueError(f"done: {n - len(self.left)} of the epoch's {n} samples were read, which leaves "
+                                 f"{len(self.left)}, fewer than the {count} shards")
+        self.size = len(self.indices(resumed if self.done else 1))
         if limit is not None:
             if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or not 1 <= limit <= self.size:
                 raise ValueError(f"samples_per_epoch must be None or an int in [1, {self.size}] (the shard's "
                                  f"size), got {limit!r}")
             self.size = int(limit)
 
+    def _seed(self, epoch):
+        return [self.shard_seed, epoch] if self.every_epoch else self.shard_seed
+
+    def _of(self, pool, index, count, epoch):
+        """Shard index of count over the samples ``pool`` (sorted) in epoch ``epoch``."""
+        labels = None if self.labels is None else np.asarray(self.labels)[pool]
+        return pool[shard_indices(len(pool), index, count, self._seed(epoch), labels)]
+
+    def _left(self, epoch):
+        """The samples of ``epoch`` that no part of ``done`` read, sorted."""
+        pool = np.arange(self.n, dtype=np.int64)
+        for count, samples in self.done:
+            shards = [self._of(pool, i, count, epoch) for i in range(count)]
+            if samples > min(len(s) for s in shards):
+                raise ValueError(f"done: ({count}, {samples}) reads more than the smallest of those {count} "
+                                 f"shards ({min(len(s) for s in shards)} samples)")
+            read = np.concatenate([self._shuffled(s, epoch, i)[:samples] for i, s in enumerate(shards)])
+            pool = np.setdiff1d(pool, read)
+        return pool
+
     def indices(self, epoch):
+        if self.done and epoch != self.resumed:
+            raise ValueError(f"a data set resumed with done= yields epoch {self.resumed} once (asked for epoch "
+                             f"{epoch}): build another for the epochs after it")
+        if self.left is not None:
+            return self._of(self.left, self.index, self.count, epoch)
         if self.fixed is not None:
             return self.fixed
-        return shard_indices(self.n, self.index, self.count, [self.shard_seed, epoch], self.labels)
+        return shard_indices(self.n, self.index, self.count, self._seed(epoch), self.labels)
+
+    def _shuffled(self, indices, epoch, index):
+        if not self.shuffle:
+            return indices
+        # the shard's index in the seed: shards of equal size (indices in class order) shuffled
+        # with one seed would put the same class at the same position on every rank
+        return np.random.default_rng(None if self.seed is None else [self.seed, epoch, index]).permutation(indices)
 
     def order(self, epoch):
-        order = self.indices(epoch)
-        if self.shuffle:
-            # the shard's index in the seed: shards of equal size (indices in class order) shuffled
-            # with one seed would put the same class at the same position on every rank
-            order = np.random.default_rng(None if self.seed is None else [self.seed, epoch, self.index]).permutation(order)
-        return order[:self.size]
+        return self._shuffled(self.indices(epoch), epoch, self.index)[:self.size]
 
 
 def resolve_shard(shard, n):

@@ -7,6 +7,9 @@ from tfc_apps.dawnbench import config
 
 if __name__ == "__main__":
     args = config.parse()   # bad arguments fail here, before TensorFlow is imported
-    from tfc_apps.dawnbench.run import run
+    if args.elastic:
+        from tfc_apps.dawnbench.elastic_run import run
+    else:
+        from tfc_apps.dawnbench.run import run
 
     run(args)

@@ -198,3 +198,38 @@ def test_shard_of_any_dataset():
     pairs = tf.data.Dataset.from_tensor_slices((np.arange(10), np.arange(10) * 2))
     assert [(int(a), int(b)) for a, b in datacache.shard_of(pairs, 10, (1, 2))] == \
         [(int(i), 2 * int(i)) for i in datacache.shard_indices(10, 1, 2)]
+
+
+@pytest.mark.parametrize("global_shuffle", [False, True], ids=["fixed", "drawn"])
+def test_an_epoch_resumed_on_other_layouts_reads_every_sample_once(source, ref16, global_shuffle):
+    """done=: an elastic job read epoch 2 on 4 ranks (3 samples each), lost 2 of them (the next 2 ranks
+    read 2 each), then went on with 3 ranks to the epoch's end. What the 4 ranks read is what the plain
+    data sets yield first; with the later parts, every sample of the data set was read exactly once."""
+    n, kw = len(source), dict(first_epoch=2, global_shuffle=global_shuffle)
+
+    def reads(cache, count, done=(), take=None):
+        return [ref16.epoch(cached_dataset(source, DecodeResize(16), cache, shard=(i, count), seed=5, done=done,
+                                           samples_per_epoch=take, **kw)) for i in range(count)]
+
+    with DataCache(redis_url=False, progress=False, read_batch=4) as cache:
+        plain = reads(cache, 4)
+        first = [r[:3] for r in plain]
+        second = reads(cache, 2, done=[(4, 3)], take=2)
+        rest = reads(cache, 3, done=[(4, 3), (2, 2)])
+        assert reads(False, 3, done=[(4, 3), (2, 2)]) == rest   # the same, cached or not
+    assert all(len(r) == 2 for r in second)
+    read = sum(first + second + rest, [])
+    assert sorted(read) == list(range(n))   # nothing skipped, nothing twice
+    assert max(len(r) for r in rest) - min(len(r) for r in rest) <= 1
+    with DataCache(redis_url=False, progress=False, read_batch=4) as cache:
+        twice = cached_dataset(source, DecodeResize(16), cache, shard=(0, 2), seed=5, done=[(4, 3)], **kw)
+        assert ref16.epoch(twice) == reads(cache, 2, done=[(4, 3)])[0]
+        with pytest.raises(Exception, match="yields epoch 2 once"):
+            ref16.epoch(twice)   # a second iteration would be epoch 3: another data set's
+    for bad in ([(0, 1)], [(2, -1)], [(2, 1.5)], "4,3", [(2,)]):
+        with pytest.raises(ValueError, match="done"):
+            cached_dataset(source, DecodeResize(8), False, shard=(0, 2), seed=5, done=bad)
+    with pytest.raises(ValueError, match="done: .* reads more"):
+        cached_dataset(source, DecodeResize(8), False, shard=(0, 2), seed=5, done=[(2, n)])
+    with pytest.raises(ValueError, match="done= needs a seed"):   # the parts' orders are replayed from it
+        cached_dataset(source, DecodeResize(8), False, shard=(0, 2), done=[(4, 3)])

@@ -141,6 +141,19 @@ def test_auto_schedule_with_the_step_breakdown(tmp_path):
     assert re.search(r"calibrated; forward\+backward \d+ ms per step \(auto_compute_s\)", out), out[-3000:]
 
 
+def test_elastic_refuses_what_it_cannot_keep(monkeypatch):
+    """--elastic inside an elastic job: the flags it cannot honour are named."""
+    from tfc_apps.dawnbench import config
+
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    with pytest.raises(ValueError, match="--elastic does not go with --ckpt-dir, --topology, --breakdown-steps"):
+        config.check(config.parser().parse_args(["--synthetic", "--elastic", "--ckpt-dir", "/tmp/x", "--topology",
+                                                 "2x2", "--breakdown-steps", "1"]))
+    args = config.parser().parse_args(["--synthetic", "--elastic"])
+    config.check(args)
+    assert args.breakdown_steps == 0
+
+
 @pytest.mark.parametrize("args, message", [
     (["--synthetic", "--stages", "96:13"], "--stages: '96:13' is not resolution:epochs:batch"),
     (["--synthetic", "--stages", "96:x:256"], "--stages"),
@@ -161,6 +174,8 @@ def test_auto_schedule_with_the_step_breakdown(tmp_path):
     ([], "give exactly one of --data DIR, --tfds NAME, --synthetic"),
     (["--synthetic", "--calibration-cache", "/tmp/c.json"], "--calibration-cache and --recalibrate go with --calibrate"),
     (["--synthetic", "--calibrate", "--recalibrate"], "--recalibrate rewrites the calibration cache"),
+    (["--synthetic", "--elastic"], "--elastic needs horovodrun's elastic mode"),
+    (["--synthetic", "--commit-every", "0"], "--commit-every must be >= 1"),
 ])
 def test_bad_arguments_exit_2_with_the_flag_named(args, message):
     proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120,
@@ -310,3 +325,24 @@ def test_flat_validation_folder_with_labels_file_scores_as_class_folders(digits,
         hvdrun.run_command([SCRIPT, *words[2:], "--log-dir", tmp_path / name], None, 300)
         runs[name] = [(r["epoch"], r["top1"], r["top5"]) for r in _rows(tmp_path / name)]
     assert runs["flat"] == runs["folders"] and len(runs["flat"]) == 1, runs
+
+
+def test_staged_linear_resumed_follows_the_epochs_done():
+    """StagedLinear against numpy: warm-up to the peak over 1 epoch, linear decay to 0 at the last of 4
+    epochs (two stages of 10 and 5 steps an epoch); resumed mid-epoch at another number of steps per
+    epoch (an elastic reset), the rate is that of the epochs done."""
+    import numpy as np
+
+    from tfc_apps.dawnbench.schedule import StagedLinear
+
+    def reference(epoch):
+        return 0.4 * np.clip(min(epoch / 1.0, (4 - epoch) / 3.0), 0, 1)
+
+    lr = StagedLinear(0.4, 1, [2, 2], [10, 5])
+    for step, epoch in [(0, 0.0), (5, 0.5), (10, 1.0), (15, 1.5), (20, 2.0), (25, 3.0), (29, 3.8)]:
+        np.testing.assert_allclose(float(lr(step)), reference(epoch), rtol=1e-6)
+    lr.resume(2.25, 23, 0.75 / 12)   # a quarter into epoch 3, 12 steps for the rest of it
+    for k in (0, 6, 12):
+        np.testing.assert_allclose(float(lr(23 + k)), reference(2.25 + k * 0.75 / 12), rtol=1e-6)
+    lr.resume(3.0, 35, 1 / 8)   # the next fit: a new origin, read by the same schedule
+    np.testing.assert_allclose(float(lr(39)), reference(3.5), rtol=1e-6)

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -272,3 +273,64 @@ def test_a_discovery_script_that_prints_garbage_is_refused(tmp_path, printed, ex
                                "--host-discovery-script", str(path), "--gloo", sys.executable, "-c", "pass"],
                               capture_output=True, text=True, cwd=local_run.ROOT, timeout=120)
         assert done.returncode == 2 and want in done.stderr, done.stderr[-2000:]
+
+
+def _replay_reads(source, seed, epoch, parts):
+    """The samples each part of an epoch read (datacache's own replay of done= parts): every rank's
+    first `samples` of its order under `count` shards of what the earlier parts left."""
+    from datacache.shards import _Shard
+
+    reads = []
+    for k, (count, samples) in enumerate(parts):
+        for rank in range(count):
+            shard = _Shard(len(source), rank, count, seed, False, True, seed, source.labels, None, parts[:k],
+                           epoch)
+            reads.extend(shard.order(epoch)[:samples].tolist())
+    return reads
+
+
+@pytest.mark.timeout(900)
+def test_dawnbench_elastic_resumes_an_epoch_on_the_samples_left(tmp_path):
+    """The DAWNBench script's --elastic on digits through DataCache: one host's ranks killed mid-epoch,
+    the two others finish that epoch on the samples no rank read (re-dealt among them), the host joins
+    again. Every epoch reads each sample at most once and as many as an uninterrupted one (up to one
+    global batch), every stage's epochs are in the report, and the run learns."""
+    import datacache
+    from tfc_apps.digits import write_image_folder
+
+    digits = write_image_folder(str(tmp_path / "digits"), size=32)
+    log_dir = tmp_path / "log"
+    job, _ = _job(tmp_path, ["-m", "tfc_apps.dawnbench", "--elastic", "--data", digits, "--model", "small",
+                             "--stages", "16:2:16,20:3:16", "--schedule", "0:2dtar", "--optimizer", "sgd", "--lr",
+                             "0.2", "--warmup-epochs", "1", "--label-smoothing", "0",
+                             "--commit-every", "3", "--target-top5", "0.9", "--log-dir", str(log_dir)])
+    try:
+        # epoch 2's row is written as epoch 3 ends (its evaluation overlaps epoch 3); epoch 4 runs in the
+        # same fit (no set-up before its first step)
+        job.wait_for("epoch 2's report", lambda: job.line('{"epoch": 2,'), 300)
+        row = next(line for line in job.lines if '{"epoch": 2,' in line)
+        time.sleep(0.4 * json.loads(row[row.index("{"):])["epoch_s"])   # into epoch 4
+        job.drop_second_host()
+        job.wait_for("restart on 2 ranks", lambda: job.line("2 ranks as 1x2"), 180)
+        job.list_both()
+        _finish(job, 400)
+    finally:
+        job.stop()
+    summary = json.loads((log_dir / "elastic.json").read_text())
+    restarts = summary["restarts"]
+    assert [(r["m"], r["n"]) for r in restarts][:2] == [(2, 2), (1, 2)], restarts
+    cut = restarts[1]
+    assert cut["done"] and cut["done"][0][0] == 4, f"the kill did not land mid-epoch: {restarts}"
+    source = datacache.ImageFolderSource(f"{digits}/train")
+    n, per_epoch = len(source), [row["parts"] for row in summary["read"]]
+    assert len(per_epoch) == 5
+    plain = (n // 4 // 16) * 16 * 4   # an epoch's samples on 4 ranks of batch 16
+    for epoch, parts in enumerate(per_epoch, start=1):
+        reads = _replay_reads(source, 0, epoch, parts)
+        assert len(reads) == len(set(reads)), f"epoch {epoch} read a sample twice: {parts}"
+        assert plain - 4 * 16 < len(reads) <= plain, (epoch, parts)
+    assert any(len(parts) > 1 for parts in per_epoch)   # the epoch that two layouts read
+    rows = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3, 4, 5]
+    assert rows[-1]["top1"] > 0.5, rows
+    assert "weights identical on all" in job.log()

@@ -108,9 +108,9 @@ class State(HorovodState):
                 tuple(v.shape) == a.shape for v, a in zip(optimizer_vars, optimizer_arrays)):
             _assign(optimizer_vars, optimizer_arrays, "the optimizer's variables")
         elif optimizer_vars:   # another layout: its per-rank state has other shapes; the rest is the wrapped one's
-            _assign(list(_chain(self.optimizer)[-1].variables), [optimizer_arrays[i] for i in self._shared_at],
+            _assign(list(optimizer_chain(self.optimizer)[-1].variables), [optimizer_arrays[i] for i in self._shared_at],
                     "the wrapped optimizer's variables")
-        owner = next((o for o in _chain(self.optimizer) if hasattr(o, "reset_rank_state")), None)
+        owner = next((o for o in optimizer_chain(self.optimizer) if hasattr(o, "reset_rank_state")), None)
         if owner is not None:   # a DistributedOptimizer, also inside a LossScaleOptimizer
             owner.reset_rank_state()
 
@@ -118,7 +118,7 @@ class State(HorovodState):
         """Keeps the bound variables' values and the JSON values as the last commit."""
         model_vars, optimizer_vars = self._bound_variables()
         self._saved_arrays = ([np.asarray(v.numpy()) for v in model_vars], [np.asarray(v.numpy()) for v in optimizer_vars])
-        chain = _chain(self.optimizer)
+        chain = optimizer_chain(self.optimizer)
         shared = {id(v) for v in chain[-1].variables} if len(chain) > 1 else set()
         self._shared_at = [i for i, v in enumerate(optimizer_vars) if id(v) in shared]
         self._saved_values = json.loads(json.dumps(self.values))
@@ -155,8 +155,9 @@ class State(HorovodState):
         self.model = self.optimizer = None
 
 
-def _chain(optimizer):
-    """optimizer and the optimizers it wraps (inner_optimizer), outermost first; [] for None."""
+def optimizer_chain(optimizer):
+    """optimizer and the optimizers it wraps (inner_optimizer), outermost first; [] for None. The last
+    is the user's optimizer: its learning-rate schedule counts its steps."""
     chain = []
     while optimizer is not None:
         chain.append(optimizer)

@@ -1,6 +1,9 @@
 from tfc_apps.dawnbench import config
 
 args = config.parse()
-from tfc_apps.dawnbench.run import run  # noqa: E402  (TensorFlow only after the arguments)
+if args.elastic:   # noqa: E402 below: TensorFlow only after the arguments
+    from tfc_apps.dawnbench.elastic_run import run
+else:
+    from tfc_apps.dawnbench.run import run
 
 run(args)

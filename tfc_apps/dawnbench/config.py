@@ -188,8 +188,12 @@ def parser():
     a("--log-dir", default="dawnbench_out")
     a("--ckpt-dir", default=None, help="BackupAndRestore per rank; a restarted run resumes here")
     a("--breakdown-steps", type=int, default=None,
-      help="steps timed per phase at each stage end (0: off; default 3, 0 with --diloco)")
+      help="steps timed per phase at each stage end (0: off; default 3, 0 with --diloco or --elastic)")
     a("--topology", default=None)
+    a("--elastic", action="store_true",
+      help="under horovodrun's elastic mode (--host-discovery-script): a lost node's ranks leave, the others roll "
+           "back to their last commit and go on; a node listed again joins (tf_commlib.elastic)")
+    a("--commit-every", type=int, default=10, help="with --elastic: steps between commits (in memory)")
     a("--seed", type=int, default=0)
     a("--deterministic", action="store_true", help="TF op determinism (bit-reproducible resume)")
     return p
@@ -210,8 +214,8 @@ def check(args):
     schedule_given = args.schedule is not None
     if not schedule_given:   # DiLoCo's inner steps average dense gradients inside the node
         args.schedule = "0:dense" if args.diloco else default_schedule(args.stage_list)
-    if args.breakdown_steps is None:   # DiLoCo has no per-phase breakdown
-        args.breakdown_steps = 0 if args.diloco else 3
+    if args.breakdown_steps is None:   # DiLoCo has no per-phase breakdown; --elastic takes none
+        args.breakdown_steps = 0 if args.diloco or args.elastic else 3
     args.schedule_map = parse_schedule(args.schedule)
     sources = [bool(args.data), bool(args.tfds), args.synthetic]
     if sum(sources) != 1:
@@ -251,6 +255,21 @@ def check(args):
         raise ValueError("--calibration-cache and --recalibrate go with --calibrate")
     if args.recalibrate and not (args.calibration_cache or args.ckpt_dir):
         raise ValueError("--recalibrate rewrites the calibration cache: give --calibration-cache FILE or --ckpt-dir")
+    if args.commit_every < 1:
+        raise ValueError(f"--commit-every must be >= 1, got {args.commit_every!r}")
+    if args.elastic:
+        from tf_commlib.topology import elastic_job
+
+        if not elastic_job():
+            raise ValueError("--elastic needs horovodrun's elastic mode: --host-discovery-script (with --min-np, "
+                             "--max-np)")
+        clashing = [flag for flag, on in (("--ckpt-dir", args.ckpt_dir), ("--topology", args.topology),
+                                          ("--tfds", args.tfds), ("--breakdown-steps", args.breakdown_steps > 0),
+                                          ("--calibrate", args.calibrate)) if on]
+        if clashing:
+            raise ValueError(f"--elastic does not go with {', '.join(clashing)}: it keeps its state in memory, takes "
+                             "the layout from the live hosts and resumes an epoch on DataCache's shards (--data or "
+                             "--synthetic), and times no step breakdown")
     if args.diloco != "auto" and args.diloco < 0:
         raise ValueError(f"--diloco must be >= 0 (0: off), got {args.diloco!r}")
     if args.diloco:

@@ -131,10 +131,18 @@ class Data:
             ds = functools.reduce(lambda a, b: a.concatenate(b), [
                 self._tfds("train", res, self.args.seed * 100003 + k).take(per_epoch)
                 for k in range(epoch, epoch + epochs)])
+        return self._batches(ds, stage, epoch, per_epoch)
+
+    def _batches(self, ds, stage, epoch, per_epoch, part=None):
+        """Augmented (not synthetic data), one-hot, batched; ``part``: another augmentation stream (the
+        rest of an epoch, whose positions start again at 0)."""
+        res = stage.resolution
         if not self.args.synthetic:
             # the sample's seed: (--seed, rank) -- another random stream per rank -- folded with its
             # epoch and its position in the epoch
             stream = tf.constant([self.args.seed, self.topo.rank], tf.int64)
+            if part is not None:
+                stream = tf.random.experimental.stateless_fold_in(stream, part)
 
             def augmented(p, xy):
                 seed = tf.random.experimental.stateless_fold_in(stream, epoch + p // per_epoch)
@@ -144,6 +152,42 @@ class Data:
         ds = ds.map(lambda x, y: self._onehot(tf.ensure_shape(x, [res, res, 3]), y), AUTOTUNE)
         ds = ds.batch(stage.batch, drop_remainder=True)
         return without_autotune_thread(ds.prefetch(AUTOTUNE))
+
+    def steps_left(self, stage, done):
+        """--elastic: this layout's steps for the rest of an epoch of which earlier layouts read the
+        ``done`` parts ((ranks, samples each) pairs, the first the epoch's first layout): what the
+        epoch's first layout would have read in all (steps(stage) at its size), less what was read,
+        split among the ranks now, and no more than the samples left (--data) allow."""
+        read = sum(count * samples for count, samples in done)
+        first = done[0][0] if done else self.topo.size
+        steps_then = (self.args.steps_per_epoch if self.train_size is None else
+                      min(self.train_size // first // stage.batch, self.args.steps_per_epoch or self.train_size))
+        owed = max(steps_then * stage.batch * first - read, 0)
+        if self.train_size is not None:
+            owed = min(owed, self.train_size - read)
+        return owed // self.topo.size // stage.batch
+
+    def rest(self, stage, epoch, done):
+        """--elastic: the rest of epoch ``epoch`` (0-based) of a stage after the ``done`` parts (see
+        steps_left), steps_left batches: through DataCache, this rank's shard of the samples no part
+        read (datacache.cached_dataset's done=), so the epoch reads every sample once whatever the
+        layouts; synthetic data: random batches."""
+        steps = self.steps_left(stage, done)
+        per_epoch = steps * stage.batch
+        if steps < 1:
+            raise ValueError(f"the rest of epoch {epoch + 1} after {done} has no full batch of {stage.batch} "
+                             f"on {self.topo.size} ranks")
+        if self.args.synthetic:
+            ds = self._synthetic(stage.resolution, per_epoch)
+        else:
+            import datacache
+
+            ds = datacache.cached_dataset(
+                self.train_src, self.preprocess(stage.resolution), False if self.cache is None else self.cache,
+                shard=(self.topo.rank, self.topo.size), shuffle=True, seed=self.args.seed, first_epoch=epoch + 1,
+                global_shuffle=self.args.global_shuffle, shard_seed=self.args.seed, samples_per_epoch=per_epoch,
+                done=[tuple(part) for part in done])
+        return self._batches(ds, stage, epoch, per_epoch, part=len(done)), steps
 
     def shard_seed(self, epoch_seed):
         """The tfds path's shard: fixed (drawn from --seed) or, with --global-shuffle, drawn anew from

@@ -239,9 +239,10 @@ class Reporter:
             row["top1"], row["top5"] = _accuracy(counts)
         self.log.add(row)
 
-    def close(self):
+    def close(self, finished=True):
+        """finished=False (an elastic reset): the pending row stays for the restarted run to score."""
         self.evaluator.close()
-        if self.topo.rank == 0 and os.path.exists(self.log.pending_path):
+        if finished and self.topo.rank == 0 and os.path.exists(self.log.pending_path):
             os.remove(self.log.pending_path)
 
 

@@ -26,12 +26,17 @@ from tf_commlib.keras.callbacks import MetricAverage
 EXCLUDED = ["bias", "gamma", "beta"]
 
 
-def make_optimizer(args, data, topo, cost_params=None, compute_s=None):
+def learning_rate(args, data, topo):
+    """The run's StagedLinear: its peak scaled by the first stage's global batch on these ranks."""
     stages = args.stage_list
     global_batch = stages[0].batch * topo.size
     peak = args.lr or PEAK_PER_256[args.optimizer] * global_batch / 256
-    lr = StagedLinear(peak, args.warmup_epochs, [s.epochs for s in stages],
-                      [data.steps(s) for s in stages])
+    return StagedLinear(peak, args.warmup_epochs, [s.epochs for s in stages], [data.steps(s) for s in stages])
+
+
+def make_optimizer(args, data, topo, cost_params=None, compute_s=None, lr=None):
+    """The run's optimizer; lr: its learning-rate schedule (default learning_rate's)."""
+    lr = lr if lr is not None else learning_rate(args, data, topo)
     if args.optimizer == "lars":
         import pto
 

@@ -14,16 +14,30 @@ class StagedLinear(keras.optimizers.schedules.LearningRateSchedule):
     def __init__(self, peak, warmup_epochs, stage_epochs, stage_steps):
         self.peak, self.warmup_epochs = float(peak), float(warmup_epochs)
         self.stage_epochs, self.stage_steps = list(stage_epochs), list(stage_steps)
+        self.origin = None
+
+    def resume(self, epoch, step, epochs_per_step):
+        """From the optimizer's step ``step`` on, the run is at ``epoch`` (a float) and each step adds
+        ``epochs_per_step``: --elastic, where a reset changes the steps an epoch takes. Kept in a
+        variable, so that a step function traced before reads the new origin."""
+        value = [float(epoch), float(step), float(epochs_per_step)]
+        if self.origin is None:
+            self.origin = tf.Variable(value, dtype=tf.float64, trainable=False, name="lr_origin")
+        else:
+            self.origin.assign(value)
 
     def __call__(self, step):
         step = tf.cast(step, tf.float64)
         epochs = np.asarray(self.stage_epochs, np.float64)
-        steps = np.asarray(self.stage_steps, np.float64)
-        starts = np.concatenate([[0.0], np.cumsum(epochs * steps)[:-1]])
-        first = np.concatenate([[0.0], np.cumsum(epochs)[:-1]])
-        stage = tf.reduce_sum(tf.cast(step >= starts[1:], tf.int32))
-        epoch = tf.gather(first, stage) + (step - tf.gather(starts, stage)) / tf.gather(steps, stage)
         total = float(epochs.sum())
+        if self.origin is not None:
+            epoch = self.origin[0] + (step - self.origin[1]) * self.origin[2]
+        else:
+            steps = np.asarray(self.stage_steps, np.float64)
+            starts = np.concatenate([[0.0], np.cumsum(epochs * steps)[:-1]])
+            first = np.concatenate([[0.0], np.cumsum(epochs)[:-1]])
+            stage = tf.reduce_sum(tf.cast(step >= starts[1:], tf.int32))
+            epoch = tf.gather(first, stage) + (step - tf.gather(starts, stage)) / tf.gather(steps, stage)
         warm = min(self.warmup_epochs, total)
         up = epoch / warm if warm > 0 else tf.constant(1.0, tf.float64)
         down = (total - epoch) / max(total - warm, 1e-9)
