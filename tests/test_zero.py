@@ -96,6 +96,7 @@ def on_2x2(backups, tmp_path_factory):
     """One launch on 2x2 for every 2x2 job of this file: exact (2dtar), sparse, compression, a fit
     per schedule."""
     jobs = {"exact": ["exact", "2dtar", KINDS], "sparse": ["sparse", SPARSE_KINDS], "compression": ["compression"],
+            "full_state": ["full_state"],
             **{f"fit {s}": ["fit", backups[s], s] for s in SCHEDULES}}
     return _jobs("2x2", jobs, tmp_path_factory, 900)
 
@@ -145,6 +146,18 @@ def test_sharded_over_a_node_with_hitopk_then_2dtar(on_2x2):
     for r in reports:
         l = r["rank"] % 2
         assert all(start == l * s and dp == 2 * s for dp, start, s in r["slices"]), r["slices"]
+
+
+def test_the_sharded_state_whole_moves_to_another_slicing(on_2x2):
+    """sharded_full_state (what tf_commlib.elastic keeps at a commit): Adam's moments gathered from the
+    slices of 4 ranks equal the unsharded optimizer's, on every rank; loaded into slices over a node's 2
+    ranks and gathered back, they are unchanged."""
+    for r in on_2x2:
+        got = r["full_state"]
+        assert got["slots"] == ["momentum", "velocity"] and got["shapes"] == [list(s) for s in ref.ZERO_SHAPES]
+        assert got["vs_unsharded"] <= 1e-6 and got["nonzero"], got
+        assert got["gathered_back"] == 0, got
+        assert got["slices"] != got["node_slices"]   # 4-way over all ranks, then 2-way over the node
 
 
 def test_16_bit_weight_deltas(on_2x2):

@@ -13,9 +13,11 @@ rank takes the state of the rank that committed last, and ``train(state)`` is ca
 model and optimizer for the new layout (the buckets, residuals and collectives depend on it) and
 ``state.bind`` loads the committed values into them.
 
-A reset keeps the values every rank holds alike (weights, the wrapped optimizer's state, the step count);
-per-rank state (error-feedback residuals, DGC's momentum) starts again at zero (reset_rank_state), since
-the ranks that held it are renumbered or gone. Objects between ranks go as JSON, never pickled.
+A reset keeps the values every rank holds alike (weights, the wrapped optimizer's state, the step count)
+and a sharded update's state, which a commit gathers whole from the ranks' slices and a rank of any layout
+takes its slices of; per-rank state (error-feedback residuals, DGC's momentum) starts again at zero
+(reset_rank_state), since the ranks that held it are renumbered or gone. Objects between ranks go as JSON,
+never pickled.
 """
 import json
 import time
@@ -64,6 +66,7 @@ class State(HorovodState):
         super().__init__(bcast_object=_broadcast_host_update, get_rank=lambda: current_topology().rank)
         self.values, self.commits = dict(values), 0
         self._saved_values, self._saved_arrays = dict(values), None   # the last commit
+        self._saved_sharded = None   # a sharded update's state whole ({slot: arrays}), of the last commit
         self._shared_at = []   # where in its optimizer arrays the wrapped plain optimizer's variables are
         self.model = self.optimizer = None
 
@@ -110,9 +113,14 @@ class State(HorovodState):
         elif optimizer_vars:   # another layout: its per-rank state has other shapes; the rest is the wrapped one's
             _assign(list(optimizer_chain(self.optimizer)[-1].variables), [optimizer_arrays[i] for i in self._shared_at],
                     "the wrapped optimizer's variables")
-        owner = next((o for o in optimizer_chain(self.optimizer) if hasattr(o, "reset_rank_state")), None)
+        owner = self._distributed()
         if owner is not None:   # a DistributedOptimizer, also inside a LossScaleOptimizer
             owner.reset_rank_state()
+            if self._saved_sharded is not None and getattr(owner, "sharded_state_bytes", lambda: None)() is not None:
+                owner.load_sharded_full_state(self._saved_sharded)   # this rank's slices on this layout
+
+    def _distributed(self):
+        return next((o for o in optimizer_chain(self.optimizer) if hasattr(o, "reset_rank_state")), None)
 
     def save(self):
         """Keeps the bound variables' values and the JSON values as the last commit."""
@@ -121,6 +129,8 @@ class State(HorovodState):
         chain = optimizer_chain(self.optimizer)
         shared = {id(v) for v in chain[-1].variables} if len(chain) > 1 else set()
         self._shared_at = [i for i, v in enumerate(optimizer_vars) if id(v) in shared]
+        owner = self._distributed()   # a sharded update's slices, gathered whole (a collective)
+        self._saved_sharded = _sharded_state(owner)
         self._saved_values = json.loads(json.dumps(self.values))
         self.commits += 1
 
@@ -137,22 +147,36 @@ class State(HorovodState):
         root = int(np.argmax(commits))
         header = None
         if hvd.rank() == root:
-            arrays = self._saved_arrays or ([], [])
+            sharded = sorted((self._saved_sharded or {}).items())
+            arrays = (self._saved_arrays or ([], [])) + ([a for _, whole in sharded for a in whole],)
             header = {"values": self._saved_values, "commits": self.commits, "shared_at": self._shared_at,
                       "arrays": [[[list(a.shape), a.dtype.name] for a in part] for part in arrays],
-                      "bound": self._saved_arrays is not None}
+                      "bound": self._saved_arrays is not None,
+                      "sharded": None if self._saved_sharded is None else [[k, len(w)] for k, w in sharded]}
         header = broadcast_json(header, root, name="tf_commlib_elastic_header")
-        specs = header["arrays"][0] + header["arrays"][1]
-        mine = self._saved_arrays[0] + self._saved_arrays[1] if hvd.rank() == root and header["bound"] else None
-        got = _broadcast_arrays(mine, specs, root)
-        split = len(header["arrays"][0])
-        self._saved_arrays = (got[:split], got[split:]) if header["bound"] else None
+        specs = [spec for part in header["arrays"] for spec in part]
+        mine = None
+        if hvd.rank() == root:
+            mine = [a for part in (self._saved_arrays or ([], [])) for a in part] + [
+                a for _, whole in sorted((self._saved_sharded or {}).items()) for a in whole]
+        got = iter(_broadcast_arrays(mine, specs, root))
+        model, optimizer = ([next(got) for _ in part] for part in header["arrays"][:2])
+        self._saved_arrays = (model, optimizer) if header["bound"] else None
+        self._saved_sharded = None if header["sharded"] is None else {
+            name: [next(got) for _ in range(count)] for name, count in header["sharded"]}
         self._saved_values, self.commits, self._shared_at = header["values"], header["commits"], header["shared_at"]
         self.values = json.loads(json.dumps(self._saved_values))
 
     def reset(self):
         """The ranks changed: the bound model and optimizer belong to the old layout (train() binds new ones)."""
         self.model = self.optimizer = None
+
+
+def _sharded_state(owner):
+    """A DistributedOptimizer's sharded update's state whole (a collective), or None (none, or no
+    sharded update)."""
+    gather = getattr(owner, "sharded_full_state", None)
+    return gather() if gather is not None else None
 
 
 def optimizer_chain(optimizer):

@@ -1,6 +1,7 @@
 """A rank of an elastic job (tests/test_elastic.py): linear regression trained by a custom loop of
 DistributedOptimizer(algorithm) under tf_commlib.elastic.run, on hosts that Horovod's discovery script
-lists. Every epoch visits one permutation of the N samples (a function of the epoch) in global batches of
+lists; argv: algorithm, epochs, seconds per step, and "sharded" for SGD with momentum MOMENTUM and the
+sharded update (else plain SGD). Every epoch visits one permutation of the N samples (a function of the epoch) in global batches of
 BATCH samples per rank: a step at world size S takes the S * BATCH samples after ``offset``, rank r the
 r-th BATCH of them, so the samples an epoch uses do not depend on how many ranks there are. The state
 commits every COMMIT steps and at each epoch's end.
@@ -18,7 +19,7 @@ import time
 
 import numpy as np
 
-N, DIM, BATCH, COMMIT, LR = 96, 6, 2, 3, 0.05
+N, DIM, BATCH, COMMIT, LR, MOMENTUM = 96, 6, 2, 3, 0.05, 0.9
 
 
 def data():
@@ -37,13 +38,13 @@ def event(**row):
         f.write(json.dumps({"t": time.time(), "pid": os.getpid(), **row}) + "\n")
 
 
-def main(algorithm, epochs, step_s):
+def main(algorithm, epochs, step_s, shard=False):
     import keras
     import tensorflow as tf
 
     import tf_commlib
     from tf_commlib import elastic
-    from tf_commlib.keras import DistributedOptimizer
+    from tf_commlib.keras import DGC, DistributedOptimizer
     from tests.workers._report import report
 
     tf_commlib.init()
@@ -56,7 +57,10 @@ def main(algorithm, epochs, step_s):
         topo = tf_commlib.topology()
         model = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(1, use_bias=False,
                                                                           kernel_initializer="zeros")])
-        opt = DistributedOptimizer(keras.optimizers.SGD(LR), algorithm=algorithm)
+        # sharded: the momentum in the wrapped SGD's slices (DGC's correction would keep it per rank)
+        opt = DistributedOptimizer(keras.optimizers.SGD(LR, momentum=MOMENTUM if shard else 0.0),
+                                   algorithm=algorithm, shard_optimizer=shard,
+                                   dgc=DGC(momentum_correction=not shard))
         state.bind(model, opt)
         from horovod.common import process_sets   # what Horovod registered (its table, by id)
         registered = process_sets._basics._get_process_set_ids_and_ranks()
@@ -107,4 +111,4 @@ def main(algorithm, epochs, step_s):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4:] == ["sharded"])

@@ -9,7 +9,7 @@ STEPS steps, their sha256, the optimizer-state bytes, the bytes counted against 
 ``compression``: one step of sharded LARS with fp16 / bf16 (16-bit weight deltas) on gradients that
 are exact in 16 bits, and three steps for the sha256. ``fit <backup> <schedule>``: model.fit
 interrupted and resumed from BackupAndRestore; ``load_elsewhere <backup>``: resuming from another
-layout's backups."""
+layout's backups; ``full_state``: the sharded state gathered whole and given to another slicing."""
 import hashlib
 import sys
 
@@ -191,7 +191,28 @@ def fit(mode, backup, schedule="2dtar"):
                 iterations=int(dist.iterations.numpy()), loss=full.history.history["loss"])
 
 
-JOBS = {"exact": exact, "sparse": sparse, "compression": compression,
+def full_state():
+    """sharded_full_state: Adam's two slots whole after STEPS steps sharded over all ranks (2dtar), against
+    the unsharded run's; given to an update sharded over a node's ranks (another slicing: hitopk), whose
+    slices gathered back are the same state."""
+    sharded = train("adam", False, True, "2dtar")[0]
+    plain = train("adam", False, False, "2dtar")[0]
+    full = sharded.sharded_full_state()
+    node = train("adam", False, True, "hitopk", schedule={0: "hitopk", 1: "2dtar"}, steps=1)[0]
+    node.load_sharded_full_state(full)
+    again = node.sharded_full_state()
+    unsharded = {slot: [v.numpy() for v in plain.inner_optimizer.variables if v.path.endswith("_" + slot)]
+                 for slot in ("momentum", "velocity")}
+    return {"slots": sorted(full), "shapes": [list(a.shape) for a in full["momentum"]],
+            "vs_unsharded": max(float(np.abs(a - b).max()) for slot in unsharded
+                                for a, b in zip(full[slot], unsharded[slot])),
+            "nonzero": all(float(np.abs(a).max()) > 0 for a in full["velocity"]),
+            "gathered_back": max(float(np.abs(a - b).max()) for slot in full for a, b in zip(full[slot], again[slot])),
+            "slices": [[int(x) for x in p[2:]] for p in sharded._sharded.pieces],
+            "node_slices": [[int(x) for x in p[2:]] for p in node._sharded.pieces]}
+
+
+JOBS = {"exact": exact, "full_state": full_state, "sparse": sparse, "compression": compression,
         "fit": lambda *a: fit("fit", *a), "load_elsewhere": lambda *a: fit("load_elsewhere", *a)}
 print(f"rank {topo.rank}: job {' '.join(sys.argv[1:])}", flush=True)
 report(topo.rank, {"rank": topo.rank, **JOBS[sys.argv[1]](*sys.argv[2:])})

@@ -351,6 +351,17 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         if self._sharded is not None:   # the rank's slices of the optimizer state
             self._sharded.reset()
 
+    def sharded_full_state(self):
+        """With shard_optimizer: the wrapped optimizer's state whole, gathered from the ranks' slices
+        (ShardedUpdate.full_state, a collective); else None."""
+        return self._sharded.full_state() if self._sharded is not None else None
+
+    def load_sharded_full_state(self, state):
+        """This rank's slices of sharded_full_state's ``state``, of any layout."""
+        if self._sharded is None:
+            raise ValueError("load_sharded_full_state needs shard_optimizer=True (built)")
+        self._sharded.load_full_state(state)
+
     @property
     def variables(self):
         outer = self.auto_epochs.local_variables() if self.auto_epochs is not None else []

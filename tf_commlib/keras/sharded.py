@@ -248,6 +248,53 @@ class ShardedUpdate:
         for var in self.slots.values():
             var.assign(tf.zeros(var.shape, var.dtype))
 
+    def full_state(self):
+        """Every slot whole, as an unsharded optimizer keeps it: {name: [numpy array of each variable's
+        shape, in var_list order]}, from the slices of the ranks that own them (an all-gather over
+        them of the slots and of where each rank's slices start). A collective over those ranks;
+        load_full_state gives it to another layout's slices (tf_commlib.elastic keeps it so)."""
+        starts = tf.constant([[start for *_, start, _ in self.pieces]], tf.int64)
+        every_start = primitives.allgather(starts, self.owners, name="sharded_state_starts").numpy()
+        out = {}
+        for name, var in sorted(self.slots.items()):
+            every = primitives.allgather(tf.reshape(tf.convert_to_tensor(var), [1, -1]), self.owners,
+                                         name=f"sharded_state_{name}").numpy()
+            flats, offset = {}, 0
+            for k, (agg, bucket, dp, _, s) in enumerate(self.pieces):
+                flat = flats.setdefault((id(agg), id(bucket)), np.zeros(dp, every.dtype))
+                for o in range(every.shape[0]):
+                    flat[every_start[o, k]:every_start[o, k] + s] = every[o, offset:offset + s]
+                offset += s
+            whole = [None] * len(self.var_list)
+            for agg, bucket, *_ in self.pieces:
+                flat, at = flats[(id(agg), id(bucket))], 0
+                for p, size, shape in zip(bucket.positions, bucket.sizes, bucket.shapes):
+                    whole[self._index[id(agg)][p]] = flat[at:at + size].reshape(shape)
+                    at += size
+            out[name] = whole
+        return out
+
+    def load_full_state(self, state):
+        """This rank's slices of ``state`` (full_state's form, from any layout) into its slots."""
+        if sorted(state) != sorted(self.slots):
+            raise ValueError(f"the state holds slots {sorted(state)}, this sharded update keeps {sorted(self.slots)}")
+        for name, var in self.slots.items():
+            whole = state[name]
+            if len(whole) != len(self.var_list) or any(tuple(np.shape(a)) != tuple(v.shape)
+                                                       for a, v in zip(whole, self.var_list)):
+                raise ValueError(f"the state's {name!r} does not hold this optimizer's {len(self.var_list)} "
+                                 "variables in their shapes")
+            parts = []
+            for agg, bucket, dp, start, s in self.pieces:
+                flat = np.zeros(dp, var.dtype.name if hasattr(var.dtype, "name") else var.dtype)
+                at = 0
+                for p, size in zip(bucket.positions, bucket.sizes):
+                    flat[at:at + size] = np.ravel(whole[self._index[id(agg)][p]])
+                    at += size
+                parts.append(flat[start:start + s])
+            var.assign(np.concatenate(parts) if parts else np.zeros([0]))
+        self.layout.assign(self.expected_layout())   # the slices are this rank's of this layout
+
     def norm_bytes(self):
         """{"intra": B, "inter": B} per rank of the norm exchange (one allreduce per step)."""
         nbytes = 4 * (len(self.var_list) + 1) * self.norms
