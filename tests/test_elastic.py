@@ -106,20 +106,26 @@ def _finish(job, timeout):
     assert rc == 0, f"elastic job failed (exit {rc}):\n{job.log()}"
 
 
-def test_train_elastic_goes_on_without_a_lost_node(tmp_path):
-    """`tfc_apps.train --elastic`: model.fit under tf_commlib.elastic; one host's ranks killed after the
-    first epoch, the other two go on and the host joins again once listed."""
-    summary = tmp_path / "summary.json"
-    job, _ = _job(tmp_path, ["-m", "tfc_apps.train", "--elastic", "--algorithm", "dense", "--epochs", "3",
-                             "--commit-every", "5", "--json", str(summary)])
+def _drop_and_list_again(job, due):
+    """Once due() returns: the second host's ranks killed, the survivors' restart as 1x2 awaited, the host
+    listed again, and the job's exit 0 awaited."""
     try:
-        job.wait_for("first epoch", lambda: job.line("epoch   1"), 240)
+        due()
         job.drop_second_host()
         job.wait_for("restart on 2 ranks", lambda: job.line("2 ranks as 1x2"), 180)
         job.list_both()
         _finish(job, 400)
     finally:
         job.stop()
+
+
+def test_train_elastic_goes_on_without_a_lost_node(tmp_path):
+    """`tfc_apps.train --elastic`: model.fit under tf_commlib.elastic; one host's ranks killed after the
+    first epoch, the other two go on and the host joins again once listed."""
+    summary = tmp_path / "summary.json"
+    job, _ = _job(tmp_path, ["-m", "tfc_apps.train", "--elastic", "--algorithm", "dense", "--epochs", "3",
+                             "--commit-every", "5", "--json", str(summary)])
+    _drop_and_list_again(job, lambda: job.wait_for("first epoch", lambda: job.line("epoch   1"), 240))
     result = json.loads(summary.read_text())
     restarts = result["restarts"]
     assert [(r["m"], r["n"]) for r in restarts][:2] == [(2, 2), (1, 2)], restarts
@@ -310,18 +316,14 @@ def test_dawnbench_elastic_resumes_an_epoch_on_the_samples_left(tmp_path):
                              "--stages", "16:2:16,20:3:16", "--schedule", "0:2dtar", "--optimizer", "sgd", "--lr",
                              "0.2", "--warmup-epochs", "1", "--label-smoothing", "0",
                              "--commit-every", "3", "--target-top5", "0.9", "--log-dir", str(log_dir)])
-    try:
+    def into_epoch_4():
         # epoch 2's row is written as epoch 3 ends (its evaluation overlaps epoch 3); epoch 4 runs in the
         # same fit (no set-up before its first step)
         job.wait_for("epoch 2's report", lambda: job.line('{"epoch": 2,'), 300)
         row = next(line for line in job.lines if '{"epoch": 2,' in line)
-        time.sleep(0.4 * json.loads(row[row.index("{"):])["epoch_s"])   # into epoch 4
-        job.drop_second_host()
-        job.wait_for("restart on 2 ranks", lambda: job.line("2 ranks as 1x2"), 180)
-        job.list_both()
-        _finish(job, 400)
-    finally:
-        job.stop()
+        time.sleep(0.4 * json.loads(row[row.index("{"):])["epoch_s"])
+
+    _drop_and_list_again(job, into_epoch_4)
     summary = json.loads((log_dir / "elastic.json").read_text())
     restarts = summary["restarts"]
     assert [(r["m"], r["n"]) for r in restarts][:2] == [(2, 2), (1, 2)], restarts
