@@ -92,7 +92,6 @@ def test_a_lost_node_leaves_the_others_training_and_it_rejoins(tmp_path):
     assert resumed["intra"] == [0, 1] and resumed["inter"] == [resumed["rank"]]
     assert resumed["set_ids"][0] == 0   # the node's set is the world: Horovod's global set
     assert (joined["layout"], joined["sets"]) == ([2, 2], sets_2x2), joined
-    assert all(r["fixed"] for r in _events(out) if r["kind"] == "train")   # no per-cycle agreement left
 
 
 def _job(tmp_path, argv):

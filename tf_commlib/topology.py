@@ -59,37 +59,20 @@ def layout_sets(m, n):
 # called after throwing an instance of 'gloo::IoException'", from the shutdown that negotiates each set's
 # removal with the dead peer; Horovod issue 4021). scripts/build_horovod.sh applies the fix
 # (third_party/horovod_patches/FINALIZE_PATCH); without it an elastic job runs as size x 1 with no process
-# set but the global one (its one-rank sets answered in Python: primitives._alone). Dynamic process sets
-# make Horovod agree on its set table in every cycle of its background loop, which doubled a small
-# allreduce's time here; FIX_PATCH lets the ranks end that once they have added their sets.
-FINALIZE_PATCH = "1-process-set-finalize-without-lost-peers.patch"
-FIX_PATCH = "2-fix-process-sets.patch"
+# set but the global one (its one-rank sets answered in Python: primitives._alone).
+FINALIZE_PATCH = "process-set-finalize-without-lost-peers.patch"
 
 
-def horovod_patched(name):
-    """Whether the installed Horovod carries patch ``name`` of third_party/horovod_patches (listed in
-    horovod/tf_commlib_patches.txt by scripts/build_horovod.sh)."""
+def horovod_survives_lost_peers():
+    """Whether the installed Horovod carries FINALIZE_PATCH (listed in horovod/tf_commlib_patches.txt by
+    scripts/build_horovod.sh), so that an elastic job's survivors can hold process sets."""
     import horovod
 
     try:
         with open(os.path.join(os.path.dirname(horovod.__file__), "tf_commlib_patches.txt")) as f:
-            return any(line.split()[:1] == [name] for line in f)
+            return any(line.split()[:1] == [FINALIZE_PATCH] for line in f)
     except OSError:
         return False
-
-
-def horovod_survives_lost_peers():
-    """Whether an elastic job's survivors can hold process sets (FINALIZE_PATCH)."""
-    return horovod_patched(FINALIZE_PATCH)
-
-
-def _fix_process_sets():
-    """Ends Horovod's dynamic process sets once every rank has added its own (FIX_PATCH; a collective)."""
-    from horovod.tensorflow.mpi_ops import _basics
-
-    code = _basics.MPI_LIB_CTYPES.horovod_fix_process_sets()
-    if code != 0:
-        raise RuntimeError(f"horovod_fix_process_sets failed (Horovod error code {code})")
 
 
 def elastic_job():
@@ -209,8 +192,6 @@ def init(topology=None, pin_gpu=True):
     elif sets_elastically:
         for s in sets:   # a collective each, in the same order on every rank
             hvd.add_process_set(s)
-        if horovod_patched(FIX_PATCH):
-            _fix_process_sets()
     slurm_env.exit_notice_at_exit()
     if hvd.size() != size:
         hint = ("; under srun, start Gloo ranks with `python -m tfc_apps.slurm -- CMD` (MPI builds: "

@@ -10,8 +10,8 @@ Each process appends to $HVD_TEST_OUT/events.jsonl: its start (pid, Horovod host
 train() with the committed position it resumes from and the world size, every COMMIT-th step; the ranks
 alive at the end report their weights, step count, the link ranks on one machine use, and the steps of the
 committed run (epoch, offset, world size): what the samples of each epoch were and what a numpy replay of
-them gives. Each train() (re)start also logs its layout, its node's and local index's ranks, the
-process sets Horovod has registered, and whether its set table is fixed (no longer agreed every cycle)."""
+them gives. Each train() (re)start also logs its layout, its node's and local index's ranks, and the
+process sets Horovod has registered."""
 import json
 import os
 import sys
@@ -63,16 +63,12 @@ def main(algorithm, epochs, step_s, shard=False):
                                    dgc=DGC(momentum_correction=not shard))
         state.bind(model, opt)
         from horovod.common import process_sets   # what Horovod registered (its table, by id)
-        from horovod.tensorflow.mpi_ops import _basics
         registered = process_sets._basics._get_process_set_ids_and_ranks()
-        # -2 (HOROVOD_PROCESS_SET_ERROR_DYNAMIC): no longer in dynamic mode, init fixed the table (every
-        # rank asks here alike, so where init had not, this would be the collective that fixes it)
-        fixed = _basics.MPI_LIB_CTYPES.horovod_fix_process_sets() == -2
         event(kind="train", rank=topo.rank, size=topo.size, layout=[topo.m, topo.n], epoch=state["epoch"],
               offset=state["offset"], iterations=int(opt.iterations.numpy()),
               intra=list(topo.intra_ranks), inter=list(topo.inter_ranks),
               sets=sorted(list(r) for i, r in registered.items() if i != 0),
-              set_ids=[topo.intra.process_set_id, topo.inter.process_set_id], fixed=fixed)
+              set_ids=[topo.intra.process_set_id, topo.inter.process_set_id])
 
         @tf.function
         def step(xb, yb, scale):
