@@ -116,8 +116,8 @@ class State(HorovodState):
         owner = self._distributed()
         if owner is not None:   # a DistributedOptimizer, also inside a LossScaleOptimizer
             owner.reset_rank_state()
-            if self._saved_sharded is not None and getattr(owner, "sharded_state_bytes", lambda: None)() is not None:
-                owner.load_sharded_full_state(self._saved_sharded)   # this rank's slices on this layout
+            if self._saved_sharded is not None:   # this rank's slices on this layout
+                owner.load_sharded_full_state(self._saved_sharded)
 
     def _distributed(self):
         return next((o for o in optimizer_chain(self.optimizer) if hasattr(o, "reset_rank_state")), None)
@@ -146,19 +146,19 @@ class State(HorovodState):
         commits = hvd.allgather(tf.constant([self.commits], tf.int64), name="tf_commlib_elastic_commits").numpy()
         root = int(np.argmax(commits))
         header = None
+        sharded = [a for _, whole in sorted((self._saved_sharded or {}).items()) for a in whole]
         if hvd.rank() == root:
-            sharded = sorted((self._saved_sharded or {}).items())
-            arrays = (self._saved_arrays or ([], [])) + ([a for _, whole in sharded for a in whole],)
+            arrays = (self._saved_arrays or ([], [])) + (sharded,)
             header = {"values": self._saved_values, "commits": self.commits, "shared_at": self._shared_at,
                       "arrays": [[[list(a.shape), a.dtype.name] for a in part] for part in arrays],
                       "bound": self._saved_arrays is not None,
-                      "sharded": None if self._saved_sharded is None else [[k, len(w)] for k, w in sharded]}
+                      "sharded": None if self._saved_sharded is None else [
+                          [k, len(w)] for k, w in sorted(self._saved_sharded.items())]}
         header = broadcast_json(header, root, name="tf_commlib_elastic_header")
         specs = [spec for part in header["arrays"] for spec in part]
         mine = None
         if hvd.rank() == root:
-            mine = [a for part in (self._saved_arrays or ([], [])) for a in part] + [
-                a for _, whole in sorted((self._saved_sharded or {}).items()) for a in whole]
+            mine = [a for part in (self._saved_arrays or ([], [])) for a in part] + sharded
         got = iter(_broadcast_arrays(mine, specs, root))
         model, optimizer = ([next(got) for _ in part] for part in header["arrays"][:2])
         self._saved_arrays = (model, optimizer) if header["bound"] else None
