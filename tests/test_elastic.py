@@ -165,9 +165,9 @@ def _optimizer(kind):
 @pytest.mark.parametrize("kind", ["dense", "hitopk", "powersgd", "diloco", "sharded", "loss_scaled"])
 def test_a_commit_loads_into_a_rebuilt_model_and_optimizer(kind):
     """bind() of a fresh model and optimizer (as train() builds them after a reset) gives them the values
-    of the last commit: the weights and every optimizer variable every rank holds alike (the wrapped
-    optimizer's momentum, the step count, DiLoCo's start weights), per-rank state (residuals, DGC
-    momentum) zero; the steps after the commit are undone."""
+    of the last commit: the weights and every optimizer variable (the wrapped optimizer's momentum, the
+    step count, DiLoCo's start weights, this rank's residuals and DGC momentum), against the numpy copies
+    taken at the commit; the steps after the commit are undone."""
     import keras
     import tensorflow as tf
 
@@ -204,14 +204,14 @@ def test_a_commit_loads_into_a_rebuilt_model_and_optimizer(kind):
         np.testing.assert_array_equal(v.numpy(), want)
     got = [v.numpy() for v in fresh_opt.variables]
     assert len(got) == len(committed[1])
-    zeroed = [i for i, (g, want) in enumerate(zip(got, committed[1])) if not np.array_equal(g, want)]
-    assert all(not got[i].any() for i in zeroed), "a variable neither committed nor zeroed"
+    for g, want, v in zip(got, committed[1], fresh_opt.variables):   # all of it, per-rank state too
+        np.testing.assert_array_equal(g, want, err_msg=v.path)
     inner = {id(v) for v in elastic.optimizer_chain(fresh_opt)[-1].variables}   # the wrapped plain optimizer
-    kept = [i for i, v in enumerate(fresh_opt.variables) if id(v) in inner and committed[1][i].any()]
-    assert kept and not set(kept) & set(zeroed)   # the wrapped optimizer's state is the commit's
+    assert [i for i, v in enumerate(fresh_opt.variables) if id(v) in inner and committed[1][i].any()]
     assert int(fresh_opt.iterations.numpy()) == 3
-    if kind in ("hitopk", "loss_scaled"):
-        assert zeroed   # its residuals are per rank
+    per_rank = [i for i, v in enumerate(fresh_opt.variables) if "residual" in v.path or "dgc_momentum" in v.path]
+    if kind in ("hitopk", "powersgd", "loss_scaled"):   # this rank's own residuals and DGC momentum, not zero
+        assert per_rank and all(committed[1][i].any() for i in per_rank)
     if kind == "sharded":   # the slices of the momentum: from the commit's whole state, not zero
         slots = [i for i, v in enumerate(fresh_opt.variables) if v.path.endswith("shard_momentum")]
         assert slots and all(got[i].any() and np.array_equal(got[i], committed[1][i]) for i in slots)
@@ -229,7 +229,7 @@ def test_train_elastic_needs_horovods_elastic_mode():
 def test_a_commit_of_another_layout_keeps_the_wrapped_optimizers_state():
     """Where the rebuilt optimizer's variables differ in number or shape from the commit's (its residuals
     follow the layout and the buckets), bind gives it the wrapped optimizer's committed state (step count,
-    momentum) and zero residuals."""
+    momentum) and this rank's own DGC momentum (residuals: test_per_rank_state_moves_to_another_layout)."""
     import keras
     import tensorflow as tf
 
@@ -261,8 +261,45 @@ def test_a_commit_of_another_layout_keeps_the_wrapped_optimizers_state():
     for v, want in zip(fresh_opt.inner_optimizer.variables, inner):
         np.testing.assert_array_equal(v.numpy(), want)
     assert int(fresh_opt.iterations.numpy()) == 3 and any(w.any() for w in inner[1:])
-    momenta = [v for v in fresh_opt.variables if "dgc_momentum" in v.path]   # per-rank state: zero
-    assert momenta and all(not v.numpy().any() for v in momenta)
+    for v, want in zip(fresh_opt.velocities, state._saved_rank["momentum"]):   # per-rank state: this rank's own
+        np.testing.assert_array_equal(v.numpy(), want)
+    assert any(m.any() for m in state._saved_rank["momentum"])
+
+
+def test_per_rank_state_moves_to_another_layout(tmp_path):
+    """What each rank owes the sum (its residuals in input space) and its DGC momentum, taken on 2x2 and
+    loaded on 1x4 and 4x1 (Horovod started again, as at a reset), rank 3 loading none as a rank that
+    joined: per variable, the ranks' owed adds up to what ranks 0-2 owed on 2x2 (hitopk's node shards are
+    reduce-scattered on 1x4: rank 3 then holds its shard of it), each rank's momentum is its own, PowerSGD's
+    Q starts again at zero on every rank; for hitopk, PowerSGD, naive_ag and auto (hitopk running among
+    the residuals of its candidates)."""
+    from tests.workers import rank_state_move_worker as move
+
+    reports = hvdrun.run("rank_state_move_worker.py", 4, tmp_path, timeout=300)
+    for algorithm in move.ALGORITHMS:
+        before = [r["2x2"][algorithm] for r in reports]
+        owes = [i for i, o in enumerate(before[0]["owed"]) if o is not None]
+        assert owes and any(np.any(before[0]["owed"][i]) for i in owes), algorithm   # the kernels: lossy
+        for layout, n in (("2x2", 2), ("1x4", 4), ("4x1", 1)):
+            after = [r[layout][algorithm] for r in reports]
+            shard = -(-1452 // n)   # the 40x33 and 33x4 kernels, one bucket; hitopk keeps a shard of the node's sum
+            lengths = {"hitopk": [shard], "powersgd": [1584], "naive_ag": [1452], "auto": [shard, 1584]}[algorithm]
+            assert after[0]["residuals"] == lengths, (algorithm, layout)
+            if layout == "2x2":
+                continue
+            assert [a["dropped"] for a in after] == [0] * 4, (algorithm, layout)
+            for i in owes:
+                owed = sum(np.array(b["owed"][i], np.float64) for b in before[:move.JOINED])
+                got = sum(np.array(a["owed"][i], np.float64) for a in after)
+                np.testing.assert_allclose(got, owed, rtol=0, atol=1e-6, err_msg=f"{algorithm} {layout} {i}")
+            if n == 1:   # a whole vector per rank: the joined rank owes nothing
+                assert not any(np.any(o) for o in after[move.JOINED]["owed"] if o is not None), (algorithm, layout)
+            for rank, a in enumerate(after):
+                zero = [np.zeros_like(m) for m in before[0]["momentum"]]
+                want = before[rank]["momentum"] if rank != move.JOINED else zero
+                assert all(np.array_equal(g, w) for g, w in zip(a["momentum"], want)), (algorithm, layout, rank)
+                assert a["beyond"] == 0.0, (algorithm, layout, rank)   # PowerSGD's Q zero: alike on every rank
+    assert max(r["2x2"]["powersgd"]["beyond"] for r in reports) > 0   # it had a Q before
 
 
 @pytest.mark.parametrize("printed, expected", [

@@ -80,6 +80,28 @@ class Syncs:
         self._n_trainable = len(var_list)
         self._fns = {}
 
+    def rank_state(self):
+        """This rank's per-rank state (numpy): the residual of its slice of the node's pseudo-gradient,
+        with the slice's place (ranks per node, local index, slice length); None before build."""
+        if not hasattr(self, "_s"):
+            return None
+        topo = current_topology()
+        return {"residual": None if self.residual is None else np.asarray(self.residual.numpy()),
+                "place": [topo.n, topo.local, self._s]}
+
+    def load_rank_state(self, state):
+        """rank_state() of this rank on any layout (None: it owes nothing): the residual where this rank
+        holds the same slice of its node's pseudo-gradient (the same ranks per node and local index, as
+        a node that lived through a reset keeps), else zero. Returns 1 where a residual not zero was
+        dropped, else 0."""
+        if getattr(self, "residual", None) is None:
+            return 0
+        topo = current_topology()
+        mine = None if state is None else state["residual"]
+        same = mine is not None and state["place"] == [topo.n, topo.local, self._s]
+        self.residual.assign(mine if same else tf.zeros_like(self.residual))
+        return int(mine is not None and not same and bool(np.any(mine)))
+
     def _restart_from_weights(self):
         """The start weights (and anchors) set to the tracked variables' values (eagerly)."""
         for v, s in zip(self._tracked, self.starts):

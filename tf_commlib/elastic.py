@@ -15,9 +15,12 @@ model and optimizer for the new layout (the buckets, residuals and collectives d
 
 A reset keeps the values every rank holds alike (weights, the wrapped optimizer's state, the step count)
 and a sharded update's state, which a commit gathers whole from the ranks' slices and a rank of any layout
-takes its slices of; per-rank state (error-feedback residuals, DGC's momentum) starts again at zero
-(reset_rank_state), since the ranks that held it are renumbered or gone. Objects between ranks go as JSON,
-never pickled.
+takes its slices of. Per-rank state stays with its rank: a commit also keeps, in this process only, what
+the rank owes the sum (its error-feedback residuals in input space, per variable: the same on any layout)
+and DGC's momentum (DistributedOptimizer.rank_state); a rank that lived through the reset loads its own
+into the new layout's residuals (load_rank_state: hitopk's are shards of the node's sum, so the node's
+ranks reduce-scatter what they owe), a rank that joined owes nothing. What a lost rank owed is lost with
+it, as are the steps since the commit. Objects between ranks go as JSON, never pickled.
 """
 import json
 import time
@@ -67,6 +70,7 @@ class State(HorovodState):
         self.values, self.commits = dict(values), 0
         self._saved_values, self._saved_arrays = dict(values), None   # the last commit
         self._saved_sharded = None   # a sharded update's state whole ({slot: arrays}), of the last commit
+        self._saved_rank = None   # this rank's own per-rank state of the last commit (never sent)
         self._shared_at = []   # where in its optimizer arrays the wrapped plain optimizer's variables are
         self.model = self.optimizer = None
 
@@ -115,12 +119,15 @@ class State(HorovodState):
                     "the wrapped optimizer's variables")
         owner = self._distributed()
         if owner is not None:   # a DistributedOptimizer, also inside a LossScaleOptimizer
-            owner.reset_rank_state()
+            dropped = owner.load_rank_state(self._saved_rank)   # every rank: a collective over each node
+            if dropped and current_topology().rank == 0:
+                print(f"tf_commlib elastic: {dropped} arrays rank 0 owed have no place on this layout (no lossy "
+                      "collective runs them, or a DiLoCo slice moved) and were dropped", flush=True)
             if self._saved_sharded is not None:   # this rank's slices on this layout
                 owner.load_sharded_full_state(self._saved_sharded)
 
     def _distributed(self):
-        return next((o for o in optimizer_chain(self.optimizer) if hasattr(o, "reset_rank_state")), None)
+        return next((o for o in optimizer_chain(self.optimizer) if hasattr(o, "load_rank_state")), None)
 
     def save(self):
         """Keeps the bound variables' values and the JSON values as the last commit."""
@@ -131,6 +138,7 @@ class State(HorovodState):
         self._shared_at = [i for i, v in enumerate(optimizer_vars) if id(v) in shared]
         owner = self._distributed()   # a sharded update's slices, gathered whole (a collective)
         self._saved_sharded = _sharded_state(owner)
+        self._saved_rank = owner.rank_state() if owner is not None else None
         self._saved_values = json.loads(json.dumps(self.values))
         self.commits += 1
 
@@ -140,11 +148,14 @@ class State(HorovodState):
 
     def sync(self):
         """Every rank takes the last commit of the rank that committed most (the lowest such rank): the
-        JSON values, then the variables' values, one broadcast per dtype."""
+        JSON values, then the variables' values, one broadcast per dtype. A rank keeps its own per-rank
+        state where that commit is also its own."""
         import horovod.tensorflow as hvd
 
         commits = hvd.allgather(tf.constant([self.commits], tf.int64), name="tf_commlib_elastic_commits").numpy()
         root = int(np.argmax(commits))
+        if self.commits != commits[root]:   # joined, or missed the last commit: it owes nothing
+            self._saved_rank = None
         header = None
         sharded = [a for _, whole in sorted((self._saved_sharded or {}).items()) for a in whole]
         if hvd.rank() == root:

@@ -5,6 +5,7 @@ sharded update live in sharded."""
 import dataclasses
 import functools
 
+import numpy as np
 import tensorflow as tf
 
 from tf_commlib import fusion, link_bytes, ops, overlap, primitives
@@ -231,6 +232,24 @@ class GradientAggregator:
         """Zeroes the per-rank state (residuals): for a job that loaded another rank's state."""
         self.state.reset()
         self.guard.reset()
+
+    def owed(self):
+        """Per bucket, what this rank owes the sum (its residuals in input space, a length-d tensor):
+        the same on any layout (eagerly, after build)."""
+        return [self.state.owed(i, sum(b.sizes), b.dtype) for i, b in enumerate(self.buckets)]
+
+    def take_owed(self, owed):
+        """Residuals that flush ``owed`` (what owed() gave on any layout, per bucket of this plan; None:
+        nothing), the rest zero, the state claimed by none. A collective over each node (hitopk's
+        residuals are shards of the node's sum): every rank of the layout calls it. Returns the buckets
+        none of whose residuals can hold it (owed there is dropped)."""
+        self.guard.reset()
+        dropped = []
+        for i, bucket in enumerate(self.buckets):
+            x = tf.zeros([sum(bucket.sizes)], bucket.dtype) if owed[i] is None else tf.convert_to_tensor(owed[i])
+            if not self.state.take_owed(i, x) and owed[i] is not None and np.any(owed[i]):
+                dropped.append(i)
+        return dropped
 
     def set_algorithm(self, name):
         self.active.assign(self.candidates.index(name))

@@ -31,6 +31,10 @@ class ResidualStore:
         where given), in a fixed order."""
         return [var for (j, n), var in sorted(self.residuals.items()) if j == i and (names is None or n in names)]
 
+    def named(self, i):
+        """[(algorithm, residual variable)] of bucket i."""
+        return [(n, var) for (j, n), var in sorted(self.residuals.items()) if j == i]
+
     def idle(self, i, name):
         """[(algorithm, residual variable)] of bucket i's lossy algorithms other than ``name``."""
         return [(n, var) for (j, n), var in sorted(self.residuals.items()) if j == i and n != name]
@@ -72,6 +76,27 @@ class ResidualStore:
 
     def variables(self):
         return [self.residuals[k] for k in sorted(self.residuals)]
+
+    def owed(self, i, d, dtype):
+        """What this rank owes bucket i's sum (length d): its residuals in input space, added up."""
+        parts = [ALGORITHMS[name].residual_to_input(tf.convert_to_tensor(var), d, self.topo)
+                 for name, var in self.named(i)]
+        return tf.add_n(parts) if parts else tf.zeros([d], dtype)
+
+    def take_owed(self, i, x):
+        """Bucket i's residuals zero but one, which flushes x (what this rank owes, in input space): the
+        first whose collective has input_to_residual. Every rank of the layout calls it alike (it may be
+        a collective); False where no residual of bucket i can hold it."""
+        taker = None
+        for name, var in self.named(i):
+            var.assign(tf.zeros(var.shape, var.dtype))
+            if taker is None and ALGORITHMS[name].input_to_residual is not None:
+                taker = name, var
+        if taker is None:
+            return False
+        name, var = taker
+        var.assign(ALGORITHMS[name].input_to_residual(tf.cast(x, var.dtype), x.shape[0], self.topo, var.shape[0]))
+        return True
 
     def reset(self):
         """Zeroes every residual."""

@@ -48,6 +48,11 @@ def residual_to_input(residual, d, topo):
     return tf.pad(residual, [[topo.local * s, (topo.n - 1 - topo.local) * s]])[:d]
 
 
+def input_to_residual(x, d, topo, size):
+    """This rank's shard of what the node's ranks owe (a reduce-scatter over the node)."""
+    return reduce_shard(x, topo)
+
+
 def pad_cost(d, n, params):
     """tf.pad copies x when n does not divide d (with no padding it forwards x)."""
     return alphabeta.copy_cost(n * shard_size(d, n), params) if n * shard_size(d, n) > d else 0.0
@@ -176,5 +181,6 @@ def check_options(options):
 REFERENCE = "shard_topk"   # the top-k of each shard (tests/test_collectives.py's references)
 
 COLLECTIVE = Collective("hitopk", hitopk, time, sent_bytes, lossy=True, state_size=state_size,
-                        residual_to_input=residual_to_input, options={"step4": "auto", "value_codec": "none"},
+                        residual_to_input=residual_to_input, input_to_residual=input_to_residual,
+                        options={"step4": "auto", "value_codec": "none"},
                         check_options=check_options, auto_candidate=True)

@@ -98,6 +98,12 @@ class Collective:
     state_size(d, topo, options=None), residual_to_input(residual, d, topo): for error
             feedback (the length of the per-rank state, which may hold more than the residual, e.g.
             PowerSGD's Q; the latter maps it to what this rank adds to its input to flush it).
+    input_to_residual(x, d, topo, size): optional, the way back, for state that moves to another
+            layout (tf_commlib.elastic): a residual of length ``size`` on ``topo`` that flushes what
+            the ranks' x (each rank's owed addition to its input, length d) add up to. Called by every
+            rank of the layout at once, it may be a collective (hitopk's: the node's sum, reduce-
+            scattered); the sum over the ranks of residual_to_input of its results equals the sum of
+            their x.
     options: {name: default} that the aggregator's ``algorithm_options[name]`` may override;
     check_options(options) raises ValueError for a bad value (options has every name filled in).
     actual_bytes: for a collective whose bytes depend on which entries the ranks selected (the
@@ -127,6 +133,7 @@ class Collective:
     lossy: bool = False
     state_size: Optional[Callable] = None
     residual_to_input: Optional[Callable] = None
+    input_to_residual: Optional[Callable] = None
     options: Mapping = dataclasses.field(default_factory=dict)
     check_options: Optional[Callable] = None
     actual_bytes: Optional[Callable] = None

@@ -18,6 +18,10 @@ def residual_to_input(residual, d, topo):
     return residual
 
 
+def input_to_residual(x, d, topo, size):
+    return x
+
+
 def naive_ag(x, topo, density, select, residual=None, ctx=None):
     """Sparse sum over all ranks of the flat tensor x (static length d).
 
@@ -59,4 +63,4 @@ def check_options(options):
 
 COLLECTIVE = Collective("naive_ag", naive_ag, time, sent_bytes, lossy=True,
                         state_size=state_size, residual_to_input=residual_to_input,
-                        options={"value_codec": "none"}, check_options=check_options)
+                        input_to_residual=input_to_residual, options={"value_codec": "none"}, check_options=check_options)

@@ -81,6 +81,11 @@ def residual_to_input(residual, d, topo):
     return residual[:d]
 
 
+def input_to_residual(x, d, topo, size):
+    """x as the residual, with Q zero: every rank starts Q again from initial_q (Q must be alike)."""
+    return tf.concat([x, tf.zeros([size - d], x.dtype)], 0)
+
+
 def _hierarchical(m, n):
     return m > 1 and n > 1
 
@@ -207,5 +212,5 @@ def check_options(options):
 REFERENCE = None   # a low-rank approximation, not a top-k: tests/test_powersgd.py checks it
 
 COLLECTIVE = Collective("powersgd", powersgd, time, sent_bytes, lossy=True, state_size=state_size,
-                        residual_to_input=residual_to_input, options=OPTIONS, check_options=check_options,
+                        residual_to_input=residual_to_input, input_to_residual=input_to_residual, options=OPTIONS, check_options=check_options,
                         auto_candidate=True)

@@ -177,6 +177,7 @@ def collective(name, reduce_streams, algorithm, payload=None, extra_time=None, o
                 **(extra_time(d, m, n, density, params, options) if extra_time else {})}
     coll = Collective(name, sparse_collective(reduce_streams, lambda: coll), time, sent_bytes, lossy=True,
                       state_size=naive_ag.state_size, residual_to_input=naive_ag.residual_to_input,
+                      input_to_residual=naive_ag.input_to_residual,
                       actual_bytes=actual_bytes, options=options or {"value_codec": "none"},
                       check_options=check_options or (lambda options: check_codec(options, name)))
     return coll

@@ -8,4 +8,5 @@ REFERENCE = None   # the root's indices, not each rank's own top-k: tests/test_a
 
 COLLECTIVE = Collective("star", ar_topk.flat(ar_topk.STAR), ar_topk.flat_time(ar_topk.STAR),
                         ar_topk.flat_bytes(ar_topk.STAR), lossy=True, state_size=naive_ag.state_size,
-                        residual_to_input=naive_ag.residual_to_input)
+                        residual_to_input=naive_ag.residual_to_input,
+                        input_to_residual=naive_ag.input_to_residual)

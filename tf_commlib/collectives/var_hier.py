@@ -9,4 +9,5 @@ REFERENCE = None   # the root's indices, not each rank's own top-k: tests/test_a
 
 COLLECTIVE = Collective("var_hier", ar_topk.hierarchical(ar_topk.VAR), ar_topk.hier_time(ar_topk.VAR),
                         ar_topk.hier_bytes(ar_topk.VAR), lossy=True, state_size=hitopk.state_size,
-                        residual_to_input=hitopk.residual_to_input)
+                        residual_to_input=hitopk.residual_to_input,
+                        input_to_residual=hitopk.input_to_residual)

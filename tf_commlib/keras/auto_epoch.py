@@ -79,14 +79,7 @@ class AutoEpochs:
 
     def _residual_inputs(self):
         """Per lossy group and bucket: the rank's residuals of every algorithm, in input space (tensors)."""
-        topo, out = current_topology(), []
-        for agg in (g.aggregator for g in self._groups()):
-            for i, bucket in enumerate(agg.buckets):
-                d = sum(bucket.sizes)
-                parts = [ALGORITHMS[name].residual_to_input(tf.convert_to_tensor(var), d, topo)
-                         for (j, name), var in agg.residuals.items() if j == i]
-                out.append(tf.add_n(parts) if parts else tf.zeros([d], bucket.dtype))
-        return out
+        return [owed for g in self._groups() for owed in g.aggregator.owed()]
 
     def begin_window(self, running):
         """The start of an epoch that runs `running` (None: the schedule left "auto"): for a lossy one,

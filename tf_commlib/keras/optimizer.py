@@ -22,6 +22,7 @@ starts).
 import weakref
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tf_commlib import fusion, internals, link_bytes
@@ -350,6 +351,67 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
             u.assign(tf.zeros(u.shape, u.dtype))
         if self._sharded is not None:   # the rank's slices of the optimizer state
             self._sharded.reset()
+
+    def rank_state(self):
+        """This rank's per-rank state in a form any layout can take (load_rank_state): per variable of
+        the step's list (None where its group is exact), the flat gradient it owes the sum (its
+        residuals in input space), DGC's momentum per variable, and auto's DiLoCo rounds' residual.
+        Numpy arrays, eagerly, after build; None before."""
+        if not self.built:
+            return None
+        owed = [None] * (1 + max(i for g in self._groups for i in g.indices))
+        for group in self._groups:
+            if not group.lossy:
+                continue
+            agg = group.aggregator
+            for bucket, flat in zip(agg.buckets, agg.owed()):
+                for p, piece in zip(bucket.positions, np.split(np.asarray(flat), np.cumsum(bucket.sizes)[:-1])):
+                    owed[group.indices[p]] = piece
+        rounds = self.auto_epochs.local if self.auto_epochs is not None else None   # auto's DiLoCo rounds
+        return {"owed": owed, "momentum": [np.asarray(u.numpy()) for u in self.velocities],
+                "rounds": rounds.rank_state() if rounds is not None else None}
+
+    def load_rank_state(self, state):
+        """This rank's rank_state() of any layout (None: a rank that owes nothing, e.g. one that joined)
+        into this optimizer's residuals, DGC momentum and auto's DiLoCo rounds' residual (where this
+        rank holds the same slice of its node: diloco_sync.Syncs.load_rank_state). A collective over
+        each node (hitopk-like residuals are shards of the node's sum): every rank of the layout calls
+        it. Returns how many arrays owed no state of this layout could hold (a group that runs no lossy
+        collective here, a slice that moved): those are dropped."""
+        if not self.built:
+            raise ValueError("load_rank_state needs a built optimizer (bind or build it first)")
+        self.reset_rank_state()
+        owed = state["owed"] if state is not None else []
+        count = 1 + max(i for g in self._groups for i in g.indices)
+        if owed and len(owed) != count:
+            raise ValueError(f"state: owed entries for {len(owed)} variables, this optimizer steps {count}")
+        dropped = 0
+        for group in self._groups:
+            if not group.lossy:
+                dropped += sum(1 for i in group.indices if owed and owed[i] is not None and np.any(owed[i]))
+                continue
+            agg = group.aggregator
+            per_bucket = []
+            for bucket in agg.buckets:
+                pieces = [owed[group.indices[p]] if owed else None for p in bucket.positions]
+                if any(x is not None and np.size(x) != size for x, size in zip(pieces, bucket.sizes)):
+                    raise ValueError(f"state: owed entries of sizes {[np.size(x) for x in pieces]} for variables "
+                                     f"of {list(bucket.sizes)}")
+                per_bucket.append(None if all(x is None for x in pieces) else np.concatenate(
+                    [np.zeros(size, bucket.dtype.as_numpy_dtype) if x is None else np.asarray(x, bucket.dtype.as_numpy_dtype)
+                     for x, size in zip(pieces, bucket.sizes)]))
+            dropped += sum(len(agg.buckets[i].positions) for i in agg.take_owed(per_bucket))
+        momentum = state["momentum"] if state is not None else []
+        if momentum and self.velocities:   # DGC's momentum: the variables' own shapes on any layout
+            if [tuple(u.shape) for u in self.velocities] != [np.shape(m) for m in momentum]:
+                raise ValueError(f"state: DGC momentum of shapes {[np.shape(m) for m in momentum][:8]}... for "
+                                 f"variables of {[tuple(u.shape) for u in self.velocities][:8]}...")
+            for u, value in zip(self.velocities, momentum):
+                u.assign(value)
+        rounds = self.auto_epochs.local if self.auto_epochs is not None else None
+        if rounds is not None:
+            dropped += rounds.load_rank_state(state.get("rounds") if state is not None else None)
+        return dropped
 
     def sharded_full_state(self):
         """With shard_optimizer: the wrapped optimizer's state whole, gathered from the ranks' slices
