@@ -379,3 +379,51 @@ def test_dawnbench_elastic_resumes_an_epoch_on_the_samples_left(tmp_path):
     assert [r["epoch"] for r in rows] == [1, 2, 3, 4, 5]
     assert rows[-1]["top1"] > 0.5, rows
     assert "weights identical on all" in job.log()
+
+
+def test_auto_carries_what_it_measured_to_another_layout(monkeypatch):
+    """What "auto" measured that holds on another layout (compute per step, its overlapped part, a trace's
+    cost, each lossy candidate's efficiency, an epoch's steps) goes from an optimizer on 2x2 to one built
+    on 1x2, the steps of an epoch doubled (half the ranks take its samples); the link and the measured /
+    predicted ratios stay the new layout's, and its choice weighs the candidates with the carried compute."""
+    import keras
+
+    from tf_commlib import alphabeta, diloco_sync, replicas
+    from tf_commlib.aggregator import Auto
+    from tf_commlib.keras import DistributedOptimizer, auto_epoch, optimizer
+    from tf_commlib.topology import Topology
+
+    layouts = {"2x2": Topology(m=2, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0, 2)),
+               "1x2": Topology(m=1, n=2, rank=0, node=0, local=0, intra_ranks=(0, 1), inter_ranks=(0,))}
+    now = ["2x2"]
+    for module in (optimizer, auto_epoch, diloco_sync):
+        monkeypatch.setattr(module, "current_topology", lambda: layouts[now[0]])
+    monkeypatch.setattr(replicas, "gathered", lambda rows, name: np.repeat(rows, 4, axis=0))
+
+    def built(link):
+        opt = DistributedOptimizer(keras.optimizers.SGD(0.1), auto=Auto(cost_params=link, candidates=("2dtar", "hitopk")))
+        opt.build([keras.Variable(np.zeros((500, 400), np.float32)), keras.Variable(np.zeros(64, np.float32))])
+        return opt
+
+    slow = alphabeta.LinkParams(beta_inter=8 / 100e6)
+    before = built(slow)
+    auto = before.auto_epochs
+    assert auto.compute_s is None and before.auto_measurements()["steps"] is None
+    auto.compute_s, auto.overlapped, auto.steps, auto.switch_s = 0.05, 0.5, 40, 1.5
+    auto.first_s = {True: 1.7, False: 0.2}
+    auto.tta.efficiency = {"hitopk": 0.8}
+    auto.tta.observe("2dtar", 0.3, 0.2)   # a ratio of the 2x2 link
+    kept = json.loads(json.dumps(before.auto_measurements()))   # as a commit keeps it and a sync sends it
+    now[0] = "1x2"
+    fast = alphabeta.LinkParams()
+    after = built(fast)
+    after.load_auto_measurements(kept)
+    moved = after.auto_epochs
+    assert (moved.compute_s, moved.overlapped, moved.switch_s, moved.first_s) == (0.05, 0.5, 1.5, {True: 1.7, False: 0.2})
+    assert moved.tta.efficiency == {"hitopk": 0.8} and moved.steps == 80
+    assert moved.tta.ratio == {} and moved.link == fast
+    assert moved.step_s("2dtar", after.target_density) > 0.05   # the carried compute, plus this link's collectives
+    choice = moved.tta.log[-1]   # made again on load, with the carried measurements on this layout's link
+    assert choice["inputs"]["state"]["efficiency"] == {"hitopk": 0.8} and choice["inputs"]["trace_s"] == 1.5
+    assert choice["choice"] == moved.tta.current == after.algorithm_at(0)
+    assert after.auto_measurements() == {**kept, "steps": 80, "size": 2}

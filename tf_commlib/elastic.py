@@ -20,7 +20,10 @@ the rank owes the sum (its error-feedback residuals in input space, per variable
 and DGC's momentum (DistributedOptimizer.rank_state); a rank that lived through the reset loads its own
 into the new layout's residuals (load_rank_state: hitopk's are shards of the node's sum, so the node's
 ranks reduce-scatter what they owe), a rank that joined owes nothing. What a lost rank owed is lost with
-it, as are the steps since the commit. Objects between ranks go as JSON, never pickled.
+it, as are the steps since the commit. ``auto`` measures its link and makes its choice again on the new
+layout, from what it measured that holds there (DistributedOptimizer.auto_measurements: the compute per
+step, a trace's cost, each lossy candidate's efficiency, an epoch's steps). Objects between ranks go as
+JSON, never pickled.
 """
 import json
 import time
@@ -71,6 +74,7 @@ class State(HorovodState):
         self._saved_values, self._saved_arrays = dict(values), None   # the last commit
         self._saved_sharded = None   # a sharded update's state whole ({slot: arrays}), of the last commit
         self._saved_rank = None   # this rank's own per-rank state of the last commit (never sent)
+        self._saved_auto = None   # what "auto" measured that holds on any layout (JSON), of the last commit
         self._shared_at = []   # where in its optimizer arrays the wrapped plain optimizer's variables are
         self.model = self.optimizer = None
 
@@ -118,13 +122,15 @@ class State(HorovodState):
             _assign(list(optimizer_chain(self.optimizer)[-1].variables), [optimizer_arrays[i] for i in self._shared_at],
                     "the wrapped optimizer's variables")
         owner = self._distributed()
-        if owner is not None:   # a DistributedOptimizer, also inside a LossScaleOptimizer
+        if owner is not None:   # a DistributedOptimizer (also inside a LossScaleOptimizer) or DiLoCo
             dropped = owner.load_rank_state(self._saved_rank)   # every rank: a collective over each node
             if dropped and current_topology().rank == 0:
                 print(f"tf_commlib elastic: {dropped} arrays rank 0 owed have no place on this layout (no lossy "
                       "collective runs them, or a DiLoCo slice moved) and were dropped", flush=True)
             if self._saved_sharded is not None:   # this rank's slices on this layout
                 owner.load_sharded_full_state(self._saved_sharded)
+            if self._saved_auto is not None:   # a DistributedOptimizer's "auto"
+                owner.load_auto_measurements(self._saved_auto)
 
     def _distributed(self):
         return next((o for o in optimizer_chain(self.optimizer) if hasattr(o, "load_rank_state")), None)
@@ -139,6 +145,7 @@ class State(HorovodState):
         owner = self._distributed()   # a sharded update's slices, gathered whole (a collective)
         self._saved_sharded = _sharded_state(owner)
         self._saved_rank = owner.rank_state() if owner is not None else None
+        self._saved_auto = owner.auto_measurements() if hasattr(owner, "auto_measurements") else None
         self._saved_values = json.loads(json.dumps(self.values))
         self.commits += 1
 
@@ -162,7 +169,7 @@ class State(HorovodState):
             arrays = (self._saved_arrays or ([], [])) + (sharded,)
             header = {"values": self._saved_values, "commits": self.commits, "shared_at": self._shared_at,
                       "arrays": [[[list(a.shape), a.dtype.name] for a in part] for part in arrays],
-                      "bound": self._saved_arrays is not None,
+                      "bound": self._saved_arrays is not None, "auto": self._saved_auto,
                       "sharded": None if self._saved_sharded is None else [
                           [k, len(w)] for k, w in sorted(self._saved_sharded.items())]}
         header = broadcast_json(header, root, name="tf_commlib_elastic_header")
@@ -176,6 +183,7 @@ class State(HorovodState):
         self._saved_sharded = None if header["sharded"] is None else {
             name: [next(got) for _ in range(count)] for name, count in header["sharded"]}
         self._saved_values, self.commits, self._shared_at = header["values"], header["commits"], header["shared_at"]
+        self._saved_auto = header["auto"]
         self.values = json.loads(json.dumps(self._saved_values))
 
     def reset(self):

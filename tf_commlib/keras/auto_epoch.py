@@ -142,6 +142,29 @@ class AutoEpochs:
         if self.local is not None:
             self.local.running = False   # rounds that ran before the backup: local_restored
 
+    def measurements(self):
+        """What auto measured that holds on another layout (JSON; an elastic reset carries it): this model's
+        compute per step on these machines, the part of it a step hides, a trace's cost, each lossy
+        candidate's measured efficiency, and an epoch's steps with the world size they were counted at.
+        Not the link, the measured / predicted ratios, DiLoCo's sync or the choice: those belong to the
+        layout, measured and made again on the new one."""
+        return {"efficiency": dict(self.tta.efficiency), "compute_s": self.compute_s, "overlapped": self.overlapped,
+                "first_s": {"traced" if k else "untraced": v for k, v in self.first_s.items()},
+                "switch_s": self.switch_s, "steps": self.steps, "size": current_topology().size}
+
+    def load_measurements(self, kept):
+        """measurements() of another layout (the same on every rank): the next choice weighs the
+        candidates with them on this layout's link; an epoch's steps scale with the world size (its
+        samples are the same)."""
+        self.tta.efficiency = {k: float(v) for k, v in kept["efficiency"].items() if k in self.tta.lossy}
+        if kept["compute_s"] is not None:
+            self.compute_s = float(kept["compute_s"])
+        self.overlapped = float(kept["overlapped"])
+        self.first_s = {k == "traced": float(v) for k, v in kept["first_s"].items()}
+        self.switch_s = None if kept["switch_s"] is None else float(kept["switch_s"])
+        self.steps = None if kept["steps"] is None else max(1, round(kept["steps"] * kept["size"]
+                                                                     / current_topology().size))
+
     def agree(self):
         """True where some rank's traced step holds another candidate than the one chosen; ValueError
         on every rank where the ranks chose different candidates (one all-gather)."""

@@ -413,6 +413,21 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
             dropped += rounds.load_rank_state(state.get("rounds") if state is not None else None)
         return dropped
 
+    def auto_measurements(self):
+        """With "auto" in the schedule: what it measured that holds on any layout (AutoEpochs.measurements,
+        JSON values, alike on every rank); else None."""
+        return self.auto_epochs.measurements() if self.auto_epochs is not None else None
+
+    def load_auto_measurements(self, kept):
+        """auto_measurements() of any layout, for the choices made on this one (nothing without "auto"):
+        once built, the current epoch's choice is made again with them (a collective, as at build)."""
+        if self.auto_epochs is None or kept is None:
+            return
+        self.auto_epochs.load_measurements(kept)
+        if self.built:
+            self.auto_epochs.tta.current = None   # the build's choice, made without them
+            self._apply_epoch(self._epoch)
+
     def sharded_full_state(self):
         """With shard_optimizer: the wrapped optimizer's state whole, gathered from the ranks' slices
         (ShardedUpdate.full_state, a collective); else None."""
