@@ -150,16 +150,18 @@ def test_state_refuses_what_is_not_json():
 def _optimizer(kind):
     import keras
 
-    from tf_commlib.keras import DGC, DiLoCo, DistributedOptimizer, with_loss_scale
+    from tf_commlib.keras import DGC, DiLoCo, DistributedOptimizer, Selection, with_loss_scale
 
     sgd = keras.optimizers.SGD(0.05, momentum=0.9)
+    kernels = Selection(dense_layers=lambda v: len(v.shape) <= 1)   # the kernels through the lossy collective
     if kind == "loss_scaled":   # what compile makes under mixed_float16, around hitopk
-        return with_loss_scale(keras.optimizers.LossScaleOptimizer(sgd), algorithm="hitopk", density=0.25)
+        return with_loss_scale(keras.optimizers.LossScaleOptimizer(sgd), algorithm="hitopk", density=0.25,
+                               selection=kernels)
     if kind == "diloco":
         return DiLoCo(sgd, sync_every=2)
     if kind == "sharded":   # the momentum in the sharded update's slices
         return DistributedOptimizer(sgd, algorithm="dense", shard_optimizer=True, dgc=DGC(momentum_correction=False))
-    return DistributedOptimizer(sgd, algorithm=kind, density=0.25)
+    return DistributedOptimizer(sgd, algorithm=kind, density=0.25, selection=kernels)
 
 
 @pytest.mark.parametrize("kind", ["dense", "hitopk", "powersgd", "diloco", "sharded", "loss_scaled"])
@@ -179,12 +181,13 @@ def test_a_commit_loads_into_a_rebuilt_model_and_optimizer(kind):
 
     def built():
         keras.utils.set_random_seed(5)
-        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32), keras.layers.Dense(4)])
+        # 40x32: a kernel PowerSGD compresses (over its min_compression_size)
+        model = keras.Sequential([keras.Input((40,)), keras.layers.Dense(32), keras.layers.Dense(4)])
         return model, _optimizer(kind)
 
     def train(model, opt, steps):
         for _ in range(steps):
-            x, y = rng.standard_normal((8, 16)).astype(np.float32), rng.standard_normal((8, 4)).astype(np.float32)
+            x, y = rng.standard_normal((8, 40)).astype(np.float32), rng.standard_normal((8, 4)).astype(np.float32)
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean((model(x) - y) ** 2)
             opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
@@ -229,13 +232,15 @@ def test_train_elastic_needs_horovods_elastic_mode():
 def test_a_commit_of_another_layout_keeps_the_wrapped_optimizers_state():
     """Where the rebuilt optimizer's variables differ in number or shape from the commit's (its residuals
     follow the layout and the buckets), bind gives it the wrapped optimizer's committed state (step count,
-    momentum) and this rank's own DGC momentum (residuals: test_per_rank_state_moves_to_another_layout)."""
+    momentum) and this rank's own DGC momentum; where only their shapes differ, every variable of the same
+    shape too, and the residual what this rank owes (across real layouts:
+    test_per_rank_state_moves_to_another_layout)."""
     import keras
     import tensorflow as tf
 
     import tf_commlib
     from tf_commlib import elastic
-    from tf_commlib.keras import DistributedOptimizer
+    from tf_commlib.keras import DistributedOptimizer, Selection
 
     tf_commlib.init()
 
@@ -243,7 +248,7 @@ def test_a_commit_of_another_layout_keeps_the_wrapped_optimizers_state():
         keras.utils.set_random_seed(5)
         model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32), keras.layers.Dense(4)])
         return model, DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), algorithm="hitopk",
-                                           density=0.25)
+                                           density=0.25, selection=Selection(dense_layers=lambda v: len(v.shape) <= 1))
 
     model, opt = built()
     x, y = np.ones((8, 16), np.float32), np.zeros((8, 4), np.float32)
@@ -264,6 +269,18 @@ def test_a_commit_of_another_layout_keeps_the_wrapped_optimizers_state():
     for v, want in zip(fresh_opt.velocities, state._saved_rank["momentum"]):   # per-rank state: this rank's own
         np.testing.assert_array_equal(v.numpy(), want)
     assert any(m.any() for m in state._saved_rank["momentum"])
+    # the same variables, a residual of another length (hitopk's shard on a node of 2): every other one the
+    # commit's (the aggregator's step and algorithm too), the residual this rank's own debt
+    paths = [v.path for v in opt.variables]
+    at = next(i for i, p in enumerate(paths) if "residual" in p)
+    state._saved_arrays = (models, arrays[:at] + [np.ones(arrays[at].size // 2 + 1, np.float32)] + arrays[at + 1:])
+    again, again_opt = built()
+    state.bind(again, again_opt)
+    for i, (v, want) in enumerate(zip(again_opt.variables, arrays)):
+        if i != at and "dgc_momentum" not in v.path:
+            np.testing.assert_array_equal(v.numpy(), want, err_msg=v.path)
+    owed = np.concatenate([o.ravel() for o in state._saved_rank["owed"] if o is not None])
+    assert owed.any() and sorted(np.abs(again_opt.variables[at].numpy())) == sorted(np.abs(owed))
 
 
 def test_per_rank_state_moves_to_another_layout(tmp_path):
@@ -423,7 +440,10 @@ def test_auto_carries_what_it_measured_to_another_layout(monkeypatch):
     assert moved.tta.efficiency == {"hitopk": 0.8} and moved.steps == 80
     assert moved.tta.ratio == {} and moved.link == fast
     assert moved.step_s("2dtar", after.target_density) > 0.05   # the carried compute, plus this link's collectives
-    choice = moved.tta.log[-1]   # made again on load, with the carried measurements on this layout's link
-    assert choice["inputs"]["state"]["efficiency"] == {"hitopk": 0.8} and choice["inputs"]["trace_s"] == 1.5
-    assert choice["choice"] == moved.tta.current == after.algorithm_at(0)
+    assert moved.tta.current is None   # none kept: the rebuilt step is traced anew whichever runs
+    after.set_epoch(3)   # as the epoch begins: the choice with the carried measurements on this layout's link
+    choice = moved.tta.log[-1]
+    assert choice["epoch"] == 3 and choice["inputs"]["state"]["efficiency"] == {"hitopk": 0.8}
+    assert choice["inputs"]["trace_s"] == 1.5 and choice["inputs"]["state"]["current"] is None
+    assert choice["choice"] == moved.tta.current == after.algorithm_at(3)
     assert after.auto_measurements() == {**kept, "steps": 80, "size": 2}

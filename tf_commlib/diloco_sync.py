@@ -82,9 +82,12 @@ class Syncs:
 
     def rank_state(self):
         """This rank's per-rank state (numpy): the residual of its slice of the node's pseudo-gradient,
-        with the slice's place (ranks per node, local index, slice length); None before build."""
+        with the slice's place (ranks per node, local index, slice length), once an exchange in flight
+        (overlap) has written it; None before build."""
         if not hasattr(self, "_s"):
             return None
+        if self.residual is not None and self._pending is not None:   # the exchange in flight writes it
+            self._exchanges.wait(self._pending)
         topo = current_topology()
         return {"residual": None if self.residual is None else np.asarray(self.residual.numpy()),
                 "place": [topo.n, topo.local, self._s]}

@@ -115,18 +115,20 @@ class State(HorovodState):
         model_arrays, optimizer_arrays = self._saved_arrays
         model_vars, optimizer_vars = self._bound_variables()
         _assign(model_vars, model_arrays, "the model's weights")
-        if optimizer_vars and len(optimizer_vars) == len(optimizer_arrays) and all(
-                tuple(v.shape) == a.shape for v, a in zip(optimizer_vars, optimizer_arrays)):
-            _assign(optimizer_vars, optimizer_arrays, "the optimizer's variables")
-        elif optimizer_vars:   # another layout: its per-rank state has other shapes; the rest is the wrapped one's
+        if optimizer_vars and len(optimizer_vars) == len(optimizer_arrays):
+            # the same variables, those of a layout's shapes (residuals, a sharded update's slices) aside:
+            # per-rank state and the slices come next, from this rank's own and the whole state
+            alike = [(v, a) for v, a in zip(optimizer_vars, optimizer_arrays) if tuple(v.shape) == a.shape]
+            _assign([v for v, _ in alike], [a for _, a in alike], "the optimizer's variables")
+        elif optimizer_vars:   # other buckets: the wrapped optimizer's variables, found where the commit listed them
             _assign(list(optimizer_chain(self.optimizer)[-1].variables), [optimizer_arrays[i] for i in self._shared_at],
                     "the wrapped optimizer's variables")
         owner = self._distributed()
         if owner is not None:   # a DistributedOptimizer (also inside a LossScaleOptimizer) or DiLoCo
             dropped = owner.load_rank_state(self._saved_rank)   # every rank: a collective over each node
             if dropped and current_topology().rank == 0:
-                print(f"tf_commlib elastic: {dropped} arrays rank 0 owed have no place on this layout (no lossy "
-                      "collective runs them, or a DiLoCo slice moved) and were dropped", flush=True)
+                print(f"tf_commlib elastic: rank 0 dropped what {dropped} of its variables (or DiLoCo slices) owed: "
+                      "no lossy collective runs them on this layout (or the slice moved)", flush=True)
             if self._saved_sharded is not None:   # this rank's slices on this layout
                 owner.load_sharded_full_state(self._saved_sharded)
             if self._saved_auto is not None:   # a DistributedOptimizer's "auto"
@@ -136,15 +138,17 @@ class State(HorovodState):
         return next((o for o in optimizer_chain(self.optimizer) if hasattr(o, "load_rank_state")), None)
 
     def save(self):
-        """Keeps the bound variables' values and the JSON values as the last commit."""
+        """Keeps the bound variables' values and the JSON values as the last commit: all of it or, where
+        its collective fails (a rank lost), none (the commit before stays whole)."""
+        owner = self._distributed()
+        sharded = _sharded_state(owner)   # a sharded update's slices, gathered whole (a collective)
+        rank = owner.rank_state() if owner is not None else None
         model_vars, optimizer_vars = self._bound_variables()
-        self._saved_arrays = ([np.asarray(v.numpy()) for v in model_vars], [np.asarray(v.numpy()) for v in optimizer_vars])
+        arrays = ([np.asarray(v.numpy()) for v in model_vars], [np.asarray(v.numpy()) for v in optimizer_vars])
         chain = optimizer_chain(self.optimizer)
         shared = {id(v) for v in chain[-1].variables} if len(chain) > 1 else set()
+        self._saved_arrays, self._saved_sharded, self._saved_rank = arrays, sharded, rank
         self._shared_at = [i for i, v in enumerate(optimizer_vars) if id(v) in shared]
-        owner = self._distributed()   # a sharded update's slices, gathered whole (a collective)
-        self._saved_sharded = _sharded_state(owner)
-        self._saved_rank = owner.rank_state() if owner is not None else None
         self._saved_auto = owner.auto_measurements() if hasattr(owner, "auto_measurements") else None
         self._saved_values = json.loads(json.dumps(self.values))
         self.commits += 1
@@ -263,12 +267,14 @@ def run(train):
     is train itself (a lost rank then ends the job, as without it). train must build its model and
     optimizer and call state.bind before its first collective."""
     from horovod.common.elastic import run_fn
-    from horovod.common.exceptions import HorovodInternalError
+    from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
     def wrapper(state, *args, **kwargs):
         try:
             return train(state, *args, **kwargs)
-        except tf.errors.OpError as e:
+        except (HorovodInternalError, HostsUpdatedInterrupt):   # Horovod's own (RuntimeErrors too)
+            raise
+        except (tf.errors.OpError, RuntimeError) as e:   # RuntimeError: DiLoCo's exchange on its thread
             if _failed_collective(e):
                 raise HorovodInternalError(e) from e
             raise

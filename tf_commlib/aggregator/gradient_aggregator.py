@@ -244,10 +244,11 @@ class GradientAggregator:
         residuals are shards of the node's sum): every rank of the layout calls it. Returns the buckets
         none of whose residuals can hold it (owed there is dropped)."""
         self.guard.reset()
-        dropped = []
+        dropped, active = [], self.candidates[int(self.active.numpy())]
         for i, bucket in enumerate(self.buckets):
             x = tf.zeros([sum(bucket.sizes)], bucket.dtype) if owed[i] is None else tf.convert_to_tensor(owed[i])
-            if not self.state.take_owed(i, x) and owed[i] is not None and np.any(owed[i]):
+            running = self.chooser.resolve(active, sum(bucket.sizes), bucket.shapes)
+            if not self.state.take_owed(i, x, running) and owed[i] is not None and np.any(owed[i]):
                 dropped.append(i)
         return dropped
 

@@ -83,20 +83,24 @@ class ResidualStore:
                  for name, var in self.named(i)]
         return tf.add_n(parts) if parts else tf.zeros([d], dtype)
 
-    def take_owed(self, i, x):
-        """Bucket i's residuals zero but one, which flushes x (what this rank owes, in input space): the
-        first whose collective has input_to_residual. Every rank of the layout calls it alike (it may be
-        a collective); False where no residual of bucket i can hold it."""
-        taker = None
-        for name, var in self.named(i):
-            var.assign(tf.zeros(var.shape, var.dtype))
-            if taker is None and ALGORITHMS[name].input_to_residual is not None:
-                taker = name, var
-        if taker is None:
-            return False
-        name, var = taker
-        var.assign(ALGORITHMS[name].input_to_residual(tf.cast(x, var.dtype), x.shape[0], self.topo, var.shape[0]))
-        return True
+    def take_owed(self, i, x, running=None):
+        """Bucket i's residuals made to flush x (what this rank owes, in input space) once: the
+        ``running`` algorithm's residual takes it where its collective has input_to_residual (the next
+        step adds it to its input), else the first such (flushed as an idle one); the others flush zero
+        (their state besides, e.g. PowerSGD's Q, as input_to_residual keeps it; zero without one). Every
+        rank of the layout calls it alike (it may be a collective); False where no residual of bucket i
+        can hold x."""
+        named = self.named(i)
+        takers = [name for name, _ in named if ALGORITHMS[name].input_to_residual is not None]
+        taker = running if running in takers else (takers[0] if takers else None)
+        for name, var in named:
+            back = ALGORITHMS[name].input_to_residual
+            if back is None:
+                var.assign(tf.zeros(var.shape, var.dtype))
+                continue
+            owed = tf.cast(x if name == taker else tf.zeros_like(x), var.dtype)
+            var.assign(back(owed, x.shape[0], self.topo, tf.convert_to_tensor(var)))
+        return taker is not None
 
     def reset(self):
         """Zeroes every residual."""

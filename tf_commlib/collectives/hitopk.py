@@ -48,7 +48,7 @@ def residual_to_input(residual, d, topo):
     return tf.pad(residual, [[topo.local * s, (topo.n - 1 - topo.local) * s]])[:d]
 
 
-def input_to_residual(x, d, topo, size):
+def input_to_residual(x, d, topo, residual):
     """This rank's shard of what the node's ranks owe (a reduce-scatter over the node)."""
     return reduce_shard(x, topo)
 

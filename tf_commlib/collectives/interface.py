@@ -98,12 +98,13 @@ class Collective:
     state_size(d, topo, options=None), residual_to_input(residual, d, topo): for error
             feedback (the length of the per-rank state, which may hold more than the residual, e.g.
             PowerSGD's Q; the latter maps it to what this rank adds to its input to flush it).
-    input_to_residual(x, d, topo, size): optional, the way back, for state that moves to another
-            layout (tf_commlib.elastic): a residual of length ``size`` on ``topo`` that flushes what
-            the ranks' x (each rank's owed addition to its input, length d) add up to. Called by every
-            rank of the layout at once, it may be a collective (hitopk's: the node's sum, reduce-
-            scattered); the sum over the ranks of residual_to_input of its results equals the sum of
-            their x.
+    input_to_residual(x, d, topo, residual): optional, the way back, for state that moves to another
+            layout (tf_commlib.elastic): the state (of ``residual``'s length) on ``topo`` that flushes
+            what the ranks' x (each rank's owed addition to its input, length d) add up to; the sum
+            over the ranks of residual_to_input of its results equals the sum of their x. ``residual``:
+            the state as loaded (the commit's where the layout kept its length, else zero), from which
+            a part that is alike on every rank may be kept (PowerSGD's Q). Called by every rank of the
+            layout at once, it may be a collective (hitopk's: the node's sum, reduce-scattered).
     options: {name: default} that the aggregator's ``algorithm_options[name]`` may override;
     check_options(options) raises ValueError for a bad value (options has every name filled in).
     actual_bytes: for a collective whose bytes depend on which entries the ranks selected (the

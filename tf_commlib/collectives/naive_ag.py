@@ -18,7 +18,7 @@ def residual_to_input(residual, d, topo):
     return residual
 
 
-def input_to_residual(x, d, topo, size):
+def input_to_residual(x, d, topo, residual):
     return x
 
 

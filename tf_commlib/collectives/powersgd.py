@@ -81,9 +81,10 @@ def residual_to_input(residual, d, topo):
     return residual[:d]
 
 
-def input_to_residual(x, d, topo, size):
-    """x as the residual, with Q zero: every rank starts Q again from initial_q (Q must be alike)."""
-    return tf.concat([x, tf.zeros([size - d], x.dtype)], 0)
+def input_to_residual(x, d, topo, residual):
+    """x as the residual, with the loaded state's Q: the commit's, alike on every rank (an all-reduce
+    made it), or zero on every rank, which starts it again from initial_q."""
+    return tf.concat([x, tf.cast(residual[d:], x.dtype)], 0)
 
 
 def _hierarchical(m, n):

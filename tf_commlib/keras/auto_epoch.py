@@ -154,8 +154,10 @@ class AutoEpochs:
 
     def load_measurements(self, kept):
         """measurements() of another layout (the same on every rank): the next choice weighs the
-        candidates with them on this layout's link; an epoch's steps scale with the world size (its
-        samples are the same)."""
+        candidates with them on this layout's link, none of them kept (the rebuilt step is traced anew
+        whichever runs). An epoch's steps scale with the world size: its samples are the same, split
+        among the ranks in batches of the same size per rank (an elastic fit; not a fit given
+        steps_per_epoch, whose next measured epoch corrects it)."""
         self.tta.efficiency = {k: float(v) for k, v in kept["efficiency"].items() if k in self.tta.lossy}
         if kept["compute_s"] is not None:
             self.compute_s = float(kept["compute_s"])
@@ -164,6 +166,7 @@ class AutoEpochs:
         self.switch_s = None if kept["switch_s"] is None else float(kept["switch_s"])
         self.steps = None if kept["steps"] is None else max(1, round(kept["steps"] * kept["size"]
                                                                      / current_topology().size))
+        self.tta.current = None   # the build's choice, made without them
 
     def agree(self):
         """True where some rank's traced step holds another candidate than the one chosen; ValueError

@@ -339,18 +339,19 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         self._apply_epoch(self._epoch)
 
     def reset_rank_state(self):
-        """Zeroes the per-rank state (residuals, DGC momentum), e.g. after loading weights that one
-        rank saved for all (the consistency check refuses another rank's state otherwise)."""
+        """Zeroes the per-rank state (residuals, DGC momentum, the slices of a sharded update), e.g. after
+        loading weights that one rank saved for all (the consistency check refuses another rank's state
+        otherwise)."""
         if not self.built:
             return
+        if self._sharded is not None:   # the rank's slices of the optimizer state
+            self._sharded.reset()
         for group in self._groups:
             group.aggregator.reset_rank_state()
         if self.auto_epochs is not None:   # the residual of its DiLoCo rounds
             self.auto_epochs.reset_rank_state()
         for u in self.velocities:
             u.assign(tf.zeros(u.shape, u.dtype))
-        if self._sharded is not None:   # the rank's slices of the optimizer state
-            self._sharded.reset()
 
     def rank_state(self):
         """This rank's per-rank state in a form any layout can take (load_rank_state): per variable of
@@ -374,25 +375,25 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
     def load_rank_state(self, state):
         """This rank's rank_state() of any layout (None: a rank that owes nothing, e.g. one that joined)
         into this optimizer's residuals, DGC momentum and auto's DiLoCo rounds' residual (where this
-        rank holds the same slice of its node: diloco_sync.Syncs.load_rank_state). A collective over
-        each node (hitopk-like residuals are shards of the node's sum): every rank of the layout calls
-        it. Returns how many arrays owed no state of this layout could hold (a group that runs no lossy
-        collective here, a slice that moved): those are dropped."""
+        rank holds the same slice of its node: diloco_sync.Syncs.load_rank_state); a sharded update's
+        slices are left as they are. A collective over each node (hitopk-like residuals are shards of the
+        node's sum): every rank of the layout calls it, before the step is traced (a residual of an
+        algorithm the traced step does not run is flushed at a trace's first step). Returns how many
+        variables' owed entries no residual of this layout can hold (a group that runs no lossy
+        collective here), plus 1 for a DiLoCo slice that moved: those are dropped."""
         if not self.built:
             raise ValueError("load_rank_state needs a built optimizer (bind or build it first)")
-        self.reset_rank_state()
         owed = state["owed"] if state is not None else []
+        momentum = state["momentum"] if state is not None else []
         count = 1 + max(i for g in self._groups for i in g.indices)
-        if owed and len(owed) != count:
+        if owed and len(owed) != count:   # checked before any collective: a rank that raises stops no other
             raise ValueError(f"state: owed entries for {len(owed)} variables, this optimizer steps {count}")
-        dropped = 0
+        per_group = []
         for group in self._groups:
             if not group.lossy:
-                dropped += sum(1 for i in group.indices if owed and owed[i] is not None and np.any(owed[i]))
                 continue
-            agg = group.aggregator
             per_bucket = []
-            for bucket in agg.buckets:
+            for bucket in group.aggregator.buckets:
                 pieces = [owed[group.indices[p]] if owed else None for p in bucket.positions]
                 if any(x is not None and np.size(x) != size for x, size in zip(pieces, bucket.sizes)):
                     raise ValueError(f"state: owed entries of sizes {[np.size(x) for x in pieces]} for variables "
@@ -400,12 +401,22 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
                 per_bucket.append(None if all(x is None for x in pieces) else np.concatenate(
                     [np.zeros(size, bucket.dtype.as_numpy_dtype) if x is None else np.asarray(x, bucket.dtype.as_numpy_dtype)
                      for x, size in zip(pieces, bucket.sizes)]))
-            dropped += sum(len(agg.buckets[i].positions) for i in agg.take_owed(per_bucket))
-        momentum = state["momentum"] if state is not None else []
+            per_group.append((group, per_bucket))
+        if momentum and self.velocities and [tuple(u.shape) for u in self.velocities] != [np.shape(m) for m in momentum]:
+            raise ValueError(f"state: DGC momentum of shapes {[np.shape(m) for m in momentum][:8]}... for "
+                             f"variables of {[tuple(u.shape) for u in self.velocities][:8]}...")
+        for group in self._groups:   # the exact groups' state claimed by none (take_owed does the lossy ones')
+            if not group.lossy:
+                group.aggregator.reset_rank_state()
+        for u in self.velocities:
+            u.assign(tf.zeros(u.shape, u.dtype))
+        dropped = sum(1 for g in self._groups if not g.lossy for i in g.indices
+                      if owed and owed[i] is not None and np.any(owed[i]))
+        for group, per_bucket in per_group:
+            for i in group.aggregator.take_owed(per_bucket):
+                dropped += sum(1 for p in group.aggregator.buckets[i].positions
+                               if owed and owed[group.indices[p]] is not None and np.any(owed[group.indices[p]]))
         if momentum and self.velocities:   # DGC's momentum: the variables' own shapes on any layout
-            if [tuple(u.shape) for u in self.velocities] != [np.shape(m) for m in momentum]:
-                raise ValueError(f"state: DGC momentum of shapes {[np.shape(m) for m in momentum][:8]}... for "
-                                 f"variables of {[tuple(u.shape) for u in self.velocities][:8]}...")
             for u, value in zip(self.velocities, momentum):
                 u.assign(value)
         rounds = self.auto_epochs.local if self.auto_epochs is not None else None
@@ -419,14 +430,10 @@ class DistributedOptimizer(InnerSteps, keras.optimizers.Optimizer):
         return self.auto_epochs.measurements() if self.auto_epochs is not None else None
 
     def load_auto_measurements(self, kept):
-        """auto_measurements() of any layout, for the choices made on this one (nothing without "auto"):
-        once built, the current epoch's choice is made again with them (a collective, as at build)."""
-        if self.auto_epochs is None or kept is None:
-            return
-        self.auto_epochs.load_measurements(kept)
-        if self.built:
-            self.auto_epochs.tta.current = None   # the build's choice, made without them
-            self._apply_epoch(self._epoch)
+        """auto_measurements() of any layout, for the choices made on this one (nothing without "auto"),
+        from the next set_epoch on (CompressionScheduler calls it as each epoch begins)."""
+        if self.auto_epochs is not None and kept is not None:
+            self.auto_epochs.load_measurements(kept)
 
     def sharded_full_state(self):
         """With shard_optimizer: the wrapped optimizer's state whole, gathered from the ranks' slices
