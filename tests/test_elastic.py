@@ -120,10 +120,11 @@ def _drop_and_list_again(job, due):
 
 
 def test_train_elastic_goes_on_without_a_lost_node(tmp_path):
-    """`tfc_apps.train --elastic`: model.fit under tf_commlib.elastic; one host's ranks killed after the
-    first epoch, the other two go on and the host joins again once listed."""
+    """`tfc_apps.train --elastic` (the small residual network, as bench faults runs it): model.fit under
+    tf_commlib.elastic; one host's ranks killed after the first epoch, the other two go on and the host
+    joins again once listed."""
     summary = tmp_path / "summary.json"
-    job, _ = _job(tmp_path, ["-m", "tfc_apps.train", "--elastic", "--algorithm", "dense", "--epochs", "3",
+    job, _ = _job(tmp_path, ["-m", "tfc_apps.train", "--elastic", "--model", "resnet", "--algorithm", "dense", "--epochs", "3",
                              "--commit-every", "5", "--json", str(summary)])
     _drop_and_list_again(job, lambda: job.wait_for("first epoch", lambda: job.line("epoch   1"), 240))
     result = json.loads(summary.read_text())

@@ -21,6 +21,14 @@ def load(rank=0, size=1, seed=0):
     return (x_train[shard], y_train[shard]), (x_test, y_test)
 
 
+def small_resnet(seed=0):
+    """The DAWNBench script's small residual network (three residual blocks, batch norm) on the 16x16
+    grey digits."""
+    from tfc_apps.dawnbench import models
+
+    return models.build("small", 10, seed, channels=1)
+
+
 def small_cnn(seed=0):
     import keras
 

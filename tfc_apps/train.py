@@ -38,6 +38,9 @@ def density_arg(text):
     return text if text == "adaptive" else float(text)
 
 
+MODELS = {"cnn": digits.small_cnn, "resnet": digits.small_resnet}
+
+
 def parser():
     p = argparse.ArgumentParser(prog="python -m tfc_apps.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,6 +52,8 @@ def parser():
     p.add_argument("--compression", default="none", choices=["none", "fp16", "bf16"],
                    help="16-bit values on the wire of the dense collectives (fp16: the dense fp16 baseline)")
     p.add_argument("--selector", default="mstopk")
+    p.add_argument("--model", default="cnn", choices=sorted(MODELS),
+                   help="cnn: two convolutions and two dense layers; resnet: a small residual network")
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=16, help="per rank")
     p.add_argument("--lr", type=float, default=0.05, help="peak learning rate (cosine decay to 0)")
@@ -155,7 +160,7 @@ def weights_sha256(model):
 
 def build(args, steps=None, lr=None):
     """The model, compiled with its DistributedOptimizer (learning rate `lr`, default a cosine decay over `steps`)."""
-    model = digits.small_cnn(args.seed)
+    model = MODELS[args.model](args.seed)
     lr = keras.optimizers.schedules.CosineDecay(args.lr, steps) if lr is None else lr
     opt = DistributedOptimizer(
         keras.optimizers.SGD(lr, momentum=args.momentum), algorithm=args.algorithm, compression=args.compression,

@@ -4,7 +4,8 @@
 
 Each run starts an elastic horovodrun job on this machine (tfc_apps.elastic_local: ``localhost`` and this
 machine's name, 2 slots each; Horovod's driver cannot start ranks in the emulated cluster's namespaces
-without ssh), 4 ranks as 4x1 (an elastic job's layout), --elastic-epochs epochs of the digits' small CNN,
+without ssh), 4 ranks as 2x2 (the layout follows the live hosts), --elastic-epochs epochs of the digits'
+small residual network (``tfc_apps.train --model resnet``),
 a commit every --commit-every steps, seed --seed + run, Gloo's timeout --gloo-timeout-s (a survivor
 whose peer died may wait that long in a receive). Mid-epoch (a random epoch and fraction of it,
 from the seed) the second host leaves the discovery script's list and its two ranks are SIGKILLed:
@@ -34,7 +35,7 @@ RELIST_AFTER_S = 2.0   # "back": the host is listed again this long after the su
 
 
 def _argv(args, config, seed, summary):
-    return ["-m", "tfc_apps.train", "--elastic", *CONFIGS[config], "--epochs", str(args.elastic_epochs),
+    return ["-m", "tfc_apps.train", "--elastic", "--model", "resnet", *CONFIGS[config], "--epochs", str(args.elastic_epochs),
             "--commit-every", str(args.commit_every), "--seed", str(seed), "--json", summary]
 
 

@@ -7,9 +7,9 @@ import keras
 BN_MOMENTUM = 0.6
 
 
-def build(name, num_classes, seed=0):
+def build(name, num_classes, seed=0, channels=3):
     keras.utils.set_random_seed(seed)
-    inputs = keras.Input((None, None, 3))
+    inputs = keras.Input((None, None, channels))
     if name == "resnet50":
         features = keras.applications.ResNet50(weights=None, include_top=False, input_tensor=inputs,
                                                pooling="avg").output
