@@ -46,13 +46,14 @@ def test_a_rank_that_chooses_otherwise_fails_every_rank(reports):
 
 def test_without_link_parameters_the_link_is_measured_once_and_kept(reports, cache):
     """The second run has no Auto(cost_params=...): fit measured the link on every rank (the same
-    numbers) and rank 0 kept them in $TF_COMMLIB_CACHE/calibration.json, readable by its user only."""
+    numbers) and rank 0 kept them in $TF_COMMLIB_CACHE/calibration-<hash of its key>.json (one file per
+    layout and sizes), readable by its user only."""
     import json
     import os
     import stat
 
     assert len({r["calibrated_beta_inter"] for r in reports}) == 1
-    path = cache / "calibration.json"
+    (path,) = cache.glob("calibration-*.json")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     saved = json.loads(path.read_text())
     assert reports[0]["calibrated_beta_inter"] in saved["params"]   # LinkParams.as_list()

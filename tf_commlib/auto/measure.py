@@ -18,12 +18,15 @@ from tf_commlib.collectives import ALGORITHMS, bucket_bytes, predict
 from tf_commlib.topology import topology as current_topology
 
 
-def cache_path():
-    """calibration.json in $TF_COMMLIB_CACHE (default ~/.cache/tf_commlib): the link measured without
-    Auto(cost_params=...), keyed by layout, hosts, TensorFlow and sizes (costmodel.cached_calibration)."""
+def cache_path(kind, key):
+    """The file in $TF_COMMLIB_CACHE (default ~/.cache/tf_commlib) that keeps what ``key`` names, one per
+    key: ``kind``-<hash of key>.json. Kinds: "calibration" (the link measured without
+    Auto(cost_params=...), keyed by layout, hosts, TensorFlow and sizes: costmodel.calibration_key), so
+    that every layout an elastic job passes through, once measured, is read back, and "probe"."""
     root = os.environ.get("TF_COMMLIB_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tf_commlib")
     os.makedirs(root, mode=0o700, exist_ok=True)
-    return os.path.join(root, "calibration.json")
+    return os.path.join(root, f"{kind}-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+                        + ".json")
 
 
 class Measurements:
@@ -49,8 +52,9 @@ class Measurements:
         if measure:
             opt.size_buckets(variables)
             largest = fusion.largest_bucket(variables, opt.fusion_threshold_bytes)
+            sizes = costmodel.sizes_for(largest)
             self.link = LinkParams() if topo.size == 1 else costmodel.cached_calibration(
-                topo, cache_path(), **costmodel.sizes_for(largest))[0]
+                topo, cache_path("calibration", costmodel.calibration_key(topo, sizes)), **sizes)[0]
         compressible = any(not opt.dense_layers(v) for v in variables)   # else auto has nothing to choose
         if not (probe and topo.size > 1 and self.probed is None and not opt.selection.qrgc and compressible):
             return
@@ -178,11 +182,9 @@ def probe_local(opt, variables, link):
 
 
 def cached_probe(topo, key, measure, count):
-    """costmodel.cached_values of ``count`` numbers in cache_path()'s folder, in a file named by the key's
-    hash. A collective."""
+    """costmodel.cached_values of ``count`` numbers in cache_path("probe", key). A collective."""
     def check(values):
         if len(values) != count:
             raise ValueError(f"a probe must hold {count} numbers, got {len(values)}")
 
-    name = "probe-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".json"
-    return costmodel.cached_values(topo, os.path.join(os.path.dirname(cache_path()), name), key, measure, check)[0]
+    return costmodel.cached_values(topo, cache_path("probe", key), key, measure, check)[0]

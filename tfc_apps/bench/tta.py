@@ -250,7 +250,7 @@ def measure(args):
     results, failed = [], []
     for mbit in args.inter_mbit:
         run_dir = os.path.join(args.out, f"mbit{mbit}")
-        for name in ("calibration.json", CALIBRATION, "compute-*.json", "probe-*.json"):   # measured anew
+        for name in ("calibration.json", "calibration-*.json", CALIBRATION, "compute-*.json", "probe-*.json"):   # measured anew
             for old in glob.glob(os.path.join(run_dir, name)):
                 os.remove(old)
         for config in args.configs:   # a run's old rows would be appended to (a resumed DAWNBench log)
