@@ -46,8 +46,8 @@ def test_a_rank_that_chooses_otherwise_fails_every_rank(reports):
 
 def test_without_link_parameters_the_link_is_measured_once_and_kept(reports, cache):
     """The second run has no Auto(cost_params=...): fit measured the link on every rank (the same
-    numbers) and rank 0 kept them in $TF_COMMLIB_CACHE/calibration-<hash of its key>.json (one file per
-    layout and sizes), readable by its user only."""
+    numbers) and rank 0 kept them in $TF_COMMLIB_CACHE/calibration-<hash of layout and sizes>.json,
+    readable by its user only."""
     import json
     import os
     import stat

@@ -21,8 +21,9 @@ from tf_commlib.topology import topology as current_topology
 def cache_path(kind, key):
     """The file in $TF_COMMLIB_CACHE (default ~/.cache/tf_commlib) that keeps what ``key`` names, one per
     key: ``kind``-<hash of key>.json. Kinds: "calibration" (the link measured without
-    Auto(cost_params=...), keyed by layout, hosts, TensorFlow and sizes: costmodel.calibration_key), so
-    that every layout an elastic job passes through, once measured, is read back, and "probe"."""
+    Auto(cost_params=...), a file per layout and sizes that costmodel.cached_calibration checks against
+    its whole key, hosts and TensorFlow included), so that every layout an elastic job passes through,
+    once measured, is read back, and "probe"."""
     root = os.environ.get("TF_COMMLIB_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tf_commlib")
     os.makedirs(root, mode=0o700, exist_ok=True)
     return os.path.join(root, f"{kind}-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
@@ -53,8 +54,8 @@ class Measurements:
             opt.size_buckets(variables)
             largest = fusion.largest_bucket(variables, opt.fusion_threshold_bytes)
             sizes = costmodel.sizes_for(largest)
-            self.link = LinkParams() if topo.size == 1 else costmodel.cached_calibration(
-                topo, cache_path("calibration", costmodel.calibration_key(topo, sizes)), **sizes)[0]
+            self.link = LinkParams() if topo.size == 1 else costmodel.cached_calibration(   # a file per layout
+                topo, cache_path("calibration", {"layout": [topo.m, topo.n], "sizes": sizes}), **sizes)[0]
         compressible = any(not opt.dense_layers(v) for v in variables)   # else auto has nothing to choose
         if not (probe and topo.size > 1 and self.probed is None and not opt.selection.qrgc and compressible):
             return
