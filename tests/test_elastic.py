@@ -155,7 +155,7 @@ def _optimizer(kind):
 
     sgd = keras.optimizers.SGD(0.05, momentum=0.9)
     kernels = Selection(dense_layers=lambda v: len(v.shape) <= 1)   # the kernels through the lossy collective
-    if kind == "loss_scaled":   # what compile makes under mixed_float16, around hitopk
+    if kind in ("loss_scaled", "mixed_float16"):   # what compile makes under mixed_float16, around hitopk
         return with_loss_scale(keras.optimizers.LossScaleOptimizer(sgd), algorithm="hitopk", density=0.25,
                                selection=kernels)
     if kind == "diloco":
@@ -165,8 +165,8 @@ def _optimizer(kind):
     return DistributedOptimizer(sgd, algorithm=kind, density=0.25, selection=kernels)
 
 
-@pytest.mark.parametrize("kind", ["dense", "hitopk", "powersgd", "diloco", "sharded", "loss_scaled"])
-def test_a_commit_loads_into_a_rebuilt_model_and_optimizer(kind):
+@pytest.mark.parametrize("kind", ["dense", "hitopk", "powersgd", "diloco", "sharded", "loss_scaled", "mixed_float16"])
+def test_a_commit_loads_into_a_rebuilt_model_and_optimizer(kind, request):
     """bind() of a fresh model and optimizer (as train() builds them after a reset) gives them the values
     of the last commit: the weights and every optimizer variable (the wrapped optimizer's momentum, the
     step count, DiLoCo's start weights, this rank's residuals and DGC momentum), against the numpy copies
@@ -179,6 +179,10 @@ def test_a_commit_loads_into_a_rebuilt_model_and_optimizer(kind):
 
     tf_commlib.init()
     rng = np.random.default_rng(3)
+    if kind == "mixed_float16":   # the policy of every GPU machine: float16 compute, float32 variables
+        policy = keras.mixed_precision.global_policy()
+        request.addfinalizer(lambda: keras.mixed_precision.set_global_policy(policy))
+        keras.mixed_precision.set_global_policy("mixed_float16")
 
     def built():
         keras.utils.set_random_seed(5)
@@ -190,7 +194,7 @@ def test_a_commit_loads_into_a_rebuilt_model_and_optimizer(kind):
         for _ in range(steps):
             x, y = rng.standard_normal((8, 40)).astype(np.float32), rng.standard_normal((8, 4)).astype(np.float32)
             with tf.GradientTape() as tape:
-                loss = tf.reduce_mean((model(x) - y) ** 2)
+                loss = tf.reduce_mean((tf.cast(model(x), tf.float32) - y) ** 2)
             opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
 
     model, opt = built()
@@ -214,7 +218,7 @@ def test_a_commit_loads_into_a_rebuilt_model_and_optimizer(kind):
     assert [i for i, v in enumerate(fresh_opt.variables) if id(v) in inner and committed[1][i].any()]
     assert int(fresh_opt.iterations.numpy()) == 3
     per_rank = [i for i, v in enumerate(fresh_opt.variables) if "residual" in v.path or "dgc_momentum" in v.path]
-    if kind in ("hitopk", "powersgd", "loss_scaled"):   # this rank's own residuals and DGC momentum, not zero
+    if kind in ("hitopk", "powersgd", "loss_scaled", "mixed_float16"):   # this rank's own residuals and DGC momentum
         assert per_rank and all(committed[1][i].any() for i in per_rank)
     if kind == "sharded":   # the slices of the momentum: from the commit's whole state, not zero
         slots = [i for i, v in enumerate(fresh_opt.variables) if v.path.endswith("shard_momentum")]
