@@ -37,7 +37,7 @@ class ResidualStore:
 
     def idle(self, i, name):
         """[(algorithm, residual variable)] of bucket i's lossy algorithms other than ``name``."""
-        return [(n, var) for (j, n), var in sorted(self.residuals.items()) if j == i and n != name]
+        return [(n, var) for n, var in self.named(i) if n != name]
 
     def flush_idle(self, i, name, flat, when=None):
         """(flat plus the residuals of bucket i's algorithms other than ``name``, {those algorithms:
