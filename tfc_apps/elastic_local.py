@@ -1,8 +1,8 @@
 """An elastic horovodrun job on this machine, as the tests and ``bench faults`` run one: two host names,
 ``localhost`` and this machine's own name, 2 slots each (Horovod starts ranks without ssh on a host whose
 address is one of this machine's; 127.0.0.2 is not), listed by a discovery script that prints a file
-the caller rewrites. ``drop_second_host`` takes the second host off the list and SIGKILLs its ranks, as a
-preempted node; ``list_both`` lists it again. The job's output is read by a thread as it comes."""
+the caller rewrites. ``drop_second_host`` (or ``drop_host``) takes a host off the list and SIGKILLs its ranks,
+as a preempted node; ``list_both`` lists it again. The job's output is read by a thread as it comes."""
 import os
 import signal
 import socket
@@ -54,10 +54,18 @@ class ElasticJob:
 
     def drop_second_host(self):
         """The second host off the list, then its ranks SIGKILLed; the time of the kill."""
-        self._write_hosts(f"localhost:{SLOTS}\n")
-        lost = [p for p in local_run.ranks_of(self.proc) if p.environ().get("HOROVOD_HOSTNAME") == self.second]
+        return self.drop_host(self.second)
+
+    def drop_host(self, host):
+        """``host`` (``localhost`` or the second host's name) off the list, then its ranks SIGKILLed; the
+        time of the kill."""
+        kept = {"localhost": self.second, self.second: "localhost"}.get(host)
+        if kept is None:
+            raise ValueError(f"host must be 'localhost' or {self.second!r}, got {host!r}")
+        self._write_hosts(f"{kept}:{SLOTS}\n")
+        lost = [p for p in local_run.ranks_of(self.proc) if p.environ().get("HOROVOD_HOSTNAME") == host]
         if not lost:
-            raise RuntimeError("found no rank of the second host")
+            raise RuntimeError(f"found no rank of host {host!r}")
         killed = time.time()
         for p in lost:
             os.kill(p.pid, signal.SIGKILL)
