@@ -1,8 +1,10 @@
 """A rank of an elastic job that runs nothing but Horovod's allreduce over the global set: no process set
 and no tf_commlib (tests/test_elastic.py). With Horovod's response cache off (HOROVOD_CACHE_CAPACITY=0)
 every cycle of Horovod's background loop is a gather to rank 0 and a broadcast from it. When the ranks of
-the host without rank 0 die, the other rank on rank 0's host exchanges nothing with a dead rank: it waits
-on rank 0's broadcast, and learns of the loss only when rank 0's connections close.
+the host without rank 0 die, the other rank on rank 0's host (rank 1) waits on rank 0's broadcast before
+anything it sends or receives in that cycle touches a dead rank, and learns of the loss only when rank 0's
+connections close. Only the step's own allreduce (a ring through the dead ranks) would show rank 1 the
+loss itself; a step every STEP_S seconds keeps that a small part of the time.
 
 Each process appends to $HVD_TEST_OUT/events.jsonl: its start (rank, Horovod host name), its first step
 at each world size, and each reset (the world size Horovod started again with). It steps until it has
@@ -11,7 +13,7 @@ import json
 import os
 import time
 
-STEPS_AFTER_RESET, MAX_S = 20, 300
+STEPS_AFTER_RESET, MAX_S, STEP_S = 20, 300, 0.05
 
 
 def event(**row):
@@ -59,7 +61,7 @@ def main():
             total = hvd.allreduce(tf.ones([1]), op=hvd.Sum, name="lost_peer_step")
             assert float(total.numpy()[0]) == hvd.size(), total
             steps += 1
-            time.sleep(0.01)
+            time.sleep(STEP_S)
         return hvd.rank(), hvd.size()
 
     rank, size = train(Resets())
