@@ -9,16 +9,12 @@ loss itself; a step every STEP_S seconds keeps that a small part of the time.
 Each process appends to $HVD_TEST_OUT/events.jsonl: its start (rank, Horovod host name), its first step
 at each world size, and each reset (the world size Horovod started again with). It steps until it has
 run STEPS_AFTER_RESET steps after a reset (or for MAX_S seconds), then reports its rank and world size."""
-import json
 import os
 import time
 
+from tests.workers.elastic_worker import event
+
 STEPS_AFTER_RESET, MAX_S, STEP_S = 20, 300, 0.05
-
-
-def event(**row):
-    with open(os.path.join(os.environ["HVD_TEST_OUT"], "events.jsonl"), "a") as f:
-        f.write(json.dumps({"t": time.time(), "pid": os.getpid(), **row}) + "\n")
 
 
 def main():
